@@ -1,0 +1,131 @@
+"""How much does scoring T tokens against the KV cache cost, relative to one token?
+
+Speculative decoding pays off when verifying T drafted tokens in one forward
+costs about as much as a single decoding step. This measures it: for a few
+Llama-shaped configs (float32, batch 1, a 512-slot cache holding 128 tokens),
+the median (and minimum) wall time of one jitted ``model(tokens[1, T], positions, cache)``
+for T = 1, 2, 4, 8, 16, and its ratio to T = 1.
+
+The cache is donated and the returned one fed back in, as a decoder would do,
+so the time includes writing T cache entries but no copy of the whole cache.
+
+    python scripts/bench_forward_cost.py            # 15M, 50M and 100M configs
+    python scripts/bench_forward_cost.py --quick    # 50M only, fewer repeats
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import subprocess
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.models import Model, ModelConfig
+
+CONFIGS = {
+    "15M": ModelConfig(
+        vocab_size=8192, hidden_size=384, intermediate_size=768, num_layers=6,
+        num_heads=6, num_kv_heads=6,
+    ),
+    "50M": ModelConfig(
+        vocab_size=8192, hidden_size=512, intermediate_size=1408, num_layers=12,
+        num_heads=8, num_kv_heads=8,
+    ),
+    "100M": ModelConfig(
+        vocab_size=16384, hidden_size=768, intermediate_size=2048, num_layers=12,
+        num_heads=12, num_kv_heads=4,
+    ),
+}  # fmt: skip
+
+
+def cpu_name() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def bench(config: ModelConfig, ts, *, cache_len: int, prefix: int, repeats: int, warmup: int):
+    model = Model.random(config, seed=0)
+    # Donating the cache lets XLA write the T new entries in place.
+    forward = jax.jit(lambda m, t, p, c: m(t, p, c), donate_argnums=3)
+    rng = np.random.default_rng(0)
+    prompt = jnp.asarray(rng.integers(0, config.vocab_size, (1, prefix)), jnp.int32)
+    _, cache = forward(
+        model, prompt, jnp.arange(prefix, dtype=jnp.int32)[None], model.init_cache(1, cache_len)
+    )
+
+    inputs = {}
+    for t in ts:
+        tokens = jnp.asarray(rng.integers(0, config.vocab_size, (1, t)), jnp.int32)
+        positions = jnp.arange(prefix, prefix + t, dtype=jnp.int32)[None]
+        inputs[t] = (tokens, positions)
+        for _ in range(warmup):  # compiles this T
+            logits, cache = forward(model, tokens, positions, cache)
+        jax.block_until_ready(logits)
+
+    # Round-robin over T, so that load from other processes hits every T alike.
+    times = {t: [] for t in ts}
+    for _ in range(repeats):
+        for t in ts:
+            start = time.perf_counter()
+            logits, cache = forward(model, *inputs[t], cache)
+            jax.block_until_ready((logits, cache))
+            times[t].append(time.perf_counter() - start)
+    rows = [(t, statistics.median(times[t]), min(times[t])) for t in ts]
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="50M config only, 8 repeats")
+    parser.add_argument("--sizes", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--cache-len", type=int, default=512)
+    parser.add_argument("--prefix", type=int, default=128, help="tokens already in the cache")
+    args = parser.parse_args()
+    sizes, repeats = (["50M"], 8) if args.quick else (args.sizes, args.repeats)
+
+    device = jax.devices()[0]
+    where = cpu_name() if device.platform == "cpu" else device.device_kind
+    print(f"# {where}; jax {jax.__version__} on {device.platform}; float32, batch 1")
+    print(f"# cache {args.cache_len} slots, {args.prefix} filled; median of {repeats} runs")
+    for name in sizes:
+        config = CONFIGS[name]
+        c = config
+        print(
+            f"\n## {name}: {c.num_params() / 1e6:.1f}M params (hidden {c.hidden_size}, "
+            f"{c.num_layers} layers, {c.num_heads} heads / {c.num_kv_heads} kv, "
+            f"intermediate {c.intermediate_size}, vocab {c.vocab_size})"
+        )
+        rows = bench(
+            config,
+            args.tokens,
+            cache_len=args.cache_len,
+            prefix=args.prefix,
+            repeats=repeats,
+            warmup=args.warmup,
+        )
+        base, base_min = rows[0][1], rows[0][2]
+        print("| T | median ms | ratio to T=1 | min ms | ratio (min) |")
+        print("|---:|---:|---:|---:|---:|")
+        for t, median, fastest in rows:
+            print(
+                f"| {t} | {median * 1e3:.2f} | {median / base:.2f} "
+                f"| {fastest * 1e3:.2f} | {fastest / base_min:.2f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""specjax: on-device, batched, exact speculative decoding in JAX/Flax."""
+
+from specjax import testing as testing
+from specjax.decode import GenerationResult as GenerationResult
+from specjax.decode import GenerationStats as GenerationStats
+from specjax.decode import generate as generate
+from specjax.decode import speculative_generate as speculative_generate
+from specjax.drafters import Drafter as Drafter
+from specjax.drafters import DraftModel as DraftModel
+from specjax.drafters import PromptLookup as PromptLookup
+from specjax.drafters import Proposal as Proposal
+from specjax.models import KVCache as KVCache
+from specjax.models import Model as Model
+from specjax.models import ModelConfig as ModelConfig
+from specjax.models import load_pretrained as load_pretrained
+from specjax.models import save_pretrained as save_pretrained
+from specjax.sampling import SamplingConfig as SamplingConfig
+from specjax.sampling import probs_from_logits as probs_from_logits
+from specjax.sampling import sample as sample
+from specjax.verify import greedy_verify as greedy_verify
+from specjax.verify import rejection_sample as rejection_sample
+from specjax.verify import rejection_sample_onehot as rejection_sample_onehot
+
+__version__ = "0.1.0"

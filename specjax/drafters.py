@@ -1,0 +1,215 @@
+"""Drafters: who proposes the γ tokens the target verifies.
+
+A drafter is a small frozen pytree (``flax.struct.dataclass``) with three pure
+functions. The decoder calls them inside its ``lax.while_loop``:
+
+* ``init(prompts_BS, seq_lengths_B, cache_len) -> state`` once, after the prompt;
+* ``propose(key, state, seq_BS, seq_lengths_B, sampling) -> Proposal`` each step;
+* ``update(state, seq_lengths_B) -> state`` after verification, with each row's
+  new length (this is where a draft model rolls its KV cache back).
+
+``seq_BS`` is the decoder's token buffer: slot ``s`` of row ``b`` holds the
+token at position ``s``; only ``s < seq_lengths_B[b]`` is valid. The last valid
+token of each row has not been fed to any model yet.
+
+The static shape parameters (``num_draft`` = γ) are non-pytree fields, so they
+are part of the compiled program; everything else is an array leaf.
+
+Writing another drafter (e.g. Medusa-style heads on the target's hidden states)
+means writing one such dataclass; see the README's "Writing a drafter".
+"""
+
+from __future__ import annotations
+
+import abc
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.models.cache import KVCache
+from specjax.sampling import SamplingConfig, probs_from_logits, sample
+
+
+@struct.dataclass
+class Proposal:
+    """What a drafter proposes for one decode step.
+
+    Attributes:
+        tokens: ``int32[B, γ]`` drafted tokens, each in ``[0, V)``.
+        probs: ``float32[B, γ, V]`` the processed draft distributions the
+            tokens were sampled from, or ``None`` for a deterministic drafter
+            (q is then the one-hot of ``tokens``; no one-hots are materialised).
+        state: the drafter's new state.
+    """
+
+    tokens: jax.Array
+    probs: jax.Array | None
+    state: object
+
+
+class Drafter(abc.ABC):
+    """Interface of a drafter. Subclasses are frozen ``flax.struct`` dataclasses."""
+
+    num_draft: int
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int | None:
+        """V of the drafter, or ``None`` if it works with any vocabulary."""
+
+    @abc.abstractmethod
+    def init(self, prompts_BS: jax.Array, seq_lengths_B: jax.Array, cache_len: int):
+        """Builds the drafter's state after the prompt (e.g. prefills its cache)."""
+
+    @abc.abstractmethod
+    def propose(
+        self,
+        key: jax.Array,
+        state,
+        seq_BS: jax.Array,
+        seq_lengths_B: jax.Array,
+        sampling: SamplingConfig,
+    ) -> Proposal:
+        """Proposes ``num_draft`` tokens per row continuing ``seq_BS[b, :seq_lengths_B[b]]``."""
+
+    @abc.abstractmethod
+    def update(self, state, seq_lengths_B: jax.Array):
+        """Returns the state after verification left each row ``seq_lengths_B`` long."""
+
+
+def prefill_positions(batch_size: int, length: int) -> jax.Array:
+    """``int32[B, T]`` positions ``0..T-1`` for every row."""
+    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))
+
+
+def prefill(model, prompts_BP: jax.Array, prompt_lengths_B: jax.Array, cache_len: int):
+    """Runs ``model`` over right-padded prompts into a fresh cache of ``cache_len`` slots.
+
+    Returns:
+        ``(logits float32[B, P, V], cache)``; the cache's lengths are set to
+        ``prompt_lengths - 1``: the last prompt token stays "pending", the same
+        invariant the decode loops keep (the pending token is fed next step).
+        The padded slots written here are overwritten before they are read.
+    """
+    b, p = prompts_BP.shape
+    cache = model.init_cache(b, cache_len)
+    logits, cache = model(prompts_BP, prefill_positions(b, p), cache)
+    return logits, cache.rollback(prompt_lengths_B - 1)
+
+
+@struct.dataclass
+class DraftModel(Drafter):
+    """A smaller LM that drafts γ tokens autoregressively with its own KV cache.
+
+    The draft samples from ``probs_from_logits(draft_logits, sampling)``, the
+    same transforms the target's distribution gets, and returns those full
+    probabilities so rejection sampling sees the q it actually sampled from.
+
+    Attributes:
+        model: the draft model (any object following the model contract).
+        num_draft: γ, tokens proposed per step (static).
+    """
+
+    model: object
+    num_draft: int = struct.field(pytree_node=False, default=4)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    def init(self, prompts_BS, seq_lengths_B, cache_len):
+        _, cache = prefill(self.model, prompts_BS, seq_lengths_B, cache_len)
+        return cache
+
+    def propose(self, key, state: KVCache, seq_BS, seq_lengths_B, sampling):
+        b = seq_BS.shape[0]
+        rows = jnp.arange(b)
+        last = seq_lengths_B - 1
+        # The first step feeds the two newest tokens. After a step where every
+        # draft was accepted the draft cache lacks the last draft token; feeding
+        # it again otherwise rewrites an identical entry, so one code path
+        # serves both cases without a Python branch.
+        prev = jnp.maximum(last - 1, 0)
+        tokens_B2 = jnp.stack([seq_BS[rows, prev], seq_BS[rows, last]], axis=1)
+        positions_B2 = jnp.stack([prev, last], axis=1)
+        logits, cache = self.model(tokens_B2, positions_B2, state)
+        keys = jax.random.split(key, self.num_draft)
+
+        def draw(step_key, logits_BV):
+            probs = probs_from_logits(logits_BV, sampling)
+            return sample(step_key, probs), probs
+
+        token, probs = draw(keys[0], logits[:, -1])
+
+        def step(carry, step_key):
+            token_B, position_B, cache = carry
+            logits, cache = self.model(token_B[:, None], position_B[:, None], cache)
+            next_token, probs = draw(step_key, logits[:, 0])
+            return (next_token, position_B + 1, cache), (next_token, probs)
+
+        (_, _, cache), (tokens_rest, probs_rest) = jax.lax.scan(
+            step, (token, last + 1, cache), keys[1:]
+        )
+        tokens = jnp.concatenate([token[:, None], jnp.moveaxis(tokens_rest, 0, 1)], axis=1)
+        probs = jnp.concatenate([probs[:, None], jnp.moveaxis(probs_rest, 0, 1)], axis=1)
+        return Proposal(tokens=tokens, probs=probs, state=cache)
+
+    def update(self, state: KVCache, seq_lengths_B):
+        return state.rollback(seq_lengths_B - 1)
+
+
+@struct.dataclass
+class PromptLookup(Drafter):
+    """Drafts by copying what followed the latest earlier match of the current n-gram.
+
+    For ``n = ngram, ngram-1, ..., 1`` it looks for the most recent earlier
+    occurrence of the row's last ``n`` tokens in the prompt and text generated
+    so far, and proposes the γ tokens that followed it (the longest ``n`` with a
+    match wins). Rows with no match propose their last token repeated. All on
+    device with vectorised comparisons, no model; q is one-hot.
+
+    Attributes:
+        ngram: longest suffix length to match (static).
+        num_draft: γ, tokens proposed per step (static).
+    """
+
+    ngram: int = struct.field(pytree_node=False, default=3)
+    num_draft: int = struct.field(pytree_node=False, default=4)
+
+    @property
+    def vocab_size(self) -> None:
+        return None
+
+    def init(self, prompts_BS, seq_lengths_B, cache_len):
+        return ()
+
+    def propose(self, key, state, seq_BS, seq_lengths_B, sampling):
+        del key, sampling  # deterministic drafter
+        b, s = seq_BS.shape
+        slots = jnp.arange(s)
+        lengths = seq_lengths_B[:, None]
+        best_start = jnp.full((b,), -1, jnp.int32)
+        # Shortest n first, so a longer match found later overrides it.
+        for n in range(1, self.ngram + 1):
+            # match[b, i]: seq[b, i:i+n] == seq[b, L-n:L], with the window ending
+            # before the last token so that at least one continuation token exists.
+            match = jnp.ones((b, s), bool)
+            for j in range(n):
+                suffix_tok = jnp.take_along_axis(seq_BS, jnp.maximum(lengths - n + j, 0), axis=1)
+                window_tok = jnp.roll(seq_BS, -j, axis=1)
+                match &= window_tok == suffix_tok
+            valid = (slots[None] + n < lengths) & (lengths >= n + 1)
+            match &= valid
+            latest = jnp.max(jnp.where(match, slots[None], -1), axis=1)
+            best_start = jnp.where(latest >= 0, latest + n, best_start)
+        # Continuation tokens, clamped to the valid part of the row; with no
+        # match the row proposes its last token repeatedly.
+        last = seq_lengths_B - 1
+        start = jnp.where(best_start >= 0, best_start, last)
+        idx = jnp.minimum(start[:, None] + jnp.arange(self.num_draft)[None], last[:, None])
+        tokens = jnp.take_along_axis(seq_BS, idx, axis=1)
+        return Proposal(tokens=tokens.astype(jnp.int32), probs=None, state=state)
+
+    def update(self, state, seq_lengths_B):
+        return state

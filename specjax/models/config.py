@@ -1,0 +1,150 @@
+"""Model configuration for the Llama family (Llama, Mistral, Qwen2, Qwen3)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+_LLAMA3_ROPE_KEYS = (
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture hyper-parameters of a Llama-family decoder.
+
+    Frozen (hashable) so that it can be a static part of a jitted pytree. The
+    four families differ only in a few switches, which default to what the
+    family uses when left as ``None``: ``ModelConfig(model_type="qwen3", ...)``
+    is a Qwen3 (q/k norm), ``model_type="qwen2"`` a Qwen2 (q/k/v bias).
+
+    Attributes:
+        model_type: one of ``SUPPORTED_MODEL_TYPES``.
+        vocab_size: V, the number of output logits.
+        hidden_size: model width E.
+        intermediate_size: SwiGLU hidden width F.
+        num_layers: number of decoder blocks L.
+        num_heads: query heads H.
+        num_kv_heads: key/value heads K (grouped-query attention; H % K == 0).
+        head_dim: per-head width D (Qwen3 sets it explicitly; otherwise E // H).
+        rms_norm_eps: epsilon of every RMSNorm.
+        rope_theta: rotary base frequency.
+        rope_scaling: ``None`` or a sorted tuple of ``(key, value)`` pairs of a
+            Llama-3 style ``rope_scaling`` dict (hashable form; a dict is
+            accepted and converted). Keys: ``rope_type="llama3"``, ``factor``,
+            ``low_freq_factor``, ``high_freq_factor``,
+            ``original_max_position_embeddings``.
+        tie_word_embeddings: the LM head reuses the embedding matrix.
+        attention_bias: q/k/v projections carry a bias. ``None``: True for
+            Qwen2, else False.
+        o_proj_bias: the attention output projection carries a bias. ``None``:
+            same as ``attention_bias`` for Llama and Qwen3 (Hugging Face's
+            ``attention_bias`` covers q/k/v/o there), False for Qwen2 and Mistral.
+        mlp_bias: gate/up/down projections carry a bias (Llama's ``mlp_bias``).
+        qk_norm: per-head RMSNorm on queries and keys. ``None``: True for Qwen3.
+        sliding_window: ``None`` or W: a query at position p attends only to
+            positions in ``(p - W, p]`` (Mistral). The cache still keeps every
+            position (slot == position); only the mask changes.
+        max_position_embeddings: context length the model was trained for.
+        bos_token_id: optional beginning-of-sequence id.
+        eos_token_id: optional end-of-sequence id; the first of
+            ``eos_token_ids`` when a checkpoint lists several.
+        eos_token_ids: every end-of-sequence id (Llama-3 chat models list
+            several); defaults to ``(eos_token_id,)``. Stop on any of these.
+    """
+
+    model_type: str = "llama"
+    vocab_size: int = 256
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: tuple | None = None
+    tie_word_embeddings: bool = False
+    attention_bias: bool | None = None
+    o_proj_bias: bool | None = None
+    mlp_bias: bool = False
+    qk_norm: bool | None = None
+    sliding_window: int | None = None
+    max_position_embeddings: int = 2048
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model_type={self.model_type!r} is not supported; "
+                f"expected one of {SUPPORTED_MODEL_TYPES}"
+            )
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(
+                    f"hidden_size={self.hidden_size} is not divisible by "
+                    f"num_heads={self.num_heads}; set head_dim explicitly"
+                )
+            set_("head_dim", self.hidden_size // self.num_heads)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.attention_bias is None:
+            set_("attention_bias", self.model_type == "qwen2")
+        if self.o_proj_bias is None:
+            set_("o_proj_bias", self.attention_bias and self.model_type in ("llama", "qwen3"))
+        if self.qk_norm is None:
+            set_("qk_norm", self.model_type == "qwen3")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window={self.sliding_window} must be None or >= 1")
+        if isinstance(self.rope_scaling, dict):
+            set_("rope_scaling", tuple(sorted(self.rope_scaling.items())))
+        if self.rope_scaling is not None:
+            scaling = dict(self.rope_scaling)
+            rope_type = scaling.get("rope_type", scaling.get("type"))
+            if rope_type != "llama3":
+                raise ValueError(
+                    f"rope_scaling rope_type={rope_type!r} is not supported; only 'llama3' is"
+                )
+            missing = [k for k in _LLAMA3_ROPE_KEYS if k not in scaling]
+            if missing:
+                raise ValueError(f"rope_scaling is missing {missing}")
+        eos_ids = tuple(int(i) for i in self.eos_token_ids)
+        if not eos_ids and self.eos_token_id is not None:
+            eos_ids = (int(self.eos_token_id),)
+        if eos_ids and self.eos_token_id is None:
+            set_("eos_token_id", eos_ids[0])
+        if self.eos_token_id is not None and self.eos_token_id not in eos_ids:
+            raise ValueError(f"eos_token_id={self.eos_token_id} is not in eos_token_ids={eos_ids}")
+        set_("eos_token_ids", eos_ids)
+
+    @property
+    def rope_scaling_dict(self) -> dict | None:
+        return dict(self.rope_scaling) if self.rope_scaling else None
+
+    def num_params(self) -> int:
+        """Number of parameters, counting a tied embedding once."""
+        e, f, d = self.hidden_size, self.intermediate_size, self.head_dim
+        h, k = self.num_heads, self.num_kv_heads
+        attn = e * d * (h * 2 + k * 2)
+        if self.attention_bias:
+            attn += d * (h + 2 * k)
+        if self.o_proj_bias:
+            attn += e
+        if self.qk_norm:
+            attn += 2 * d
+        mlp = 3 * e * f + ((2 * f + e) if self.mlp_bias else 0)
+        block = attn + mlp + 2 * e
+        emb = self.vocab_size * e * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * block + emb + e

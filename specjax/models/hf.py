@@ -1,0 +1,502 @@
+"""Hugging Face checkpoint import and export (safetensors only, never pickle).
+
+:func:`load_pretrained` reads a Hugging Face style folder (``config.json`` plus
+``model.safetensors`` or sharded ``model-0000i-of-0000n.safetensors`` with
+``model.safetensors.index.json``, and ``tokenizer.json`` when present) into a
+:class:`~specjax.models.llama.Model`; :func:`save_pretrained` writes one that
+``transformers.AutoModelForCausalLM.from_pretrained`` loads unchanged.
+
+Parameter names mirror Hugging Face's module tree, so the mapping is
+mechanical: NNX path ``layers/3/self_attn/q_proj/kernel`` is tensor
+``model.layers.3.self_attn.q_proj.weight``, transposed (``nn.Linear`` stores
+``[out, in]``, NNX kernels ``[in, out]``); ``embedding`` is ``weight``;
+``lm_head`` has no ``model.`` prefix.
+
+Anything the Llama-family decoder here would not compute exactly like
+``transformers`` (a MoE, another activation, another RoPE scaling, a sliding
+window on only some layers, a missing, extra or mis-shaped tensor) is a
+``ValueError`` naming the field or tensor; nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from specjax.models.llama import Model, Transformer
+
+__all__ = ["config_from_hf", "config_to_hf", "load_pretrained", "save_pretrained"]
+
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+# What transformers 5 assumes for a field that config.json leaves out (the
+# class defaults of LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config).
+# ``None`` for num_key_value_heads / head_dim means "derive it".
+_HF_DEFAULTS = {
+    "llama": dict(
+        num_key_value_heads=None, head_dim=None, max_position_embeddings=2048,
+        bos_token_id=1, eos_token_id=2,
+    ),
+    "mistral": dict(
+        num_key_value_heads=8, head_dim=None, max_position_embeddings=4096 * 32,
+        bos_token_id=1, eos_token_id=2, sliding_window=4096,
+    ),
+    "qwen2": dict(
+        num_key_value_heads=32, head_dim=None, max_position_embeddings=32768,
+        bos_token_id=None, eos_token_id=None,
+    ),
+    "qwen3": dict(
+        num_key_value_heads=32, head_dim=128, max_position_embeddings=32768,
+        bos_token_id=None, eos_token_id=None,
+    ),
+}  # fmt: skip
+
+_REQUIRED_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+)
+
+# Non-zero values of these mean a mixture of experts.
+_MOE_FIELDS = (
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+)
+
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+# Buffers some old checkpoints saved although they are derived from the config.
+_DERIVED_TENSOR = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
+
+_SAFETENSORS = "model.safetensors"
+_INDEX = "model.safetensors.index.json"
+_SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+
+_DTYPE_NAMES = {
+    np.dtype(jnp.float32): "float32",
+    np.dtype(jnp.bfloat16): "bfloat16",
+    np.dtype(jnp.float16): "float16",
+}
+
+
+def _unsupported(field, value, why: str) -> ValueError:
+    return ValueError(f"config.json field {field}={value!r} is not supported: {why}")
+
+
+def config_from_hf(hf: dict) -> ModelConfig:
+    """Maps a Hugging Face ``config.json`` dict onto :class:`ModelConfig`.
+
+    Reads both the transformers 5 layout (``rope_parameters`` holding
+    ``rope_theta`` and the scaling) and the older one (top-level ``rope_theta``
+    plus ``rope_scaling``), with transformers' precedence: ``rope_scaling``
+    replaces ``rope_parameters``, and a ``rope_theta`` inside the dict wins.
+    A field left out of ``config.json`` takes the default of the transformers
+    class of that ``model_type``.
+
+    Raises:
+        ValueError: naming the field, for an unknown ``model_type`` or any
+            setting the decoder would not compute exactly as transformers does.
+    """
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"config.json model_type={model_type!r} is not supported; "
+            f"expected one of {SUPPORTED_MODEL_TYPES}"
+        )
+    defaults = _HF_DEFAULTS[model_type]
+    get = lambda key, default=None: hf[key] if key in hf else defaults.get(key, default)
+    for field in _REQUIRED_FIELDS:
+        if hf.get(field) is None:
+            raise ValueError(f"config.json has no {field}")
+
+    act = hf.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise _unsupported("hidden_act", act, "only silu (SwiGLU) MLPs are implemented")
+    for field in _MOE_FIELDS:
+        if hf.get(field):
+            raise _unsupported(field, hf[field], "mixture-of-experts models are not implemented")
+
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    if not isinstance(rope, dict) or any(isinstance(v, dict) for v in rope.values()):
+        raise _unsupported("rope_parameters", rope, "per-layer-type RoPE is not implemented")
+    rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    for where, value in (("", hf.get("partial_rotary_factor")), ("rope_parameters.", rope)):
+        factor = value.get("partial_rotary_factor") if isinstance(value, dict) else value
+        if factor is not None and factor != 1.0:
+            raise _unsupported(
+                f"{where}partial_rotary_factor", factor, "only full-width RoPE is implemented"
+            )
+    if rope_type == "default":
+        rope_scaling = None
+    elif rope_type == "llama3":
+        rope_scaling = {"rope_type": "llama3"}
+        for key in ("factor", "low_freq_factor", "high_freq_factor"):
+            if key not in rope:
+                raise ValueError(f"config.json rope_parameters (llama3) has no {key}")
+            rope_scaling[key] = float(rope[key])
+        # transformers lets a top-level value win here (Phi-3 convention).
+        rope_scaling["original_max_position_embeddings"] = int(
+            hf.get("original_max_position_embeddings")
+            or rope.get("original_max_position_embeddings")
+            or get("max_position_embeddings")
+        )
+    else:
+        raise _unsupported(
+            "rope_type", rope_type, "only 'default' and 'llama3' RoPE are implemented"
+        )
+
+    sliding_window = None
+    if model_type == "mistral":
+        # MistralModel masks every layer with `sliding_window` when it is set.
+        sliding_window = get("sliding_window")
+        layer_types = hf.get("layer_types")
+        if layer_types and len(set(layer_types)) > 1:
+            raise _unsupported(
+                "layer_types", layer_types, "alternating sliding/full layers are not implemented"
+            )
+    elif model_type in ("qwen2", "qwen3"):
+        if hf.get("use_sliding_window"):
+            raise _unsupported(
+                "use_sliding_window", True, "Qwen's per-layer sliding window is not implemented"
+            )
+        layer_types = hf.get("layer_types") or []
+        if any(t != "full_attention" for t in layer_types):
+            raise _unsupported(
+                "layer_types", layer_types, "only full_attention layers are implemented"
+            )
+
+    # Which projections carry a bias, exactly as each transformers class builds them.
+    if model_type == "llama":
+        attention_bias = o_proj_bias = bool(hf.get("attention_bias", False))
+        mlp_bias = bool(hf.get("mlp_bias", False))
+    elif model_type == "qwen3":
+        attention_bias = o_proj_bias = bool(hf.get("attention_bias", False))
+        mlp_bias = False
+    elif model_type == "qwen2":
+        attention_bias, o_proj_bias, mlp_bias = True, False, False
+    else:  # mistral: no biases whatever config.json says
+        attention_bias = o_proj_bias = mlp_bias = False
+
+    num_heads = int(hf["num_attention_heads"])
+    num_kv_heads = get("num_key_value_heads") or num_heads
+    head_dim = get("head_dim") or int(hf["hidden_size"]) // num_heads
+
+    eos = get("eos_token_id")
+    eos_ids = tuple(int(i) for i in eos) if isinstance(eos, (list, tuple)) else ()
+    eos_id = eos_ids[0] if eos_ids else eos
+
+    return ModelConfig(
+        model_type=model_type,
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=int(hf["hidden_size"]),
+        intermediate_size=int(hf["intermediate_size"]),
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=num_heads,
+        num_kv_heads=int(num_kv_heads),
+        head_dim=int(head_dim),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention_bias=attention_bias,
+        o_proj_bias=o_proj_bias,
+        mlp_bias=mlp_bias,
+        qk_norm=model_type == "qwen3",
+        sliding_window=None if sliding_window is None else int(sliding_window),
+        max_position_embeddings=int(get("max_position_embeddings")),
+        bos_token_id=get("bos_token_id"),
+        eos_token_id=None if eos_id is None else int(eos_id),
+        eos_token_ids=eos_ids,
+    )
+
+
+def _check_expressible(c: ModelConfig) -> None:
+    """Raises unless transformers' class for ``c.model_type`` has exactly this architecture."""
+    mt = c.model_type
+    wanted = {
+        "llama": dict(o_proj_bias=c.attention_bias, qk_norm=False, sliding_window=None),
+        "mistral": dict(
+            attention_bias=False, o_proj_bias=False, mlp_bias=False, qk_norm=False
+        ),
+        "qwen2": dict(
+            attention_bias=True, o_proj_bias=False, mlp_bias=False, qk_norm=False,
+            sliding_window=None,
+        ),
+        "qwen3": dict(
+            o_proj_bias=c.attention_bias, mlp_bias=False, qk_norm=True, sliding_window=None
+        ),
+    }[mt]  # fmt: skip
+    for field, value in wanted.items():
+        if getattr(c, field) != value:
+            raise ValueError(
+                f"ModelConfig.{field}={getattr(c, field)!r} cannot be expressed as a "
+                f"Hugging Face {mt} checkpoint (which needs {field}={value!r})"
+            )
+
+
+def config_to_hf(config: ModelConfig, dtype=jnp.float32) -> dict:
+    """The ``config.json`` dict transformers needs to rebuild ``config`` exactly.
+
+    Writes the transformers 5 ``rope_parameters`` and, for older readers, the
+    same values as ``rope_theta`` / ``rope_scaling`` (both agree, so either
+    reading gives the same model).
+    """
+    c = config
+    _check_expressible(c)
+    dtype_name = _DTYPE_NAMES.get(np.dtype(dtype))
+    if dtype_name is None:
+        raise ValueError(f"dtype {np.dtype(dtype)} has no Hugging Face name")
+    rope_parameters = {"rope_type": "default", "rope_theta": c.rope_theta}
+    if c.rope_scaling is not None:
+        rope_parameters = {**c.rope_scaling_dict, "rope_theta": c.rope_theta}
+        rope_parameters.pop("type", None)
+        rope_parameters["rope_type"] = "llama3"
+    eos = list(c.eos_token_ids) if len(c.eos_token_ids) > 1 else c.eos_token_id
+    hf = {
+        "architectures": [_ARCHITECTURES[c.model_type]],
+        "model_type": c.model_type,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rope_theta": c.rope_theta,
+        "rope_parameters": rope_parameters,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": eos,
+        "use_cache": True,
+        "dtype": dtype_name,
+        "torch_dtype": dtype_name,
+    }
+    if c.rope_scaling is not None:
+        hf["rope_scaling"] = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
+    if c.model_type == "llama":
+        hf.update(attention_bias=c.attention_bias, mlp_bias=c.mlp_bias)
+    elif c.model_type == "mistral":
+        hf.update(sliding_window=c.sliding_window)
+    else:
+        hf.update(
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=c.num_layers,
+            layer_types=["full_attention"] * c.num_layers,
+        )
+        if c.model_type == "qwen3":
+            hf.update(attention_bias=c.attention_bias)
+    return hf
+
+
+def _hf_name(path: tuple) -> str:
+    """``('layers', 0, 'mlp', 'up_proj', 'kernel')`` -> ``model.layers.0.mlp.up_proj.weight``."""
+    *modules, leaf = (str(p) for p in path)
+    leaf = {"kernel": "weight", "embedding": "weight"}.get(leaf, leaf)
+    name = ".".join([*modules, leaf])
+    return name if modules[0] == "lm_head" else f"model.{name}"
+
+
+def _abstract_model(config: ModelConfig, dtype):
+    module = nnx.eval_shape(lambda: Transformer(config, dtype=dtype, rngs=nnx.Rngs(0)))
+    return nnx.split(module)
+
+
+def _weight_files(folder: Path) -> tuple[list[str], dict[str, str] | None]:
+    """The safetensors files to read and, when sharded, the index's weight map."""
+    if (folder / _INDEX).is_file():
+        index = json.loads((folder / _INDEX).read_text())
+        weight_map = index["weight_map"]
+        return sorted(set(weight_map.values())), weight_map
+    if (folder / _SAFETENSORS).is_file():
+        return [_SAFETENSORS], None
+    pickles = sorted(p.name for p in folder.iterdir() if p.name.endswith(_PICKLE_SUFFIXES))
+    if pickles:
+        raise ValueError(
+            f"{folder} holds only PyTorch pickle weights ({', '.join(pickles)}). specjax "
+            "never unpickles (loading a pickle can run arbitrary code); it reads "
+            f"{_SAFETENSORS} or a sharded {_INDEX}. Convert once in a trusted "
+            "environment, e.g. transformers.AutoModelForCausalLM.from_pretrained(path)"
+            ".save_pretrained(out, safe_serialization=True)."
+        )
+    raise FileNotFoundError(f"{folder} has neither {_SAFETENSORS} nor {_INDEX}")
+
+
+def load_pretrained(path: str | os.PathLike, dtype=jnp.float32) -> Model:
+    """Loads a Hugging Face Llama / Mistral / Qwen2 / Qwen3 checkpoint folder.
+
+    Args:
+        path: folder with ``config.json`` and ``model.safetensors`` (or shards
+            listed in ``model.safetensors.index.json``); ``tokenizer.json``, if
+            present, is loaded into ``Model.tokenizer``. Pickle formats
+            (``.bin``, ``.pt``, ``.pth``) are refused, never opened.
+        dtype: parameter dtype (the checkpoint's tensors are cast to it);
+            float32 by default, bfloat16 supported. Logits are float32 either way.
+
+    Returns:
+        The :class:`Model`. ``config.eos_token_id`` is the first end-of-sequence
+        id and ``config.eos_token_ids`` all of them when config.json lists several.
+
+    Raises:
+        ValueError: unsupported ``model_type`` or config field, a pickle-only
+            folder, or a missing, unexpected or mis-shaped tensor (named, with
+            both shapes).
+    """
+    from safetensors import safe_open
+
+    folder = Path(path)
+    config = config_from_hf(json.loads((folder / "config.json").read_text()))
+    files, weight_map = _weight_files(folder)
+
+    handles = {}
+    located = {}  # tensor name -> file
+    try:
+        for file in files:
+            handles[file] = safe_open(str(folder / file), framework="np")
+            for name in handles[file].keys():
+                located[name] = file
+        if weight_map is not None:
+            misplaced = [n for n, f in weight_map.items() if located.get(n) != f]
+            if misplaced:
+                raise ValueError(
+                    f"{_INDEX} maps {misplaced[0]!r} to {weight_map[misplaced[0]]!r}, "
+                    f"but that file does not hold it"
+                )
+
+        graphdef, abstract = _abstract_model(config, dtype)
+        flat = list(nnx.to_flat_state(abstract))
+        expected = {_hf_name(p): (p, v) for p, v in flat}
+
+        missing = [n for n in expected if n not in located]
+        if missing:
+            raise ValueError(f"checkpoint is missing tensor(s) {missing} for {config.model_type}")
+        extra = [n for n in located if n not in expected and not _DERIVED_TENSOR.match(n)]
+        embed = "model.embed_tokens.weight"
+        if config.tie_word_embeddings and "lm_head.weight" in extra:
+            # Some tied checkpoints store the head too; accept it only if it is the embedding.
+            head = handles[located["lm_head.weight"]].get_tensor("lm_head.weight")
+            if not np.array_equal(head, handles[located[embed]].get_tensor(embed)):
+                raise ValueError(
+                    "tie_word_embeddings=true but lm_head.weight differs from " + embed
+                )
+            extra.remove("lm_head.weight")
+        if extra:
+            raise ValueError(
+                f"checkpoint has unexpected tensor(s) {extra} that a {config.model_type} "
+                f"with this config.json does not use"
+            )
+
+        leaves = []
+        for name, (p, var) in expected.items():
+            want = tuple(var.get_value().shape)
+            is_kernel = p[-1] == "kernel"
+            want_hf = want[::-1] if is_kernel else want
+            found = tuple(handles[located[name]].get_slice(name).get_shape())
+            if found != want_hf:
+                raise ValueError(
+                    f"tensor {name} has shape {found}, expected {want_hf} from config.json"
+                )
+            array = handles[located[name]].get_tensor(name)
+            if is_kernel:
+                array = array.T
+            leaves.append((p, var.replace(jnp.asarray(array, dtype=dtype))))
+    finally:
+        handles.clear()
+
+    tokenizer = None
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    params = nnx.from_flat_state(leaves)
+    return Model(graphdef=graphdef, params=params, config=config, tokenizer=tokenizer)
+
+
+def _parse_size(size: int | str) -> int:
+    if isinstance(size, int):
+        return size
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)\s*", size.upper())
+    if not match:
+        raise ValueError(f"max_shard_size={size!r} is not like 5GB, 500MB or 100KiB")
+    number, unit = float(match[1]), match[2]
+    base = 1024 if "I" in unit else 1000
+    return int(number * base ** "BKMGT".index(unit[0]))
+
+
+def save_pretrained(
+    model: Model, path: str | os.PathLike, *, max_shard_size: int | str = "5GB"
+) -> None:
+    """Writes ``model`` as a Hugging Face checkpoint folder.
+
+    ``config.json`` (with ``architectures``, ``model_type`` and ``dtype`` /
+    ``torch_dtype``), the weights as ``model.safetensors`` (or, above
+    ``max_shard_size``, shards plus ``model.safetensors.index.json``), and
+    ``tokenizer.json`` when ``model.tokenizer`` is set. Stale weight files of an
+    earlier save in the same folder are removed, so a reader cannot pick them up.
+    ``transformers.AutoModelForCausalLM.from_pretrained(path)`` loads the result
+    and computes the same logits.
+
+    Raises:
+        ValueError: if the config has no exact transformers counterpart (e.g. a
+            Qwen2 without q/k/v bias), naming the field.
+    """
+    from safetensors.numpy import save_file
+
+    folder = Path(path)
+    hf_config = config_to_hf(model.config, model.dtype)
+    tensors = {}
+    for p, var in nnx.to_flat_state(model.params):
+        array = np.asarray(jax.device_get(var.get_value()))
+        tensors[_hf_name(p)] = np.ascontiguousarray(array.T if p[-1] == "kernel" else array)
+
+    limit = _parse_size(max_shard_size)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    shard_bytes = 0
+    for name, array in tensors.items():
+        if shards[-1] and shard_bytes + array.nbytes > limit:
+            shards.append({})
+            shard_bytes = 0
+        shards[-1][name] = array
+        shard_bytes += array.nbytes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.iterdir():
+        if old.name in (_SAFETENSORS, _INDEX) or _SHARD.match(old.name):
+            old.unlink()
+    metadata = {"format": "pt"}  # transformers refuses safetensors files without it
+    if len(shards) == 1:
+        save_file(shards[0], str(folder / _SAFETENSORS), metadata=metadata)
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, start=1):
+            file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(folder / file), metadata=metadata)
+            weight_map.update(dict.fromkeys(shard, file))
+        total = sum(a.nbytes for a in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (folder / _INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    (folder / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    if model.tokenizer is not None:
+        model.tokenizer.save(str(folder / "tokenizer.json"))

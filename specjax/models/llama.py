@@ -1,0 +1,259 @@
+"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) in Flax NNX.
+
+The modules are ordinary NNX modules, but the library only ever uses them
+functionally: :class:`Model` holds the split ``(graphdef, params)`` and its
+``__call__`` merges them inside whatever ``jax.jit`` the caller uses. The KV
+cache is never module state; it goes in and comes out explicitly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from specjax.models.cache import KVCache
+from specjax.models.config import ModelConfig
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm computed in float32 and cast back, as Hugging Face does."""
+
+    def __init__(self, dim: int, eps: float, dtype):
+        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        weight = self.weight[...].reshape((1,) * (x.ndim - 1) + (-1,))
+        return weight * x32.astype(x.dtype)
+
+
+def _linear(din, dout, bias, dtype, rngs):
+    return nnx.Linear(
+        din,
+        dout,
+        use_bias=bias,
+        dtype=dtype,
+        param_dtype=dtype,
+        kernel_init=nnx.initializers.normal(0.02),
+        rngs=rngs,
+    )
+
+
+def rope_inv_freq(config: ModelConfig) -> jax.Array:
+    """Rotary inverse frequencies ``float32[D/2]``, with Llama-3 scaling if configured."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    scaling = config.rope_scaling_dict
+    if scaling is None:
+        return inv_freq
+    # Llama-3 style: low frequencies are divided by `factor`, high ones kept,
+    # and the band in between is interpolated smoothly.
+    factor = scaling["factor"]
+    low = scaling.get("low_freq_factor", 1.0)
+    high = scaling.get("high_freq_factor", 4.0)
+    old_len = scaling["original_max_position_embeddings"]
+    low_wavelen = old_len / low
+    high_wavelen = old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def apply_rope(x_BTHD, positions_BT, inv_freq):
+    """Rotates ``x`` ([B, T, H, D]) by ``positions`` using the rotate-half layout of HF."""
+    angles = positions_BT[..., None].astype(jnp.float32) * inv_freq[None, None, :]  # [B, T, D/2]
+    cos = jnp.cos(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+    sin = jnp.sin(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+    x32 = x_BTHD.astype(jnp.float32)
+    half = x32.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], -1)
+    return (x32 * cos + rotated * sin).astype(x_BTHD.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, config: ModelConfig, dtype, rngs):
+        c = config
+        self.config = c
+        d = c.head_dim
+        self.q_proj = _linear(c.hidden_size, c.num_heads * d, c.attention_bias, dtype, rngs)
+        self.k_proj = _linear(c.hidden_size, c.num_kv_heads * d, c.attention_bias, dtype, rngs)
+        self.v_proj = _linear(c.hidden_size, c.num_kv_heads * d, c.attention_bias, dtype, rngs)
+        self.o_proj = _linear(c.num_heads * d, c.hidden_size, c.o_proj_bias, dtype, rngs)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(d, c.rms_norm_eps, dtype)
+            self.k_norm = RMSNorm(d, c.rms_norm_eps, dtype)
+
+    def __call__(self, x_BTE, positions_BT, k_LBSKD, v_LBSKD, layer: int, inv_freq):
+        """Attends ``x`` to the cache after writing its keys/values into layer ``layer``.
+
+        The whole ``[L, B, S, K, D]`` cache goes in and out, so that a caller who
+        donates it gets an in-place update instead of a per-layer copy.
+        """
+        c = self.config
+        b, t, _ = x_BTE.shape
+        d, h, kh = c.head_dim, c.num_heads, c.num_kv_heads
+        q = self.q_proj(x_BTE).reshape(b, t, h, d)
+        k = self.k_proj(x_BTE).reshape(b, t, kh, d)
+        v = self.v_proj(x_BTE).reshape(b, t, kh, d)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, positions_BT, inv_freq)
+        k = apply_rope(k, positions_BT, inv_freq)
+
+        # Slot == position. mode="drop" makes a write past the end of the cache
+        # a no-op instead of XLA's default of clamping onto the last slot.
+        rows = jnp.arange(b)[:, None]
+        k_LBSKD = k_LBSKD.at[layer, rows, positions_BT].set(k.astype(k_LBSKD.dtype), mode="drop")
+        v_LBSKD = v_LBSKD.at[layer, rows, positions_BT].set(v.astype(v_LBSKD.dtype), mode="drop")
+        k_cache, v_cache = k_LBSKD[layer], v_LBSKD[layer]
+
+        s = k_cache.shape[1]
+        q = q.reshape(b, t, kh, h // kh, d)
+        scores = jnp.einsum(
+            "btkgd,bskd->bkgts", q, k_cache, preferred_element_type=jnp.float32
+        ) / math.sqrt(d)
+        slots = jnp.arange(s)[None, None, :]
+        query_pos = positions_BT[:, :, None]
+        visible = slots <= query_pos  # [B, T, S]
+        if c.sliding_window is not None:
+            visible &= slots > query_pos - c.sliding_window
+        # A finite minimum rather than -inf: a query with nothing visible (only
+        # possible for positions beyond the cache, whose writes are dropped)
+        # gets uniform weights instead of NaNs that could leak downstream.
+        scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", weights, v_cache).reshape(b, t, h * d)
+        return self.o_proj(out), k_LBSKD, v_LBSKD
+
+
+class MLP(nnx.Module):
+    def __init__(self, config: ModelConfig, dtype, rngs):
+        e, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = _linear(e, f, bias, dtype, rngs)
+        self.up_proj = _linear(e, f, bias, dtype, rngs)
+        self.down_proj = _linear(f, e, bias, dtype, rngs)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, config: ModelConfig, dtype, rngs):
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.self_attn = Attention(config, dtype, rngs)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = MLP(config, dtype, rngs)
+
+    def __call__(self, x, positions, k_cache, v_cache, layer, inv_freq):
+        attn, k_cache, v_cache = self.self_attn(
+            self.input_layernorm(x), positions, k_cache, v_cache, layer, inv_freq
+        )
+        x = x + attn
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, k_cache, v_cache
+
+
+class Transformer(nnx.Module):
+    """The decoder as an NNX module. Use it through :class:`Model`."""
+
+    def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
+        self.config = config
+        self.embed_tokens = nnx.Embed(
+            config.vocab_size,
+            config.hidden_size,
+            dtype=dtype,
+            param_dtype=dtype,
+            embedding_init=nnx.initializers.normal(0.02),
+            rngs=rngs,
+        )
+        self.layers = nnx.List(
+            [DecoderLayer(config, dtype, rngs) for _ in range(config.num_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype, rngs)
+
+    def __call__(self, tokens_BT, positions_BT, cache: KVCache):
+        inv_freq = rope_inv_freq(self.config)
+        x = self.embed_tokens(tokens_BT)
+        k, v = cache.k, cache.v
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer(x, positions_BT, k, v, i, inv_freq)
+        hidden = self.norm(x)
+        if self.config.tie_word_embeddings:
+            logits = self.embed_tokens.attend(hidden)
+        else:
+            logits = self.lm_head(hidden)
+        new_cache = KVCache(k=k, v=v, lengths=positions_BT[:, -1].astype(jnp.int32) + 1)
+        return logits.astype(jnp.float32), new_cache, hidden
+
+
+@struct.dataclass
+class Model:
+    """A decoder LM as a pytree: params are leaves, architecture is static.
+
+    This is the model contract every part of specjax uses. Anything with the
+    same three members works as a target or draft model (see the README's
+    "bring your own model").
+
+    Attributes:
+        graphdef: static NNX graph definition of :class:`Transformer`.
+        params: the ``nnx.State`` of parameters (the only array leaves).
+        config: the static :class:`ModelConfig`.
+        tokenizer: optional ``tokenizers.Tokenizer`` (static, not traced).
+    """
+
+    graphdef: nnx.GraphDef = struct.field(pytree_node=False)
+    params: nnx.State
+    config: ModelConfig = struct.field(pytree_node=False)
+    tokenizer: object = struct.field(pytree_node=False, default=None)
+
+    @classmethod
+    def random(cls, config: ModelConfig, *, seed: int = 0, dtype=jnp.float32) -> Model:
+        """A randomly initialised model (normal(0.02) weights, unit norms)."""
+        module = Transformer(config, dtype=dtype, rngs=nnx.Rngs(seed))
+        graphdef, params = nnx.split(module)
+        return cls(graphdef=graphdef, params=params, config=config)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def dtype(self):
+        return jax.tree.leaves(self.params)[0].dtype
+
+    def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
+        """An empty cache of ``max_len`` slots for ``batch_size`` rows."""
+        c = self.config
+        return KVCache.zeros(
+            c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim, dtype or self.dtype
+        )
+
+    def __call__(self, tokens_BT, positions_BT, cache: KVCache, *, return_hidden: bool = False):
+        """Scores ``tokens`` at ``positions`` against ``cache``.
+
+        Args:
+            tokens_BT: ``int32[B, T]`` token ids.
+            positions_BT: ``int32[B, T]`` absolute positions; also the cache slots
+                written. Normally ``cache.lengths[:, None] + arange(T)``.
+            cache: the :class:`KVCache` holding everything before ``positions``.
+            return_hidden: also return the final hidden states ``[B, T, E]``.
+
+        Returns:
+            ``(logits float32[B, T, V], new_cache)`` (plus hidden states if asked),
+            where ``new_cache.lengths == positions[:, -1] + 1``.
+        """
+        module = nnx.merge(self.graphdef, self.params)
+        logits, cache, hidden = module(tokens_BT, positions_BT, cache)
+        if return_hidden:
+            return logits, cache, hidden
+        return logits, cache

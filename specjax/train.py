@@ -1,0 +1,630 @@
+"""Training decoder LMs: next-token pre-training and draft distillation.
+
+One jitted, donated step function does everything on device: it samples the
+step's batch from the token stream with ``fold_in(key, step)``, computes the
+loss in float32, and applies AdamW (warmup + cosine learning rate, global-norm
+clipping). Because the batch is a function of the step and the state holds the
+step, a run resumed from a checkpoint produces bit-identical losses and
+parameters to an uninterrupted one.
+
+Two objectives:
+
+* **Language modelling**: cross-entropy of the next token.
+* **Distillation** (``teacher=...``): the draft ``q`` is trained towards the
+  frozen target's distribution ``p`` at temperature 1 with forward
+  ``KL(p || q)`` and, optionally, the total-variation distance
+  ``TV(p, q) = 1/2 sum |p - q|``, whose complement ``1 - TV`` is exactly the
+  per-token acceptance probability of speculative sampling (DistillSpec, Zhou
+  et al. 2024). Teacher logits are computed on the fly inside the same jit.
+
+Checkpoints are Hugging Face folders (``save_pretrained``: ``config.json``,
+``model.safetensors``, ``tokenizer.json``) in the training dtype, plus
+``train_state.safetensors`` holding the optimizer state, step, data key and
+loss history. Nothing is pickled. Each checkpoint is written to a temporary
+directory and renamed into place, so a crash never leaves a half-written
+checkpoint that ``resume=True`` would pick up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+from safetensors.numpy import load_file, save_file
+from tqdm.auto import tqdm
+
+from specjax import data as data_lib
+from specjax.models.llama import Model, apply_rope, rope_inv_freq
+
+TRAIN_STATE_FILE = "train_state.safetensors"
+_CKPT_PREFIX = "step_"
+
+# Fields of TrainConfig that do not change the trajectory of a run, and so may
+# differ between an interrupted run and its resumption.
+_RESUMABLE_FIELDS = frozenset(
+    {"max_minutes", "checkpoint_every", "keep_checkpoints", "log_every", "progress"}
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of one training run.
+
+    Attributes:
+        steps: total optimizer steps; also the length of the cosine schedule.
+        batch_size: B sequences per step.
+        seq_len: T tokens per sequence (tokens per step = B * T).
+        learning_rate: peak learning rate, reached after ``warmup_steps``.
+        warmup_steps: linear warmup from 0.
+        min_lr_ratio: the cosine decays to ``learning_rate * min_lr_ratio``.
+        weight_decay: decoupled AdamW decay, applied to matrices only (not to
+            norm scales).
+        b1: Adam first-moment decay.
+        b2: Adam second-moment decay.
+        eps: Adam epsilon.
+        grad_clip: global gradient norm clip (``None`` disables clipping).
+        seed: seed of the data-order key.
+        kl_weight: distillation weight of ``KL(p_teacher || q)``.
+        tvd_weight: distillation weight of ``TV(p_teacher, q)``.
+        ce_weight: distillation weight of the data cross-entropy (ignored
+            without a teacher, where the loss is the cross-entropy).
+        checkpoint_every: save a checkpoint every this many steps (and always
+            at the end); 0 saves only at the end.
+        keep_checkpoints: how many of the newest checkpoints to keep.
+        max_minutes: wall-clock budget; training stops after the step that
+            crosses it and saves a final checkpoint. ``None`` means no limit.
+        log_every: steps between progress-bar updates (each one syncs).
+        progress: show a tqdm progress bar.
+    """
+
+    steps: int = 1000
+    batch_size: int = 16
+    seq_len: int = 256
+    learning_rate: float = 1e-3
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
+    seed: int = 0
+    kl_weight: float = 1.0
+    tvd_weight: float = 0.0
+    ce_weight: float = 0.0
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 2
+    max_minutes: float | None = None
+    log_every: int = 10
+    progress: bool = True
+
+
+@struct.dataclass
+class TrainState:
+    """Everything that evolves during training.
+
+    Attributes:
+        params: the model's ``nnx.State`` being trained.
+        opt_state: the optax optimizer state.
+        step: ``int32[]`` number of optimizer steps taken.
+        key: data-order PRNG key; the batch of step ``s`` uses ``fold_in(key, s)``.
+    """
+
+    params: object
+    opt_state: object
+    step: jax.Array
+    key: jax.Array
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What :func:`train` returns.
+
+    Attributes:
+        model: the trained model (the input model with new params).
+        losses: the training loss of every step since step 0, including steps
+            run before a resume.
+        steps: steps completed (``== config.steps`` unless stopped early).
+        stopped_early: the time budget ran out before ``config.steps``.
+        tokens_per_second: training throughput of this call, excluding the
+            first (compiling) step.
+        checkpoint: path of the last checkpoint written, if any.
+    """
+
+    model: Model
+    losses: list[float]
+    steps: int
+    stopped_early: bool
+    tokens_per_second: float
+    checkpoint: str | None = None
+
+
+# ---------------------------------------------------------------------------
+# Losses.
+
+
+def forward(model: Model, tokens_BT: jax.Array) -> jax.Array:
+    """Full causal forward from position 0, without a KV cache.
+
+    The same computation as ``model(tokens, arange(T), model.init_cache(B, T))``
+    (a test holds them equal), but without writing keys and values into a
+    cache and masking by positions: on CPU that scatter and its gradient cost
+    about a third of a training step.
+
+    Args:
+        model: the decoder.
+        tokens_BT: ``int32[B, T]`` token ids at positions ``0 .. T-1``.
+
+    Returns:
+        ``float32[B, T, V]`` next-token logits.
+    """
+    c = model.config
+    module = nnx.merge(model.graphdef, model.params)
+    b, t = tokens_BT.shape
+    d, h, kh = c.head_dim, c.num_heads, c.num_kv_heads
+    positions_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    inv_freq = rope_inv_freq(c)
+    causal_TS = jnp.tril(jnp.ones((t, t), bool))[None, None, None]  # [1, 1, 1, T, S]
+
+    x_BTE = module.embed_tokens(tokens_BT)
+    for layer in module.layers:
+        attn = layer.self_attn
+        y_BTE = layer.input_layernorm(x_BTE)
+        q_BTHD = attn.q_proj(y_BTE).reshape(b, t, h, d)
+        k_BTKD = attn.k_proj(y_BTE).reshape(b, t, kh, d)
+        v_BTKD = attn.v_proj(y_BTE).reshape(b, t, kh, d)
+        if c.qk_norm:
+            q_BTHD, k_BTKD = attn.q_norm(q_BTHD), attn.k_norm(k_BTKD)
+        q_BTHD = apply_rope(q_BTHD, positions_BT, inv_freq)
+        k_BTKD = apply_rope(k_BTKD, positions_BT, inv_freq)
+        q_BTKGD = q_BTHD.reshape(b, t, kh, h // kh, d)
+        scores = jnp.einsum(
+            "btkgd,bskd->bkgts", q_BTKGD, k_BTKD, preferred_element_type=jnp.float32
+        ) / math.sqrt(d)
+        scores = jnp.where(causal_TS, scores, -jnp.inf)
+        weights = jax.nn.softmax(scores, axis=-1).astype(v_BTKD.dtype)
+        out_BTHD = jnp.einsum("bkgts,bskd->btkgd", weights, v_BTKD).reshape(b, t, h * d)
+        x_BTE = x_BTE + attn.o_proj(out_BTHD)
+        x_BTE = x_BTE + layer.mlp(layer.post_attention_layernorm(x_BTE))
+    hidden_BTE = module.norm(x_BTE)
+    if c.tie_word_embeddings:
+        logits_BTV = module.embed_tokens.attend(hidden_BTE)
+    else:
+        logits_BTV = module.lm_head(hidden_BTE)
+    return logits_BTV.astype(jnp.float32)
+
+
+def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+    """Mean next-token cross-entropy in nats, computed in float32."""
+    logits_BTV = logits_BTV.astype(jnp.float32)
+    return optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT).mean()
+
+
+def distill_losses(student_logits_BTV: jax.Array, teacher_logits_BTV: jax.Array) -> dict:
+    """Per-token divergences of the student ``q`` from the teacher ``p``, in float32.
+
+    Args:
+        student_logits_BTV: draft logits ``[B, T, V]``.
+        teacher_logits_BTV: target logits ``[B, T, V]`` (treated as constants).
+
+    Returns:
+        ``{"kl": mean KL(p || q), "tvd": mean TV(p, q)}`` as float32 scalars.
+    """
+    logq = jax.nn.log_softmax(student_logits_BTV.astype(jnp.float32), axis=-1)
+    logp = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_logits_BTV).astype(jnp.float32), -1)
+    p = jnp.exp(logp)
+    # xlogy-style guard: where p underflows to 0 its term is 0, not 0 * -inf.
+    kl_BT = jnp.sum(jnp.where(p > 0, p * (logp - logq), 0.0), axis=-1)
+    tvd_BT = 0.5 * jnp.sum(jnp.abs(p - jnp.exp(logq)), axis=-1)
+    return {"kl": kl_BT.mean(), "tvd": tvd_BT.mean()}
+
+
+def _loss_fn(params, batch_BT1, *, model, teacher_params, teacher, config):
+    inputs_BT, targets_BT = batch_BT1[:, :-1], batch_BT1[:, 1:]
+    logits_BTV = forward(model.replace(params=params), inputs_BT)
+    ce = cross_entropy(logits_BTV, targets_BT)
+    if teacher is None:
+        return ce, {"loss": ce, "ce": ce}
+    teacher_logits = forward(teacher.replace(params=teacher_params), inputs_BT)
+    d = distill_losses(logits_BTV, teacher_logits)
+    loss = config.kl_weight * d["kl"] + config.tvd_weight * d["tvd"] + config.ce_weight * ce
+    return loss, {"loss": loss, "ce": ce, **d}
+
+
+# ---------------------------------------------------------------------------
+# Optimizer and step.
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    """AdamW with linear warmup, cosine decay and global-norm clipping."""
+    warmup = max(0, min(config.warmup_steps, config.steps - 1))
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=config.learning_rate,
+        warmup_steps=warmup,
+        decay_steps=max(config.steps, warmup + 1),
+        end_value=config.learning_rate * config.min_lr_ratio,
+    )
+    adamw = optax.adamw(
+        schedule,
+        b1=config.b1,
+        b2=config.b2,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        # Decay weight matrices and embeddings only; decaying RMSNorm scales
+        # towards 0 fights the normalisation.
+        mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params),
+    )
+    if config.grad_clip is None:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(config.grad_clip), adamw)
+
+
+def init_train_state(model: Model, config: TrainConfig) -> TrainState:
+    """Step-0 state: the model's params, a fresh optimizer state and the data key."""
+    # A copy, because train() donates the state: the caller's model must stay valid.
+    params = jax.tree.map(jnp.copy, model.params)
+    return TrainState(
+        params=params,
+        opt_state=make_optimizer(config).init(params),
+        step=jnp.zeros((), jnp.int32),
+        key=jax.random.key(config.seed),
+    )
+
+
+def train_step(
+    state: TrainState,
+    tokens_N: jax.Array,
+    teacher_params=None,
+    *,
+    model: Model,
+    config: TrainConfig,
+    teacher: Model | None = None,
+) -> tuple[TrainState, dict]:
+    """One optimizer step on the batch of ``state.step``. Pure; jit it.
+
+    Args:
+        state: current :class:`TrainState`.
+        tokens_N: ``int32[N]`` training token stream (stays on device).
+        teacher_params: the frozen teacher's params (distillation only). Passed
+            as an argument, not closed over, so they are not baked into the
+            compiled program as constants.
+        model: the model being trained (only its static structure is used).
+        config: the :class:`TrainConfig`.
+        teacher: the teacher model's static structure, or ``None``.
+
+    Returns:
+        ``(new_state, metrics)`` where metrics holds float32 scalars ``loss``,
+        ``ce``, ``grad_norm`` and, when distilling, ``kl`` and ``tvd``.
+    """
+    batch_BT1 = data_lib.batch_for_step(
+        tokens_N, state.key, state.step, config.batch_size, config.seq_len
+    )
+    loss_fn = functools.partial(
+        _loss_fn, model=model, teacher_params=teacher_params, teacher=teacher, config=config
+    )
+    grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params, batch_BT1)
+    updates, opt_state = make_optimizer(config).update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+    return new_state, metrics
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints.
+
+
+def _flatten_named(tree) -> dict[str, np.ndarray]:
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
+
+
+def _unflatten_named(template, arrays: dict[str, np.ndarray], what: str):
+    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
+    leaves = []
+    for path, leaf in paths_leaves:
+        name = jax.tree_util.keystr(path)
+        if name not in arrays:
+            raise ValueError(f"{what}: checkpoint lacks {name}")
+        a = arrays[name]
+        if a.shape != leaf.shape or a.dtype != leaf.dtype:
+            raise ValueError(
+                f"{what}: {name} is {a.dtype}{list(a.shape)} in the checkpoint, "
+                f"expected {leaf.dtype}{list(leaf.shape)}"
+            )
+        leaves.append(jnp.asarray(a))
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _trajectory_config(config: TrainConfig) -> dict:
+    return {k: v for k, v in dataclasses.asdict(config).items() if k not in _RESUMABLE_FIELDS}
+
+
+def save_checkpoint(
+    checkpoint_dir: str | os.PathLike,
+    model: Model,
+    state: TrainState,
+    config: TrainConfig,
+    losses: list[float],
+    *,
+    keep: int | None = None,
+) -> str:
+    """Atomically writes checkpoint ``step_XXXXXXXX`` under ``checkpoint_dir``.
+
+    The folder is a Hugging Face checkpoint (loadable with ``load_pretrained``
+    or ``transformers``) plus ``train_state.safetensors``. It is written under a
+    temporary name and renamed when complete. Older checkpoints beyond the
+    newest ``keep`` are then deleted.
+
+    Returns:
+        The path of the new checkpoint folder.
+    """
+    from specjax.models.hf import save_pretrained
+
+    checkpoint_dir = Path(checkpoint_dir)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    step = int(state.step)
+    final = checkpoint_dir / f"{_CKPT_PREFIX}{step:08d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=checkpoint_dir))
+    try:
+        save_pretrained(model.replace(params=state.params), tmp)
+        arrays = {f"opt_state/{k}": v for k, v in _flatten_named(state.opt_state).items()}
+        arrays["step"] = np.asarray(step, np.int64)
+        arrays["key"] = np.asarray(jax.random.key_data(state.key))
+        arrays["losses"] = np.asarray(losses[:step], np.float32)
+        metadata = {"train_config": json.dumps(_trajectory_config(config), sort_keys=True)}
+        save_file(arrays, str(tmp / TRAIN_STATE_FILE), metadata=metadata)
+        if final.exists():  # re-saving the same step (e.g. resumed, then stopped at once)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep is not None:
+        for old in list_checkpoints(checkpoint_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return str(final)
+
+
+def list_checkpoints(checkpoint_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints under ``checkpoint_dir``, oldest first."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        return []
+    found = [
+        p
+        for p in checkpoint_dir.iterdir()
+        if p.is_dir() and p.name.startswith(_CKPT_PREFIX) and (p / TRAIN_STATE_FILE).exists()
+    ]
+    return sorted(found, key=lambda p: int(p.name[len(_CKPT_PREFIX) :]))
+
+
+def load_checkpoint(
+    path: str | os.PathLike, model: Model, config: TrainConfig
+) -> tuple[TrainState, list[float]]:
+    """Reads a checkpoint written by :func:`save_checkpoint`.
+
+    Args:
+        path: the checkpoint folder.
+        model: a model of the same architecture and dtype (its params give the
+            expected structure; its values are not used).
+        config: the run's config; must match the checkpoint's on every field
+            that shapes the trajectory (all but budget/logging fields).
+
+    Returns:
+        ``(state, losses)``.
+    """
+    from specjax.models.hf import load_pretrained
+
+    path = Path(path)
+    arrays = load_file(str(path / TRAIN_STATE_FILE))
+    with open(path / TRAIN_STATE_FILE, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        metadata = json.loads(f.read(header_len)).get("__metadata__", {})
+    saved = json.loads(metadata.get("train_config", "{}"))
+    current = json.loads(json.dumps(_trajectory_config(config), sort_keys=True))
+    diff = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+    if diff:
+        raise ValueError(f"cannot resume {path}: config differs (saved, now): {diff}")
+
+    loaded = load_pretrained(path, dtype=model.dtype)
+    params = _unflatten_named(model.params, _flatten_named(loaded.params), "params")
+    template = make_optimizer(config).init(model.params)
+    opt = {k[len("opt_state/") :]: v for k, v in arrays.items() if k.startswith("opt_state/")}
+    state = TrainState(
+        params=params,
+        opt_state=_unflatten_named(template, opt, "opt_state"),
+        step=jnp.asarray(arrays["step"], jnp.int32),
+        key=jax.random.wrap_key_data(jnp.asarray(arrays["key"])),
+    )
+    return state, [float(x) for x in arrays["losses"]]
+
+
+# ---------------------------------------------------------------------------
+# The loop.
+
+
+def train(
+    model: Model,
+    tokens: np.ndarray | jax.Array,
+    config: TrainConfig,
+    *,
+    teacher: Model | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    callback: Callable[[int, dict], None] | None = None,
+) -> TrainResult:
+    """Trains ``model`` on windows of ``tokens`` (or distils ``teacher`` into it).
+
+    Args:
+        model: initial model (e.g. ``Model.random(...)``); its dtype is the
+            training dtype (use float32).
+        tokens: ``int32[N]`` training token stream, N > ``config.seq_len``.
+        config: the :class:`TrainConfig`.
+        teacher: frozen target model to distil from; ``None`` trains on the
+            data with cross-entropy. Must share the tokenizer/vocabulary.
+        checkpoint_dir: where checkpoints go; ``None`` disables them.
+        resume: continue from the newest checkpoint in ``checkpoint_dir`` if
+            there is one (otherwise start from step 0). The continuation is
+            bit-identical to an uninterrupted run with the same config.
+        callback: called as ``callback(step, metrics)`` after every step, with
+            ``step`` the number of steps done and ``metrics`` device scalars.
+
+    Returns:
+        A :class:`TrainResult`.
+    """
+    if teacher is not None and teacher.vocab_size != model.vocab_size:
+        raise ValueError(f"teacher vocab {teacher.vocab_size} != student vocab {model.vocab_size}")
+    state, losses = init_train_state(model, config), []
+    if resume and checkpoint_dir is not None:
+        ckpts = list_checkpoints(checkpoint_dir)
+        if ckpts:
+            state, losses = load_checkpoint(ckpts[-1], model, config)
+    tokens_N = jnp.asarray(tokens, jnp.int32)
+
+    # The state is donated: params and both Adam moments are updated in place
+    # instead of holding two copies of each at the step boundary.
+    step_fn = jax.jit(
+        functools.partial(train_step, model=model, config=config, teacher=teacher),
+        donate_argnums=0,
+    )
+    teacher_params = None if teacher is None else teacher.params
+
+    start = int(state.step)
+    deadline = None if config.max_minutes is None else time.monotonic() + 60 * config.max_minutes
+    tokens_per_step = config.batch_size * config.seq_len
+    pending: list[jax.Array] = []  # device losses not yet fetched
+    bar = tqdm(
+        total=config.steps, initial=start, disable=not config.progress, unit="step", smoothing=0.1
+    )
+    t_first = None  # end of the first (compiling) step; throughput is measured from here
+    steps_timed = 0
+    last_ckpt = None
+    stopped_early = False
+
+    def flush():
+        losses.extend(float(x) for x in jax.device_get(pending))
+        pending.clear()
+
+    try:
+        step = start
+        while step < config.steps:
+            state, metrics = step_fn(state, tokens_N, teacher_params)
+            step += 1
+            pending.append(metrics["loss"])
+            if callback is not None:
+                callback(step, metrics)
+            if t_first is None:
+                jax.block_until_ready(metrics["loss"])
+                t_first, steps_timed = time.perf_counter(), 0
+            else:
+                steps_timed += 1
+            if step % config.log_every == 0 or step == config.steps:
+                flush()
+                elapsed = time.perf_counter() - t_first
+                tps = steps_timed * tokens_per_step / elapsed if elapsed > 0 else 0.0
+                bar.set_postfix(loss=f"{losses[-1]:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
+            bar.update(1)
+            out_of_time = deadline is not None and time.monotonic() > deadline
+            if checkpoint_dir is not None and (
+                (config.checkpoint_every and step % config.checkpoint_every == 0)
+                or step == config.steps
+                or out_of_time
+            ):
+                flush()
+                last_ckpt = save_checkpoint(
+                    checkpoint_dir,
+                    model,
+                    state,
+                    config,
+                    losses,
+                    keep=config.keep_checkpoints,
+                )
+            if out_of_time and step < config.steps:
+                stopped_early = True
+                break
+    except KeyboardInterrupt:
+        # Stop cleanly on Ctrl-C: the state of the last finished step is saved.
+        if checkpoint_dir is not None and int(state.step) > start:
+            flush()
+            save_checkpoint(
+                checkpoint_dir, model, state, config, losses, keep=config.keep_checkpoints
+            )
+        raise
+    finally:
+        bar.close()
+    flush()
+    jax.block_until_ready(state.params)
+    elapsed = time.perf_counter() - t_first if t_first is not None else 0.0
+    tps = steps_timed * tokens_per_step / elapsed if elapsed > 0 else 0.0
+    return TrainResult(
+        model=model.replace(params=state.params),
+        losses=losses,
+        steps=int(state.step),
+        stopped_early=stopped_early,
+        tokens_per_second=tps,
+        checkpoint=last_ckpt,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Evaluation and export.
+
+
+@jax.jit
+def _eval_batch(model: Model, windows_BT1: jax.Array) -> jax.Array:
+    logits_BTV = forward(model, windows_BT1[:, :-1])
+    targets_BT = windows_BT1[:, 1:]
+    nll_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
+    return nll_BT.sum()
+
+
+def evaluate(
+    model: Model,
+    tokens: np.ndarray,
+    *,
+    seq_len: int = 256,
+    batch_size: int = 8,
+    max_windows: int | None = None,
+) -> float:
+    """Mean next-token cross-entropy (nats/token) on held-out ``tokens``.
+
+    The stream is cut into consecutive windows of ``seq_len`` predictions
+    (see :func:`specjax.data.eval_windows`); each window starts with an empty
+    context, as in training.
+
+    Args:
+        model: the model to score.
+        tokens: ``int32[N]`` token stream.
+        seq_len: window length T.
+        batch_size: windows per forward call.
+        max_windows: score only the first this many windows.
+
+    Returns:
+        The mean loss as a Python float; ``exp`` of it is the perplexity.
+    """
+    windows = data_lib.eval_windows(tokens, seq_len, max_windows)
+    total = 0.0
+    for i in range(0, len(windows), batch_size):
+        total += float(_eval_batch(model, jnp.asarray(windows[i : i + batch_size])))
+    return total / (windows.shape[0] * seq_len)
+
+
+def cast_params(model: Model, dtype) -> Model:
+    """The model with floating-point params cast to ``dtype`` (e.g. bf16 for export)."""
+    cast = lambda p: p.astype(dtype) if jnp.issubdtype(p.dtype, jnp.floating) else p
+    return model.replace(params=jax.tree.map(cast, model.params))

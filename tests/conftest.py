@@ -1,0 +1,21 @@
+"""Keeps JAX strict and the suite deterministic."""
+
+import os
+
+# Tests run on CPU, single-threaded eigen would be slower; keep XLA's defaults
+# but never let a stray accelerator or a preallocating backend change results.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_numpy():
+    # Any test that forgets to seed its own generator still sees the same numbers.
+    np.random.seed(0)
+    yield

@@ -1,0 +1,328 @@
+"""The decoders: greedy equivalence, exactness in distribution, stats, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import struct
+
+import specjax
+from specjax import decode
+from specjax.drafters import Drafter, Proposal
+from specjax.testing import (
+    chi_square_pvalue,
+    exact_sequence_probs,
+    sequence_counts,
+    tiny_model,
+)
+
+GREEDY = specjax.SamplingConfig.greedy()
+V = 64
+
+
+@struct.dataclass
+class ConstantDrafter(Drafter):
+    """A deliberately terrible drafter: always proposes the same token (one-hot q)."""
+
+    token: int = struct.field(pytree_node=False, default=0)
+    num_draft: int = struct.field(pytree_node=False, default=3)
+
+    @property
+    def vocab_size(self):
+        return None
+
+    def init(self, prompts_BS, seq_lengths_B, cache_len):
+        return ()
+
+    def propose(self, key, state, seq_BS, seq_lengths_B, sampling):
+        tokens = jnp.full((seq_BS.shape[0], self.num_draft), self.token, jnp.int32)
+        return Proposal(tokens=tokens, probs=None, state=state)
+
+    def update(self, state, seq_lengths_B):
+        return state
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(seed=0, vocab_size=V, init_scale=8.0)
+
+
+def _ragged_prompts(batch, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 9, size=batch)
+    # Repetitive prompts so that prompt lookup finds matches.
+    return [list(rng.integers(0, 8, size=n) % V) * 2 for n in lengths]
+
+
+def _drafters(target):
+    return {
+        "self": specjax.DraftModel(target, num_draft=4),
+        "random_model": specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3),
+        "lookup": specjax.PromptLookup(ngram=2, num_draft=3),
+        "constant": ConstantDrafter(token=5, num_draft=4),
+    }
+
+
+@pytest.mark.parametrize("name", ["self", "random_model", "lookup", "constant"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_greedy_speculative_equals_plain(target, name, batch):
+    drafter = _drafters(target)[name]
+    prompts = _ragged_prompts(batch, seed=batch)
+    key = jax.random.key(0)
+    # 13 is not a multiple of γ + 1 for any γ used here.
+    plain = specjax.generate(key, target, prompts, max_new_tokens=13, sampling=GREEDY)
+    spec = specjax.speculative_generate(
+        key, target, drafter, prompts, max_new_tokens=13, sampling=GREEDY
+    )
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+    np.testing.assert_array_equal(spec.lengths, plain.lengths)
+    assert int(jnp.min(spec.lengths)) == 13
+
+    # EOS hit mid-block: stop at a token that greedy decoding emits part-way.
+    eos = int(plain.tokens[0, 6])
+    plain_eos = specjax.generate(key, target, prompts, max_new_tokens=13, sampling=GREEDY, eos_id=eos)
+    spec_eos = specjax.speculative_generate(
+        key, target, drafter, prompts, max_new_tokens=13, sampling=GREEDY, eos_id=eos
+    )
+    np.testing.assert_array_equal(spec_eos.tokens, plain_eos.tokens)
+    np.testing.assert_array_equal(spec_eos.lengths, plain_eos.lengths)
+    row0 = spec_eos.to_lists()[0]
+    assert row0[-1] == eos and eos not in row0[:-1] and len(row0) <= 7
+    if name == "self":
+        # The target drafting for itself is always accepted.
+        assert float(spec.stats.acceptance_rate) == 1.0
+
+
+def test_plain_greedy_matches_manual_argmax_loop(target):
+    """generate() agrees with a naive full-recompute argmax loop (no cache)."""
+    prompt = [3, 1, 4, 1, 5]
+    out = specjax.generate(jax.random.key(0), target, [prompt], max_new_tokens=8, sampling=GREEDY)
+    width = len(prompt) + 8
+    # One full forward over a fixed width; causality makes the padding irrelevant.
+    forward = jax.jit(lambda m, s: m(s, jnp.arange(width)[None], m.init_cache(1, width))[0])
+    seq = list(prompt)
+    for _ in range(8):
+        padded = jnp.asarray([seq + [0] * (width - len(seq))])
+        seq.append(int(jnp.argmax(forward(target, padded)[0, len(seq) - 1])))
+    assert out.to_lists()[0] == seq[len(prompt) :]
+
+
+def test_ragged_rows_equal_rows_alone(target):
+    prompts = _ragged_prompts(3, seed=3)
+    drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
+    key = jax.random.key(1)
+    batched = specjax.speculative_generate(
+        key, target, drafter, prompts, max_new_tokens=9, sampling=GREEDY
+    ).to_lists()
+    for row, prompt in zip(batched, prompts, strict=True):
+        alone = specjax.speculative_generate(
+            key, target, drafter, [prompt], max_new_tokens=9, sampling=GREEDY
+        ).to_lists()[0]
+        assert row == alone
+
+
+# ----------------------------------------------------------------------------
+# Exactness in distribution, end to end.
+#
+# V = 8 tiny models with scaled weights (peaked, context-dependent
+# distributions). The exact distribution of the first K generated tokens is
+# computed by enumeration; N samples come from N independent batch rows of one
+# call. Each test rejects at p < 1e-4 (its false-alarm rate); with the 13
+# sampling cases here the family-wise false-alarm rate is below 0.2%.
+# The seeds are fixed, so the outcome is deterministic.
+
+SMALL_V = 8
+N_SAMPLES = 20_000
+PROMPT = [1, 2, 3, 1, 2]
+SETTINGS = {
+    "t1": specjax.SamplingConfig(temperature=1.0),
+    "t0.6_topk3": specjax.SamplingConfig(temperature=0.6, top_k=3),
+    "t1.3_topp0.8": specjax.SamplingConfig(temperature=1.3, top_p=0.8),
+    "minp0.1": specjax.SamplingConfig(temperature=1.0, min_p=0.1),
+}
+FALSE_ALARM = 1e-4
+
+
+@pytest.fixture(scope="module")
+def small_pair():
+    target = tiny_model(seed=11, vocab_size=SMALL_V, init_scale=15.0)
+    draft = tiny_model(seed=12, vocab_size=SMALL_V, init_scale=15.0)
+    return target, draft
+
+
+def _sample_sequences(fn, num_tokens):
+    prompts = jnp.broadcast_to(jnp.asarray(PROMPT, jnp.int32), (N_SAMPLES, len(PROMPT)))
+    out = fn(prompts, num_tokens)
+    assert int(jnp.min(out.lengths)) == num_tokens
+    return np.asarray(out.tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("drafter_name", ["plain", "draft_model", "lookup"])
+def test_sampling_exact_first_tokens(small_pair, setting, drafter_name):
+    target, draft = small_pair
+    sampling = SETTINGS[setting]
+    num_tokens = 3 if drafter_name == "draft_model" else 2
+    key = jax.random.key(2024)
+
+    def fn(prompts, k):
+        if drafter_name == "plain":
+            return specjax.generate(key, target, prompts, max_new_tokens=k, sampling=sampling)
+        drafter = (
+            specjax.DraftModel(draft, num_draft=2)
+            if drafter_name == "draft_model"
+            else specjax.PromptLookup(ngram=2, num_draft=2)
+        )
+        return specjax.speculative_generate(
+            key, target, drafter, prompts, max_new_tokens=k, sampling=sampling
+        )
+
+    tokens = _sample_sequences(fn, num_tokens)
+    exact = exact_sequence_probs(target, PROMPT, num_tokens, sampling)
+    p = chi_square_pvalue(sequence_counts(tokens, SMALL_V), exact)
+    assert p > FALSE_ALARM, f"{drafter_name}/{setting}: chi-square p = {p:.2e}"
+
+
+@pytest.mark.slow
+def test_exactness_test_has_power(small_pair):
+    """Negative control: the draft's own samples are rejected by the same test.
+
+    If this passed, the exactness tests above could not tell the draft's
+    distribution from the target's and would prove nothing.
+    """
+    target, draft = small_pair
+    sampling = SETTINGS["t1"]
+    key = jax.random.key(2024)
+    tokens = _sample_sequences(
+        lambda prompts, k: specjax.generate(key, draft, prompts, max_new_tokens=k, sampling=sampling),
+        2,
+    )
+    exact = exact_sequence_probs(target, PROMPT, 2, sampling)
+    assert chi_square_pvalue(sequence_counts(tokens, SMALL_V), exact) < FALSE_ALARM
+
+
+# ----------------------------------------------------------------------------
+# Reproducibility, compilation, statistics.
+
+
+def test_same_key_same_output_and_user_jit(target):
+    drafter = specjax.DraftModel(tiny_model(seed=3, vocab_size=V), num_draft=3)
+    prompts = jnp.asarray([[1, 2, 3, 4], [4, 3, 2, 1]], jnp.int32)
+    sampling = specjax.SamplingConfig(temperature=0.9, top_p=0.95)
+    run = lambda key: specjax.speculative_generate(  # noqa: E731
+        key, target, drafter, prompts, max_new_tokens=10, sampling=sampling
+    )
+    a, b = run(jax.random.key(5)), run(jax.random.key(5))
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    c = run(jax.random.key(6))
+    assert not np.array_equal(a.tokens, c.tokens)
+
+    @jax.jit
+    def user_fn(key, params, prompts):
+        model = target.replace(params=params)
+        return specjax.speculative_generate(
+            key, model, drafter, prompts, max_new_tokens=10, sampling=sampling
+        ).tokens
+
+    np.testing.assert_array_equal(user_fn(jax.random.key(5), target.params, prompts), a.tokens)
+
+
+def test_no_recompilation_for_traced_settings(target):
+    drafter = specjax.PromptLookup(ngram=2, num_draft=3)
+    prompts = [[1, 2, 3, 1, 2]]
+    key = jax.random.key(0)
+    kwargs = dict(cache_len=64)
+    specjax.speculative_generate(key, target, drafter, prompts, max_new_tokens=5, **kwargs)
+    before = decode._speculative_jit._cache_size()
+    for t, top_p, n in [(0.5, 0.9, 7), (0.0, 1.0, 20), (1.5, 0.5, 3)]:
+        sampling = specjax.SamplingConfig(temperature=t, top_p=top_p)
+        specjax.speculative_generate(
+            key, target, drafter, [[4, 5, 6, 4, 5]], max_new_tokens=n, sampling=sampling, **kwargs
+        )
+    assert decode._speculative_jit._cache_size() == before
+
+    specjax.generate(key, target, prompts, max_new_tokens=5, **kwargs)
+    before = decode._generate_jit._cache_size()
+    specjax.generate(
+        key, target, prompts, max_new_tokens=9, sampling=specjax.SamplingConfig(temperature=0.3), **kwargs
+    )
+    assert decode._generate_jit._cache_size() == before
+
+
+def test_stats_consistent(target):
+    drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
+    prompts = _ragged_prompts(5, seed=9)
+    out = specjax.speculative_generate(
+        jax.random.key(3), target, drafter, prompts, max_new_tokens=11,
+        sampling=specjax.SamplingConfig(temperature=1.0), eos_id=7,
+    )
+    s = jax.device_get(out.stats)
+    lengths = np.asarray(out.lengths)
+    assert np.all(s.accepted <= s.drafted)
+    assert np.all(s.drafted == 3 * s.row_target_calls)
+    assert s.accepted_hist.sum() == s.row_target_calls.sum()
+    assert np.all(s.row_target_calls <= s.target_calls)
+    assert s.target_calls == s.row_target_calls.max()
+    # Each step emits at most accepted + 1 tokens, at least 1.
+    assert np.all(lengths <= s.accepted + s.row_target_calls)
+    assert np.all(lengths >= s.row_target_calls)
+    np.testing.assert_allclose(out.tokens_per_call, lengths.sum() / s.row_target_calls.sum())
+    tokens = np.asarray(out.tokens)
+    for row, n in zip(tokens, lengths, strict=True):
+        assert np.all(row[n:] == -1) and np.all(row[:n] >= 0)
+        assert 7 not in row[: n - 1]
+    # from_draft marks exactly the accepted drafts that were emitted.
+    assert np.asarray(out.from_draft).sum() <= s.accepted.sum()
+
+
+def test_cache_overflow_stops_row_cleanly(target):
+    drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
+    prompts = [[1, 2, 3], list(range(1, 20))]
+    out = specjax.speculative_generate(
+        jax.random.key(0), target, drafter, prompts, max_new_tokens=40, sampling=GREEDY, cache_len=32
+    )
+    truncated = np.asarray(out.truncated)
+    lengths = np.asarray(out.lengths)
+    assert truncated.tolist() == [True, True]
+    # Never more tokens than the cache holds; the generated prefix is still exact.
+    assert lengths[1] <= 32 - 19
+    plain = specjax.generate(jax.random.key(0), target, prompts, max_new_tokens=40, sampling=GREEDY)
+    for row, ref, n in zip(np.asarray(out.tokens), np.asarray(plain.tokens), lengths, strict=True):
+        np.testing.assert_array_equal(row[:n], ref[:n])
+
+
+# ----------------------------------------------------------------------------
+# Bad input is rejected before compiling.
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(max_new_tokens=5, cache_len=4), "cache_len"),
+        (dict(prompts=[]), "prompts"),
+        (dict(prompts=[[1, 2], []]), r"prompts\[1\]"),
+        (dict(prompts=[[1, 2, 999]]), "vocabulary"),
+        (dict(prompts=jnp.zeros((2,), jnp.int32)), "prompts"),
+        (dict(prompts=jnp.zeros((1, 3), jnp.float32)), "integer"),
+        (dict(sampling=specjax.SamplingConfig(temperature=-1.0)), "temperature"),
+    ],
+)
+def test_bad_input_errors(target, kwargs, match):
+    args = dict(prompts=[[1, 2, 3]], max_new_tokens=5)
+    args.update(kwargs)
+    prompts = args.pop("prompts")
+    drafter = specjax.PromptLookup(num_draft=2)
+    with pytest.raises((ValueError, TypeError), match=match):
+        specjax.speculative_generate(jax.random.key(0), target, drafter, prompts, **args)
+
+
+def test_bad_drafter_errors(target):
+    other_vocab = specjax.DraftModel(tiny_model(seed=1, vocab_size=V + 1), num_draft=2)
+    with pytest.raises(ValueError, match="vocabulary size"):
+        specjax.speculative_generate(jax.random.key(0), target, other_vocab, [[1]], max_new_tokens=3)
+    with pytest.raises(ValueError, match="num_draft"):
+        specjax.speculative_generate(
+            jax.random.key(0), target, specjax.PromptLookup(num_draft=0), [[1]], max_new_tokens=3
+        )

@@ -1,0 +1,564 @@
+"""Tests for specjax.verify: greedy verification and exact speculative rejection sampling.
+
+Statistical tests draw N samples in one vmapped, jitted call with a fixed key and compare
+them against the exact target distribution. Every statistical check uses the same
+per-check false-alarm rate ALPHA = 1e-6; the file runs fewer than 200 such checks, so
+the family-wise false-alarm rate is below 2e-4 (Bonferroni). Because keys are fixed the
+outcome is deterministic: ALPHA is the chance that a correct implementation would have
+been unlucky with these seeds. Negative controls show that the same checks, at the same
+N and ALPHA, reject verifiers with known bugs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from specjax.sampling import SamplingConfig, probs_from_logits, sample
+from specjax.verify import (
+    greedy_verify,
+    greedy_verify_single,
+    rejection_sample,
+    rejection_sample_onehot,
+    rejection_sample_onehot_single,
+    rejection_sample_single,
+)
+
+ALPHA = 1e-6
+NUM_DRAWS = 200_000
+GAMMA = 3
+# A conditional position is checked only when at least this many draws reach it.
+MIN_CONDITIONAL_DRAWS = 2_000
+
+
+# --------------------------------------------------------------------------------------
+# Statistical helpers.
+
+
+def _chi2_pvalue(samples: np.ndarray, probs: np.ndarray) -> float:
+    """Chi-square goodness-of-fit p-value of integer ``samples`` against ``probs``.
+
+    Zero-probability cells must be empty (asserted: a single hit is a certain bug) and are
+    left out of the test. Cells expecting fewer than 5 hits are pooled into one cell.
+    """
+    probs = np.asarray(probs, np.float64)
+    probs = probs / probs.sum()
+    counts = np.bincount(samples, minlength=probs.shape[0]).astype(np.float64)
+    assert counts.shape == probs.shape, "sample outside the vocabulary"
+    impossible = probs == 0
+    assert counts[impossible].sum() == 0, f"drew zero-probability tokens {np.flatnonzero(counts * impossible)}"
+    expected = probs[~impossible] * samples.shape[0]
+    observed = counts[~impossible]
+    small = expected < 5
+    if small.any():
+        expected = np.append(expected[~small], expected[small].sum())
+        observed = np.append(observed[~small], observed[small].sum())
+    if expected.shape[0] < 2:
+        return 1.0
+    return float(stats.chisquare(observed, expected).pvalue)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _simulate(core, key, draft_probs_GxV, target_probs_G1xV, num_draws):
+    """``num_draws`` independent verifications; each draws its drafts ``x_i ~ q_i`` first."""
+
+    def one(k):
+        draft_key, verify_key = jax.random.split(k)
+        draft_tokens_G = sample(draft_key, draft_probs_GxV)
+        return core(verify_key, draft_tokens_G, draft_probs_GxV, target_probs_G1xV)
+
+    return jax.vmap(one)(jax.random.split(key, num_draws))
+
+
+def _position_pvalues(tokens, num_accepted, target_probs) -> list[float]:
+    """p-values of ``tokens[:, i] ~ p_i`` given ``n >= i`` (drafts 0..i-1 were accepted)."""
+    pvalues = []
+    for i in range(target_probs.shape[0]):
+        reached = num_accepted >= i
+        if reached.sum() >= MIN_CONDITIONAL_DRAWS:
+            pvalues.append(_chi2_pvalue(tokens[reached, i], target_probs[i]))
+    return pvalues
+
+
+def _acceptance_pvalue(num_accepted, draft_probs, target_probs) -> float:
+    """Exact binomial test of P(draft 0 accepted) = sum_x min(p_0(x), q_0(x))."""
+    p0 = np.asarray(target_probs[0], np.float64)
+    q0 = np.asarray(draft_probs[0], np.float64)
+    rate = float(np.minimum(p0 / p0.sum(), q0 / q0.sum()).sum())
+    accepted = int((num_accepted >= 1).sum())
+    rate = min(max(rate, 0.0), 1.0)
+    if rate in (0.0, 1.0):
+        return 1.0 if accepted == round(rate * num_accepted.shape[0]) else 0.0
+    return float(stats.binomtest(accepted, num_accepted.shape[0], rate).pvalue)
+
+
+def _run(core, draft_probs, target_probs, seed=0, num_draws=NUM_DRAWS):
+    tokens, num_accepted = _simulate(
+        core,
+        jax.random.key(seed),
+        jnp.asarray(draft_probs, jnp.float32),
+        jnp.asarray(target_probs, jnp.float32),
+        num_draws,
+    )
+    return np.asarray(tokens), np.asarray(num_accepted)
+
+
+# --------------------------------------------------------------------------------------
+# (p, q) cases: [γ+1, V] target and [γ, V] draft distributions per position.
+
+
+def _normalise(x):
+    x = np.asarray(x, np.float64)
+    return (x / x.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def _tile(p, q):
+    """The same (p, q) pair at every position; p also serves the bonus position."""
+    return np.tile(_normalise(q), (GAMMA, 1)), np.tile(_normalise(p), (GAMMA + 1, 1))
+
+
+def _make_cases():
+    rng = np.random.default_rng(1234)
+    cases = {}
+    # Different random pairs at every position, V = 50.
+    cases["dirichlet_v50"] = (
+        _normalise(rng.dirichlet(np.ones(50), GAMMA)),
+        _normalise(rng.dirichlet(np.ones(50), GAMMA + 1)),
+    )
+    cases["p_gt_q_v2"] = _tile([0.8, 0.2], [0.3, 0.7])
+    cases["p_lt_q_v2"] = _tile([0.1, 0.9], [0.9, 0.1])
+    cases["disjoint_support_v8"] = _tile([1, 2, 3, 0, 0, 0, 0, 0], [0, 0, 0, 1, 1, 2, 0, 0])
+    same = rng.dirichlet(np.ones(8))
+    cases["p_equals_q_v8"] = _tile(same, same)  # zero residual everywhere
+    cases["one_hot_q_v8"] = _tile([0.1, 0.2, 0.05, 0.3, 0.15, 0.1, 0.05, 0.05], np.eye(8)[3])
+    cases["one_hot_q_on_p_zero_v8"] = _tile([0.2, 0.2, 0.2, 0.0, 0.1, 0.1, 0.1, 0.1], np.eye(8)[3])
+    sparse_q = np.zeros(50)
+    sparse_q[[3, 17, 41]] = [0.5, 0.3, 0.2]
+    cases["sparse_q_v50"] = _tile(rng.dirichlet(np.ones(50)), sparse_q)
+    sparse_p = np.zeros(50)
+    sparse_p[[5, 6]] = [0.7, 0.3]
+    cases["sparse_p_v50"] = _tile(sparse_p, rng.dirichlet(np.ones(50)))
+    near = rng.dirichlet(np.ones(8))
+    cases["near_equal_v8"] = _tile(near, near * (1 + 0.05 * rng.standard_normal(8)).clip(0.5))
+    peaked = np.full(50, 1e-4)
+    peaked[0] = 1 - 49e-4
+    cases["peaked_p_uniform_q_v50"] = _tile(peaked, np.ones(50))
+    tiny = rng.dirichlet(np.ones(50)) * np.where(np.arange(50) < 25, 1.0, 1e-6)
+    cases["tiny_probs_v50"] = _tile(tiny, rng.dirichlet(np.ones(50) * 0.3))
+    return cases
+
+
+CASES = _make_cases()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rejection_sample_is_exact(name):
+    """Token i, given drafts 0..i-1 accepted, follows p_i; acceptance rate of draft 0 is
+    sum(min(p_0, q_0)). N = 200k draws, chi-square / exact binomial, ALPHA = 1e-6 each."""
+    draft_probs, target_probs = CASES[name]
+    tokens, num_accepted = _run(rejection_sample_single, draft_probs, target_probs)
+    pvalues = _position_pvalues(tokens, num_accepted, target_probs)
+    assert pvalues, "no position had enough draws"
+    assert min(pvalues) > ALPHA, pvalues
+    assert _acceptance_pvalue(num_accepted, draft_probs, target_probs) > ALPHA
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SamplingConfig(temperature=0.7, top_k=10, top_p=0.8),
+        SamplingConfig(temperature=1.3, top_p=0.6, min_p=0.05),
+    ],
+    ids=["t0.7_k10_p0.8", "t1.3_p0.6_minp0.05"],
+)
+def test_rejection_sample_is_exact_with_truncated_distributions(config):
+    """Same as above with p and q from probs_from_logits (truncation makes the supports
+    differ). N = 200k, ALPHA = 1e-6 per check."""
+    keys = jax.random.split(jax.random.key(7))
+    # A draft correlated with the target, as real drafters are, so later positions are
+    # reached often enough to be tested.
+    target_logits = 2.0 * jax.random.normal(keys[0], (GAMMA + 1, 50))
+    draft_logits = target_logits[:GAMMA] + jax.random.normal(keys[1], (GAMMA, 50))
+    draft_probs = np.asarray(probs_from_logits(draft_logits, config))
+    target_probs = np.asarray(probs_from_logits(target_logits, config))
+    assert ((draft_probs > 0) != (target_probs[:GAMMA] > 0)).any()  # supports differ
+    tokens, num_accepted = _run(rejection_sample_single, draft_probs, target_probs)
+    pvalues = _position_pvalues(tokens, num_accepted, target_probs)
+    assert len(pvalues) >= 2 and min(pvalues) > ALPHA, pvalues
+    assert _acceptance_pvalue(num_accepted, draft_probs, target_probs) > ALPHA
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _simulate_onehot(key, draft_tokens_G, target_probs_G1xV, num_draws):
+    core = lambda k: rejection_sample_onehot_single(k, draft_tokens_G, target_probs_G1xV)
+    return jax.vmap(core)(jax.random.split(key, num_draws))
+
+
+@pytest.mark.parametrize(
+    "draft_tokens",
+    [[3, 3, 3], [0, 3, 1], [3, -1, 3], [3, 8, 3]],
+    ids=["likely", "zero_prob_second", "negative_second", "out_of_vocab_second"],
+)
+def test_rejection_sample_onehot_is_exact(draft_tokens):
+    """Deterministic drafts: token i given n >= i follows p_i whatever the drafts,
+    including drafts with p = 0 or outside the vocabulary. N = 200k, ALPHA = 1e-6."""
+    rng = np.random.default_rng(5)
+    target_probs = _normalise(rng.dirichlet(np.ones(8), GAMMA + 1))
+    target_probs[1, 3] = 0.0
+    target_probs = _normalise(target_probs)
+    tokens, num_accepted = _simulate_onehot(
+        jax.random.key(3), jnp.asarray(draft_tokens, jnp.int32), jnp.asarray(target_probs), NUM_DRAWS
+    )
+    tokens, num_accepted = np.asarray(tokens), np.asarray(num_accepted)
+    pvalues = _position_pvalues(tokens, num_accepted, target_probs)
+    assert pvalues and min(pvalues) > ALPHA, pvalues
+    # Draft 0 is accepted with probability p_0(x_0).
+    accepted = int((num_accepted >= 1).sum())
+    assert stats.binomtest(accepted, NUM_DRAWS, float(target_probs[0, draft_tokens[0]])).pvalue > ALPHA
+    # A draft the target gives zero probability, or outside [0, V), is never accepted.
+    for i, token in enumerate(draft_tokens):
+        if not 0 <= token < 8 or target_probs[i, token] == 0:
+            assert (num_accepted <= i).all()
+
+
+# --------------------------------------------------------------------------------------
+# Negative controls: known-wrong verifiers must fail the same checks.
+
+
+def _buggy_verifier(bug: str):
+    def core(key, draft_tokens_G, draft_probs_GxV, target_probs_G1xV):
+        gamma = draft_tokens_G.shape[0]
+        accept_key, resample_key = jax.random.split(key)
+        u_G = jax.random.uniform(accept_key, (gamma,))
+        rows = jnp.arange(gamma)
+        p_at = target_probs_G1xV[rows, draft_tokens_G]
+        q_at = draft_probs_GxV[rows, draft_tokens_G]
+        accepted = u_G < p_at if bug == "ignore_q" else u_G * q_at < p_at
+        n = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32)))
+        p_n = target_probs_G1xV[n]
+        q_n = jnp.where(n < gamma, draft_probs_GxV[jnp.minimum(n, gamma - 1)], 0.0)
+        if bug == "resample_from_p":
+            weights = p_n
+        elif bug == "residual_from_next_position":
+            p_next = target_probs_G1xV[jnp.minimum(n + 1, gamma)]
+            weights = jnp.maximum(p_next - q_n, 0.0)
+            weights = jnp.where(weights.sum() > 0, weights, p_n)
+        else:
+            weights = jnp.maximum(p_n - q_n, 0.0)
+            weights = jnp.where(weights.sum() > 0, weights, p_n)
+        last = sample(resample_key, weights)
+        positions = jnp.arange(gamma + 1)
+        padded = jnp.concatenate([draft_tokens_G, jnp.full((1,), -1, jnp.int32)])
+        tokens = jnp.where(positions < n, padded, jnp.where(positions == n, last, -1))
+        return tokens, n
+
+    return core
+
+
+_CONTROLS = {bug: _buggy_verifier(bug) for bug in ("resample_from_p", "ignore_q", "none")}
+_CONTROLS["residual_from_next_position"] = _buggy_verifier("residual_from_next_position")
+
+
+@pytest.mark.parametrize(
+    "bug,case",
+    [
+        ("resample_from_p", "dirichlet_v50"),
+        ("resample_from_p", "p_lt_q_v2"),
+        ("ignore_q", "dirichlet_v50"),
+        ("ignore_q", "p_gt_q_v2"),
+        ("residual_from_next_position", "dirichlet_v50"),
+    ],
+)
+def test_negative_control_buggy_verifier_is_rejected(bug, case):
+    """The checks of test_rejection_sample_is_exact (N = 200k, ALPHA = 1e-6) have power:
+    each buggy verifier fails at least one of them, by a wide margin."""
+    draft_probs, target_probs = CASES[case]
+    tokens, num_accepted = _run(_CONTROLS[bug], draft_probs, target_probs)
+    pvalues = _position_pvalues(tokens, num_accepted, target_probs)
+    pvalues.append(_acceptance_pvalue(num_accepted, draft_probs, target_probs))
+    assert min(pvalues) < ALPHA * 1e-3, pvalues
+
+
+def test_negative_control_harness_accepts_a_correct_reimplementation():
+    """The bug-free variant of the control verifier passes: the controls fail for their
+    bug, not for an artefact of the test harness. N = 200k, ALPHA = 1e-6."""
+    draft_probs, target_probs = CASES["dirichlet_v50"]
+    tokens, num_accepted = _run(_CONTROLS["none"], draft_probs, target_probs)
+    assert min(_position_pvalues(tokens, num_accepted, target_probs)) > ALPHA
+
+
+# --------------------------------------------------------------------------------------
+# Property tests (hypothesis): layout, ranges and cross-consistency on random inputs.
+
+_B, _V = 3, 9
+_PROPERTY_SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
+
+
+def _invariants(tokens, num_accepted, draft_tokens, target_probs):
+    tokens, n = np.asarray(tokens), np.asarray(num_accepted)
+    draft_tokens, target_probs = np.asarray(draft_tokens), np.asarray(target_probs)
+    gamma = draft_tokens.shape[1]
+    assert tokens.shape == (draft_tokens.shape[0], gamma + 1) and tokens.dtype == np.int32
+    assert n.dtype == np.int32 and ((n >= 0) & (n <= gamma)).all()
+    for b in range(tokens.shape[0]):
+        np.testing.assert_array_equal(tokens[b, : n[b]], draft_tokens[b, : n[b]])
+        assert (tokens[b, n[b] + 1 :] == -1).all()
+        emitted = tokens[b, : n[b] + 1]
+        assert ((emitted >= 0) & (emitted < target_probs.shape[-1])).all()
+        # No emitted token, accepted or sampled, has zero target probability.
+        assert (target_probs[b, np.arange(n[b] + 1), emitted] > 0).all()
+
+
+@st.composite
+def _verify_inputs(draw, gamma):
+    logits = hnp.arrays(np.float32, (_B, 2 * gamma + 1, _V), elements=st.floats(-4, 4, width=32))
+    logits = draw(logits)
+    top_k = draw(st.integers(0, _V))
+    draft_tokens = draw(hnp.arrays(np.int32, (_B, gamma), elements=st.integers(-2, _V + 1)))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return logits, top_k, draft_tokens, seed
+
+
+@jax.jit
+def _all_verifiers(key, logits_BxTxV, top_k, draft_tokens_BxG):
+    gamma = draft_tokens_BxG.shape[1]
+    config = SamplingConfig(temperature=1.0, top_k=top_k)
+    probs = probs_from_logits(logits_BxTxV, config)
+    draft_probs, target_probs = probs[:, :gamma], probs[:, gamma:]
+    one_hot = jax.nn.one_hot(draft_tokens_BxG, _V, dtype=jnp.float32)
+    greedy_target = jax.nn.one_hot(jnp.argmax(logits_BxTxV[:, gamma:], -1), _V)
+    return dict(
+        target_probs=target_probs,
+        sampled=rejection_sample(key, draft_tokens_BxG, draft_probs, target_probs),
+        explicit_one_hot=rejection_sample(key, draft_tokens_BxG, one_hot, target_probs),
+        one_hot=rejection_sample_onehot(key, draft_tokens_BxG, target_probs),
+        greedy=greedy_verify(draft_tokens_BxG, logits_BxTxV[:, gamma:]),
+        one_hot_on_greedy_target=rejection_sample_onehot(key, draft_tokens_BxG, greedy_target),
+    )
+
+
+@pytest.mark.parametrize("gamma", [0, 4])
+@_PROPERTY_SETTINGS
+@given(data=st.data())
+def test_properties_on_random_inputs(gamma, data):
+    """Layout and ranges hold; one-hot drafts match explicit one-hot q bit for bit; with a
+    one-hot target, one-hot rejection sampling reduces to greedy verification."""
+    logits, top_k, draft_tokens, seed = data.draw(_verify_inputs(gamma))
+    out = _all_verifiers(jax.random.key(seed), logits, top_k, draft_tokens)
+    for name in ("sampled", "explicit_one_hot", "one_hot"):
+        _invariants(*out[name], draft_tokens, out["target_probs"])
+    for a, b in zip(out["one_hot"], out["explicit_one_hot"], strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(out["one_hot_on_greedy_target"], out["greedy"], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _simulate_gamma1(key, draft_probs_V, target_probs_2xV, num_draws):
+    return _simulate(rejection_sample_single, key, draft_probs_V[None], target_probs_2xV, num_draws)
+
+
+@_PROPERTY_SETTINGS
+@given(
+    p=hnp.arrays(np.float64, (2, 6), elements=st.sampled_from([0.0, 0.01, 0.1, 0.5, 1.0, 3.0])),
+    q=hnp.arrays(np.float64, (6,), elements=st.sampled_from([0.0, 0.01, 0.1, 0.5, 1.0, 3.0])),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_empirical_exactness_on_random_distributions(p, q, seed):
+    """γ = 1, V = 6, (p, q) from hypothesis (sparse, tied, disjoint): token 0 follows p_0
+    and the bonus token follows p_1. N = 50k per example, ALPHA = 1e-6 per check (25
+    examples x 3 checks)."""
+    p[:, 0] += p.sum(-1) == 0  # keep every row a distribution
+    q[0] += q.sum() == 0
+    p, q = _normalise(p), _normalise(q)
+    tokens, n = _simulate_gamma1(jax.random.key(seed), jnp.asarray(q), jnp.asarray(p), 50_000)
+    tokens, n = np.asarray(tokens), np.asarray(n)
+    assert _chi2_pvalue(tokens[:, 0], p[0]) > ALPHA
+    assert _acceptance_pvalue(n, q[None], p) > ALPHA
+    if (n == 1).sum() >= MIN_CONDITIONAL_DRAWS:
+        assert _chi2_pvalue(tokens[n == 1, 1], p[1]) > ALPHA
+
+
+# --------------------------------------------------------------------------------------
+# Greedy verification.
+
+
+def _logits_with_argmax(argmax_BxT, vocab=6):
+    logits = np.zeros((*np.shape(argmax_BxT), vocab), np.float32)
+    np.put_along_axis(logits, np.asarray(argmax_BxT)[..., None], 1.0, axis=-1)
+    return jnp.asarray(logits)
+
+
+def test_greedy_verify_accept_all_none_partial():
+    target = _logits_with_argmax([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4]])
+    drafts = jnp.asarray([[1, 2, 3], [5, 2, 3], [1, 2, 0]], jnp.int32)
+    tokens, n = greedy_verify(drafts, target)
+    np.testing.assert_array_equal(n, [3, 0, 2])
+    np.testing.assert_array_equal(tokens, [[1, 2, 3, 4], [1, -1, -1, -1], [1, 2, 3, -1]])
+    assert tokens.dtype == jnp.int32 and n.dtype == jnp.int32
+
+
+def test_greedy_verify_ties_nan_and_out_of_vocab():
+    # Ties resolve to the lowest index; NaN counts as -inf; out-of-range drafts never match.
+    target = jnp.asarray(
+        [[[0.5, 0.5, 0.1], [np.nan, 0.2, 0.3], [1.0, 1.0, 1.0]]], jnp.float32
+    )
+    tokens, n = greedy_verify(jnp.asarray([[0, 2]], jnp.int32), target)
+    np.testing.assert_array_equal(tokens, [[0, 2, 0]])
+    np.testing.assert_array_equal(n, [2])
+    tokens, n = greedy_verify(jnp.asarray([[1, 2]], jnp.int32), target)
+    np.testing.assert_array_equal(tokens, [[0, -1, -1]])
+    for bad in (-1, 3, 1 << 30):
+        tokens, n = greedy_verify(jnp.asarray([[0, bad]], jnp.int32), target)
+        np.testing.assert_array_equal(tokens, [[0, 2, -1]])
+
+
+def test_greedy_verify_vmap_of_core_and_jit():
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.integers(0, 3, (5, 4, 6)).astype(np.float32))  # many ties
+    drafts = jnp.asarray(rng.integers(0, 2, (5, 3)), jnp.int32)
+    expected = greedy_verify(drafts, logits)
+    for got in (jax.vmap(greedy_verify_single)(drafts, logits), jax.jit(greedy_verify)(drafts, logits)):
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+# --------------------------------------------------------------------------------------
+# Batching, keys and jit.
+
+
+def _random_batch(seed, batch=4, gamma=GAMMA, vocab=7):
+    rng = np.random.default_rng(seed)
+    draft_probs = _normalise(rng.dirichlet(np.ones(vocab), (batch, gamma)))
+    target_probs = _normalise(rng.dirichlet(np.ones(vocab), (batch, gamma + 1)))
+    draft_tokens = rng.integers(0, vocab, (batch, gamma)).astype(np.int32)
+    return jnp.asarray(draft_tokens), jnp.asarray(draft_probs), jnp.asarray(target_probs)
+
+
+def _assert_same(a, b):
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_rows_are_independent_of_the_rest_of_the_batch():
+    key = jax.random.key(11)
+    x, q, p = _random_batch(0, batch=6)
+    x2, q2, p2 = _random_batch(1, batch=6)
+    base = rejection_sample(key, x, q, p)
+    base_onehot = rejection_sample_onehot(key, x, p)
+    # Row 2 keeps its contents; every other row changes.
+    keep = jnp.arange(6)[:, None] == 2
+    mixed = rejection_sample(
+        key, jnp.where(keep, x, x2), jnp.where(keep[..., None], q, q2), jnp.where(keep[..., None], p, p2)
+    )
+    mixed_onehot = rejection_sample_onehot(key, jnp.where(keep, x, x2), jnp.where(keep[..., None], p, p2))
+    for a, b in ((base, mixed), (base_onehot, mixed_onehot)):
+        np.testing.assert_array_equal(a[0][2], b[0][2])
+        np.testing.assert_array_equal(a[1][2], b[1][2])
+
+
+def test_batched_equals_vmap_of_core_with_fold_in_keys():
+    key = jax.random.key(5)
+    x, q, p = _random_batch(2)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(4))
+    _assert_same(rejection_sample(key, x, q, p), jax.vmap(rejection_sample_single)(keys, x, q, p))
+    _assert_same(
+        rejection_sample_onehot(key, x, p), jax.vmap(rejection_sample_onehot_single)(keys, x, p)
+    )
+
+
+def test_jit_matches_eager_and_same_key_is_reproducible():
+    x, q, p = _random_batch(3, batch=8)
+    key = jax.random.key(9)
+    eager = rejection_sample(key, x, q, p)
+    _assert_same(jax.jit(rejection_sample)(key, x, q, p), eager)
+    _assert_same(rejection_sample(key, x, q, p), eager)
+    _assert_same(jax.jit(rejection_sample_onehot)(key, x, p), rejection_sample_onehot(key, x, p))
+    # Legacy uint32 keys work too.
+    _assert_same(rejection_sample(jax.random.PRNGKey(9), x, q, p), rejection_sample(jax.random.PRNGKey(9), x, q, p))
+    # Different keys give different draws somewhere in a batch of 8 x 4 positions.
+    other = rejection_sample(jax.random.key(10), x, q, p)
+    assert not all(np.array_equal(a, b) for a, b in zip(other, eager, strict=True))
+
+
+def test_bf16_inputs_are_verified_in_float32():
+    x, q, p = _random_batch(4)
+    key = jax.random.key(1)
+    q16, p16 = q.astype(jnp.bfloat16), p.astype(jnp.bfloat16)
+    _assert_same(
+        rejection_sample(key, x, q16, p16),
+        rejection_sample(key, x, q16.astype(jnp.float32), p16.astype(jnp.float32)),
+    )
+
+
+def test_gamma_zero_returns_only_the_bonus_token():
+    p = jnp.asarray([[[0.0, 1.0, 0.0]], [[0.0, 0.0, 1.0]]])
+    empty = jnp.zeros((2, 0), jnp.int32)
+    for tokens, n in (
+        rejection_sample(jax.random.key(0), empty, jnp.zeros((2, 0, 3)), p),
+        rejection_sample_onehot(jax.random.key(0), empty, p),
+        greedy_verify(empty, p),
+    ):
+        np.testing.assert_array_equal(tokens, [[1], [2]])
+        np.testing.assert_array_equal(n, [0, 0])
+
+
+def test_out_of_vocab_drafts_are_rejected_and_never_emitted():
+    # q puts all its mass on token 1, but the "drafted" ids are outside [0, V).
+    p = jnp.full((4, 2, 3), 1 / 3)
+    q = jnp.zeros((4, 1, 3)).at[..., 1].set(1.0)
+    drafts = jnp.asarray([[-1], [3], [-(2**31)], [2**31 - 1]], jnp.int32)
+    for tokens, n in (rejection_sample(jax.random.key(0), drafts, q, p), rejection_sample_onehot(jax.random.key(0), drafts, p)):
+        np.testing.assert_array_equal(n, 0)
+        assert ((tokens[:, 0] >= 0) & (tokens[:, 0] < 3)).all()
+        assert (tokens[:, 1] == -1).all()
+
+
+# --------------------------------------------------------------------------------------
+# Argument validation (shapes are static: plain Python checks work under jit).
+
+_x, _q, _p = _random_batch(0, batch=2, gamma=3, vocab=5)
+
+
+@pytest.mark.parametrize(
+    "args,error,match",
+    [
+        ((_x[0], _q, _p), ValueError, r"draft_tokens must have rank 2.*draft_tokens\[3\]"),
+        ((_x, _q[0], _p), ValueError, r"draft_probs must have rank 3.*draft_probs\[3, 5\]"),
+        ((_x, _q, _p[..., 0]), ValueError, r"target_probs must have rank 3.*target_probs\[2, 4\]"),
+        ((_x[:1], _q, _p), ValueError, r"batch sizes B differ.*draft_tokens\[1, 3\]"),
+        ((_x, _q, _p[:, :3]), ValueError, r"target_probs must have γ\+1 positions.*\[2, 3, 5\]"),
+        ((_x, _q[:, :2], _p), ValueError, r"draft_probs must have γ positions.*\[2, 2, 5\]"),
+        ((_x, _q[..., :4], _p), ValueError, r"vocabulary sizes V differ.*draft_probs\[2, 3, 4\]"),
+        ((_x.astype(jnp.float32), _q, _p), TypeError, r"draft_tokens must be an integer array"),
+        ((_x, _q, (_p > 0.1).astype(jnp.int32)), TypeError, r"target_probs must be a float array"),
+    ],
+)
+def test_rejection_sample_validates_arguments(args, error, match):
+    key = jax.random.key(0)
+    with pytest.raises(error, match=match):
+        rejection_sample(key, *args)
+    with pytest.raises(error, match=match):
+        jax.jit(rejection_sample)(key, *args)
+
+
+def test_other_entry_points_validate_arguments():
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match=r"rejection_sample_onehot: .*target_probs\[2, 3, 5\]"):
+        rejection_sample_onehot(key, _x, _p[:, :3])
+    with pytest.raises(ValueError, match=r"greedy_verify: target_logits must have rank 3"):
+        greedy_verify(_x, _p[0])
+    with pytest.raises(TypeError, match=r"greedy_verify_single: draft_tokens"):
+        greedy_verify_single(_x[0].astype(jnp.float32), _p[0])
+    with pytest.raises(ValueError, match=r"rejection_sample_single: .*draft_probs\[3, 4\]"):
+        rejection_sample_single(key, _x[0], _q[0, :, :4], _p[0])
+    with pytest.raises(ValueError, match=r"rejection_sample_onehot_single: .*rank 1"):
+        rejection_sample_onehot_single(key, _x, _p[0])
