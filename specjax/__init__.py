@@ -14,6 +14,7 @@ from specjax.models import Model as Model
 from specjax.models import ModelConfig as ModelConfig
 from specjax.models import load_pretrained as load_pretrained
 from specjax.models import save_pretrained as save_pretrained
+from specjax.pretrained import default_pair as default_pair
 from specjax.sampling import SamplingConfig as SamplingConfig
 from specjax.sampling import probs_from_logits as probs_from_logits
 from specjax.sampling import sample as sample

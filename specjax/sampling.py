@@ -90,9 +90,7 @@ class SamplingConfig:
                 object.__setattr__(self, name, np.asarray(value, dtype=np.float32))
         if _is_host_value(self.top_k):
             top_k = np.asarray(self.top_k)
-            if not np.issubdtype(top_k.dtype, np.integer) and not np.all(
-                top_k == np.round(top_k)
-            ):
+            if not np.issubdtype(top_k.dtype, np.integer) and not np.all(top_k == np.round(top_k)):
                 raise ValueError(f"SamplingConfig.top_k must be an integer, got {top_k!r}")
             object.__setattr__(self, "top_k", top_k.astype(np.int32))
 

@@ -33,7 +33,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -138,6 +137,7 @@ class TrainResult:
         losses: the training loss of every step since step 0, including steps
             run before a resume.
         steps: steps completed (``== config.steps`` unless stopped early).
+        start_step: the step this call started from (> 0 after a resume).
         stopped_early: the time budget ran out before ``config.steps``.
         tokens_per_second: training throughput of this call, excluding the
             first (compiling) step.
@@ -147,6 +147,7 @@ class TrainResult:
     model: Model
     losses: list[float]
     steps: int
+    start_step: int
     stopped_early: bool
     tokens_per_second: float
     checkpoint: str | None = None
@@ -319,9 +320,29 @@ def train_step(
     grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params, batch_BT1)
     updates, opt_state = make_optimizer(config).update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
     new_state = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
     return new_state, metrics
+
+
+# The state is donated: params and both Adam moments are updated in place
+# instead of holding two copies of each at the step boundary.
+_jit_train_step = jax.jit(
+    train_step, static_argnames=("model", "config", "teacher"), donate_argnums=0
+)
+
+
+def _static_config(config: TrainConfig) -> TrainConfig:
+    # Budget and logging fields do not enter the step; normalising them avoids
+    # recompiling when only they change.
+    return dataclasses.replace(
+        config,
+        max_minutes=None,
+        checkpoint_every=0,
+        keep_checkpoints=0,
+        log_every=1,
+        progress=False,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -379,7 +400,9 @@ def save_checkpoint(
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     step = int(state.step)
     final = checkpoint_dir / f"{_CKPT_PREFIX}{step:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=checkpoint_dir))
+    # Not tempfile.mkdtemp: its 0700 mode would stick to the renamed folder.
+    tmp = checkpoint_dir / f".tmp-{final.name}-{os.getpid()}-{time.time_ns()}"
+    tmp.mkdir()
     try:
         save_pretrained(model.replace(params=state.params), tmp)
         arrays = {f"opt_state/{k}": v for k, v in _flatten_named(state.opt_state).items()}
@@ -496,11 +519,13 @@ def train(
             state, losses = load_checkpoint(ckpts[-1], model, config)
     tokens_N = jnp.asarray(tokens, jnp.int32)
 
-    # The state is donated: params and both Adam moments are updated in place
-    # instead of holding two copies of each at the step boundary.
-    step_fn = jax.jit(
-        functools.partial(train_step, model=model, config=config, teacher=teacher),
-        donate_argnums=0,
+    # Static parts only (params=None), so that the compiled step is cached
+    # across calls that share architecture and trajectory settings.
+    step_fn = functools.partial(
+        _jit_train_step,
+        model=model.replace(params=None),
+        config=_static_config(config),
+        teacher=None if teacher is None else teacher.replace(params=None),
     )
     teacher_params = None if teacher is None else teacher.params
 
@@ -575,6 +600,7 @@ def train(
         model=model.replace(params=state.params),
         losses=losses,
         steps=int(state.step),
+        start_step=start,
         stopped_early=stopped_early,
         tokens_per_second=tps,
         checkpoint=last_ckpt,

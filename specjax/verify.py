@@ -175,9 +175,7 @@ def greedy_verify_single(
     return _layout(draft_tokens_G, num_accepted, target_G1[num_accepted])
 
 
-def greedy_verify(
-    draft_tokens: jax.Array, target_logits: jax.Array
-) -> tuple[jax.Array, jax.Array]:
+def greedy_verify(draft_tokens: jax.Array, target_logits: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Batched `greedy_verify_single`.
 
     Args:
@@ -228,9 +226,9 @@ def rejection_sample_single(
         key,
         draft_tokens.astype(jnp.int32),
         target_probs,
-        draft_prob_at_G=lambda tokens_G: jnp.take_along_axis(
-            q_GxV, tokens_G[:, None], axis=-1
-        )[:, 0],
+        draft_prob_at_G=lambda tokens_G: jnp.take_along_axis(q_GxV, tokens_G[:, None], axis=-1)[
+            :, 0
+        ],
         draft_row=lambda i, _: lax.dynamic_index_in_dim(q_GxV, i, keepdims=False),
     )
 

@@ -80,7 +80,9 @@ def test_greedy_speculative_equals_plain(target, name, batch):
 
     # EOS hit mid-block: stop at a token that greedy decoding emits part-way.
     eos = int(plain.tokens[0, 6])
-    plain_eos = specjax.generate(key, target, prompts, max_new_tokens=13, sampling=GREEDY, eos_id=eos)
+    plain_eos = specjax.generate(
+        key, target, prompts, max_new_tokens=13, sampling=GREEDY, eos_id=eos
+    )
     spec_eos = specjax.speculative_generate(
         key, target, drafter, prompts, max_new_tokens=13, sampling=GREEDY, eos_id=eos
     )
@@ -195,7 +197,9 @@ def test_exactness_test_has_power(small_pair):
     sampling = SETTINGS["t1"]
     key = jax.random.key(2024)
     tokens = _sample_sequences(
-        lambda prompts, k: specjax.generate(key, draft, prompts, max_new_tokens=k, sampling=sampling),
+        lambda prompts, k: specjax.generate(
+            key, draft, prompts, max_new_tokens=k, sampling=sampling
+        ),
         2,
     )
     exact = exact_sequence_probs(target, PROMPT, 2, sampling)
@@ -245,7 +249,12 @@ def test_no_recompilation_for_traced_settings(target):
     specjax.generate(key, target, prompts, max_new_tokens=5, **kwargs)
     before = decode._generate_jit._cache_size()
     specjax.generate(
-        key, target, prompts, max_new_tokens=9, sampling=specjax.SamplingConfig(temperature=0.3), **kwargs
+        key,
+        target,
+        prompts,
+        max_new_tokens=9,
+        sampling=specjax.SamplingConfig(temperature=0.3),
+        **kwargs,
     )
     assert decode._generate_jit._cache_size() == before
 
@@ -254,8 +263,13 @@ def test_stats_consistent(target):
     drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
     prompts = _ragged_prompts(5, seed=9)
     out = specjax.speculative_generate(
-        jax.random.key(3), target, drafter, prompts, max_new_tokens=11,
-        sampling=specjax.SamplingConfig(temperature=1.0), eos_id=7,
+        jax.random.key(3),
+        target,
+        drafter,
+        prompts,
+        max_new_tokens=11,
+        sampling=specjax.SamplingConfig(temperature=1.0),
+        eos_id=7,
     )
     s = jax.device_get(out.stats)
     lengths = np.asarray(out.lengths)
@@ -280,7 +294,13 @@ def test_cache_overflow_stops_row_cleanly(target):
     drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
     prompts = [[1, 2, 3], list(range(1, 20))]
     out = specjax.speculative_generate(
-        jax.random.key(0), target, drafter, prompts, max_new_tokens=40, sampling=GREEDY, cache_len=32
+        jax.random.key(0),
+        target,
+        drafter,
+        prompts,
+        max_new_tokens=40,
+        sampling=GREEDY,
+        cache_len=32,
     )
     truncated = np.asarray(out.truncated)
     lengths = np.asarray(out.lengths)
@@ -321,7 +341,9 @@ def test_bad_input_errors(target, kwargs, match):
 def test_bad_drafter_errors(target):
     other_vocab = specjax.DraftModel(tiny_model(seed=1, vocab_size=V + 1), num_draft=2)
     with pytest.raises(ValueError, match="vocabulary size"):
-        specjax.speculative_generate(jax.random.key(0), target, other_vocab, [[1]], max_new_tokens=3)
+        specjax.speculative_generate(
+            jax.random.key(0), target, other_vocab, [[1]], max_new_tokens=3
+        )
     with pytest.raises(ValueError, match="num_draft"):
         specjax.speculative_generate(
             jax.random.key(0), target, specjax.PromptLookup(num_draft=0), [[1]], max_new_tokens=3

@@ -9,6 +9,7 @@ than 10 such checks).
 from __future__ import annotations
 
 import functools
+
 import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
@@ -144,7 +145,7 @@ def _reference_truncation(probs32, top_k, top_p, min_p):
     return out / out.sum(), ambiguous
 
 
-@pytest.mark.parametrize("vocab", [7, 50, 3000])
+@pytest.mark.parametrize("vocab", [50, 3000])
 def test_truncation_matches_sort_reference(vocab):
     rng = np.random.default_rng(vocab)
     rows = 48
@@ -155,13 +156,15 @@ def test_truncation_matches_sort_reference(vocab):
     top_p = rng.choice([1.0, 0.05, 0.37, 0.8, 0.95, 0.999], rows).astype(np.float32)
     min_p = rng.choice([0.0, 0.0, 0.05, 0.3], rows).astype(np.float32)
     config = SamplingConfig(temperature=0.9, top_k=top_k, top_p=top_p, min_p=min_p)
-    got = np.asarray(jax.jit(probs_from_logits)(logits, config))
-    untruncated = np.asarray(_jitted_probs(logits, SamplingConfig(temperature=0.9)))
+    got = np.asarray(_jitted_probs(logits, config))
+    # Same leaf shapes as `config`: the same compiled program.
+    untruncated = SamplingConfig(
+        temperature=np.full(rows, 0.9), top_k=0 * top_k, top_p=np.ones(rows), min_p=0 * min_p
+    )
+    untruncated = np.asarray(_jitted_probs(logits, untruncated))
     checked = 0
     for r in range(rows):
-        expected, ambiguous = _reference_truncation(
-            untruncated[r], top_k[r], top_p[r], min_p[r]
-        )
+        expected, ambiguous = _reference_truncation(untruncated[r], top_k[r], top_p[r], min_p[r])
         if ambiguous:
             continue
         checked += 1
@@ -205,7 +208,11 @@ def test_top_k_keeps_ties_and_top_p_keeps_boundary_ties():
 
 @pytest.mark.parametrize(
     "config",
-    [SamplingConfig(), SamplingConfig(temperature=0.6, top_k=40, top_p=0.9), SamplingConfig.greedy()],
+    [
+        SamplingConfig(),
+        SamplingConfig(temperature=0.6, top_k=40, top_p=0.9),
+        SamplingConfig.greedy(),
+    ],
     ids=["default", "truncated", "greedy"],
 )
 def test_bf16_logits_give_normalised_float32(config):
@@ -247,7 +254,9 @@ def test_degenerate_logits_follow_documented_behaviour(config):
         assert (probs.max(-1) == 1).all()
     else:
         np.testing.assert_allclose(probs[:3], 0.25)
-        np.testing.assert_allclose(probs[3:], [[0, 0.5, 0, 0.5], [0.5, 0, 0.5, 0], [0.5, 0, 0, 0.5]])
+        np.testing.assert_allclose(
+            probs[3:], [[0, 0.5, 0, 0.5], [0.5, 0, 0.5, 0], [0.5, 0, 0, 0.5]]
+        )
 
 
 def test_greedy_is_one_hot_of_lowest_argmax_per_row():

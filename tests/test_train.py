@@ -73,8 +73,9 @@ def test_forward_matches_cached_model_call(kw):
     model = Model.random(tiny_config(**kw), seed=3)
     tokens = jax.random.randint(jax.random.key(0), (2, 9), 0, VOCAB)
     positions = jnp.broadcast_to(jnp.arange(9), (2, 9))
-    expected, _ = model(tokens, positions, model.init_cache(2, 9))
-    np.testing.assert_allclose(train.forward(model, tokens), expected, rtol=1e-5, atol=1e-5)
+    expected, _ = jax.jit(lambda m: m(tokens, positions, m.init_cache(2, 9)))(model)
+    got = jax.jit(train.forward)(model, tokens)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_windows_are_deterministic_and_in_range():
@@ -110,20 +111,20 @@ def test_evaluate_is_mean_next_token_nll(corpus):
     _, _, heldout = corpus
     model = Model.random(tiny_config(), seed=1)
     windows = data.eval_windows(heldout, SEQ, 3)
-    logp = jax.nn.log_softmax(train.forward(model, jnp.asarray(windows[:, :-1])))
+    logp = jax.nn.log_softmax(jax.jit(train.forward)(model, jnp.asarray(windows[:, :-1])))
     nll = -np.take_along_axis(np.asarray(logp), windows[:, 1:, None], -1).mean()
     got = train.evaluate(model, heldout, seq_len=SEQ, max_windows=3, batch_size=2)
     np.testing.assert_allclose(got, nll, rtol=1e-5)
 
 
+@jax.jit
+def _jit_divergence(student, teacher, windows):
+    return train.distill_losses(train.forward(student, windows), train.forward(teacher, windows))
+
+
 def _divergence(student, teacher, tokens):
     windows = jnp.asarray(data.eval_windows(tokens, SEQ, 8))[:, :-1]
-    return {
-        k: float(v)
-        for k, v in train.distill_losses(
-            train.forward(student, windows), train.forward(teacher, windows)
-        ).items()
-    }
+    return {k: float(v) for k, v in _jit_divergence(student, teacher, windows).items()}
 
 
 @pytest.mark.parametrize("weights", [{"kl_weight": 1.0}, {"kl_weight": 0.0, "tvd_weight": 1.0}])
@@ -131,9 +132,7 @@ def test_distillation_moves_draft_towards_teacher(corpus, trained_teacher, weigh
     tok, tokens, heldout = corpus
     draft = Model.random(tiny_config(hidden_size=16, num_layers=1), seed=2).replace(tokenizer=tok)
     before = _divergence(draft, trained_teacher, heldout)
-    result = train.train(
-        draft, tokens, tiny_train_config(**weights), teacher=trained_teacher
-    )
+    result = train.train(draft, tokens, tiny_train_config(**weights), teacher=trained_teacher)
     after = _divergence(result.model, trained_teacher, heldout)
     assert after["kl"] < 0.6 * before["kl"]
     assert after["tvd"] < before["tvd"] - 0.1

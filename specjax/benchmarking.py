@@ -1,0 +1,116 @@
+"""Timing helpers shared by the benchmark scripts and ``specjax bench``.
+
+Times are wall-clock medians over repeats after a separate first (compiling)
+call, with ``block_until_ready`` so asynchronous dispatch is not mistaken for
+speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from specjax.drafters import prefill
+
+
+@dataclasses.dataclass
+class Timing:
+    """``first_s`` includes compilation; ``median_s`` is the steady state."""
+
+    first_s: float
+    median_s: float
+    times_s: list[float]
+
+
+def time_fn(fn, *args, repeats: int = 5) -> tuple[Timing, object]:
+    """Times ``fn(*args)``: one compiling call, then ``repeats`` steady calls."""
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return Timing(first, statistics.median(times), times), out
+
+
+def expected_tokens_per_step(alpha: float, gamma: int) -> float:
+    """Leviathan et al.: E[tokens per target call] = (1 - α^(γ+1)) / (1 - α)."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def alpha_from_hist(accepted_hist) -> float:
+    """Per-token acceptance probability α (MLE under i.i.d. acceptances).
+
+    A step that accepted ``n < γ`` drafts evaluated ``n + 1`` drafts (one
+    rejected); a step that accepted all γ evaluated γ with no rejection.
+    """
+    hist = [int(h) for h in accepted_hist]
+    gamma = len(hist) - 1
+    accepted = sum(n * h for n, h in enumerate(hist))
+    rejections = sum(hist[:gamma])
+    return accepted / max(accepted + rejections, 1)
+
+
+def forward_costs(
+    model, batch_size: int, context: int, widths, *, repeats: int = 10, inner: int = 10
+) -> dict:
+    """Median seconds of one forward of ``T`` tokens against a cache of ``context`` tokens.
+
+    Returns ``{T: seconds}`` for each ``T`` in ``widths``.
+    """
+    cache_len = context + max(widths) + 1
+    prompts = jnp.ones((batch_size, context), jnp.int32)
+    _, cache = jax.jit(prefill, static_argnums=3)(
+        model, prompts, jnp.full((batch_size,), context, jnp.int32), cache_len
+    )
+    # `inner` forwards back to back in one fori_loop: inside the decode loop
+    # nothing is dispatched from the host, so per-call dispatch overhead must
+    # not count. Each step's tokens depend on the previous logits, so XLA cannot
+    # hoist the forward out of the loop.
+    def run(m, tokens, positions, cache):
+        def body(_, tokens):
+            logits = m(tokens, positions, cache)[0]
+            return jnp.minimum(tokens, jnp.argmax(logits, -1).astype(jnp.int32))
+
+        return jax.lax.fori_loop(0, inner, body, tokens)
+
+    fwd = jax.jit(run)
+    costs = {}
+    for t in widths:
+        tokens = jnp.ones((batch_size, t), jnp.int32)
+        positions = (context - 1) + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (batch_size, t))
+        timing, _ = time_fn(fwd, model, tokens, positions, cache, repeats=repeats)
+        costs[t] = timing.median_s / inner
+    return costs
+
+
+def draft_cost(
+    drafter, batch_size: int, context: int, sampling, *, repeats: int = 10, inner: int = 10
+) -> float:
+    """Median seconds of one ``drafter.propose`` (all γ draft tokens) at ``context``."""
+    cache_len = context + drafter.num_draft + 2
+    prompts = jnp.ones((batch_size, context), jnp.int32)
+    lengths = jnp.full((batch_size,), context, jnp.int32)
+    seq = jnp.ones((batch_size, cache_len), jnp.int32)
+    state = jax.jit(lambda d, p, n: d.init(p, n, cache_len))(drafter, prompts, lengths)
+
+    # As in forward_costs: `inner` proposals in one loop, each fed the last.
+    def run(d, key, state, seq, lengths, sampling):
+        def body(i, seq):
+            tokens = d.propose(jax.random.fold_in(key, i), state, seq, lengths, sampling).tokens
+            return seq.at[:, : tokens.shape[1]].set(tokens)
+
+        return jax.lax.fori_loop(0, inner, body, seq)
+
+    timing, _ = time_fn(
+        jax.jit(run), drafter, jax.random.key(0), state, seq, lengths, sampling, repeats=repeats
+    )
+    return timing.median_s / inner

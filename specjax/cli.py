@@ -1,0 +1,394 @@
+"""The ``specjax`` command: generate with the bundled pair, train, distil.
+
+User errors (bad options, missing files, mismatched models) print one line to
+stderr and exit with status 2; only genuine bugs show a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+GREEN, RESET = "\033[32m", "\033[0m"
+
+
+class UserError(Exception):
+    """A mistake in the command line or its inputs, reported without a traceback."""
+
+
+# ----------------------------------------------------------------------------
+# generate
+
+
+def _load_models(args):
+    import specjax
+    from specjax.pretrained import default_pair
+
+    if args.model:
+        target = _load_folder(args.model, "--model")
+        draft = _load_folder(args.draft, "--draft") if args.draft else None
+    else:
+        if args.draft:
+            raise UserError("--draft needs --model (the bundled draft only fits the bundled target)")
+        try:
+            target, draft, _ = default_pair()
+        except (FileNotFoundError, ValueError, OSError) as e:
+            raise UserError(f"cannot load the bundled pair: {e}") from None
+    if args.drafter == "model" and draft is None:
+        raise UserError("--drafter model needs --draft PATH when --model is given")
+    tokenizer = target.tokenizer
+    if tokenizer is None:
+        raise UserError(f"{args.model} has no tokenizer.json; specjax generate needs one")
+    if args.drafter == "model":
+        if draft.vocab_size != target.vocab_size:
+            raise UserError(
+                f"draft vocabulary ({draft.vocab_size}) differs from the target's "
+                f"({target.vocab_size})"
+            )
+        if draft.tokenizer is not None and draft.tokenizer.to_str() != tokenizer.to_str():
+            raise UserError("the draft's tokenizer.json differs from the target's")
+    del specjax
+    return target, draft, tokenizer
+
+
+def _load_folder(path, flag):
+    from specjax.models.hf import load_pretrained
+
+    if not Path(path).is_dir():
+        raise UserError(f"{flag} {path}: no such directory")
+    try:
+        return load_pretrained(path)
+    except (FileNotFoundError, ValueError, OSError, KeyError) as e:
+        raise UserError(f"{flag} {path}: {e}") from None
+
+
+def _eos_id(tokenizer, model):
+    from specjax.tokenizer import EOS_TOKEN
+
+    eos = tokenizer.token_to_id(EOS_TOKEN)
+    return eos if eos is not None else model.config.eos_token_id
+
+
+def _pieces(tokenizer, ids):
+    """Text of each token, decoded incrementally so multi-byte characters survive."""
+    pieces, prev = [], ""
+    for i in range(len(ids)):
+        text = tokenizer.decode(ids[: i + 1], skip_special_tokens=False)
+        pieces.append(text[len(prev) :] if text.startswith(prev) else text)
+        prev = text
+    return pieces
+
+
+def _render(tokenizer, ids, from_draft, color):
+    if not color:
+        return tokenizer.decode(ids, skip_special_tokens=False)
+    out = []
+    for piece, drafted in zip(_pieces(tokenizer, ids), from_draft, strict=True):
+        out.append(f"{GREEN}{piece}{RESET}" if drafted else piece)
+    return "".join(out)
+
+
+def _timed(fn, warmup):
+    """Runs ``warmup`` (compiles), then times ``fn``; returns (result, seconds, compile s)."""
+    import jax
+
+    start = time.perf_counter()
+    jax.block_until_ready(warmup())
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    result = jax.block_until_ready(fn())
+    return result, time.perf_counter() - start, compile_s
+
+
+def cmd_generate(args) -> int:
+    import jax
+    import numpy as np
+
+    import specjax
+    from specjax.decode import CACHE_BUCKET
+
+    if not args.prompt.strip():
+        raise UserError("the prompt is empty")
+    for name in ("max_new_tokens", "gamma", "batch", "ngram"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    sampling = specjax.SamplingConfig(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p
+    )
+    try:
+        specjax.sampling.check_sampling_config(sampling)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+    target, draft, tokenizer = _load_models(args)
+    ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
+    context = target.config.max_position_embeddings
+    needed = len(ids) + args.max_new_tokens + args.gamma + 1
+    if needed > context:
+        raise UserError(
+            f"the prompt is {len(ids)} tokens; with --max-new-tokens {args.max_new_tokens} "
+            f"and --gamma {args.gamma} it needs {needed} positions, more than the model's "
+            f"context of {context}"
+        )
+    prompts = [ids] * args.batch
+    eos = None if args.no_eos else _eos_id(tokenizer, target)
+    key = jax.random.key(args.seed)
+    cache_len = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
+    kw = dict(sampling=sampling, eos_id=eos, cache_len=cache_len)
+
+    if args.drafter == "none":
+        run = lambda n: specjax.generate(key, target, prompts, max_new_tokens=n, **kw)  # noqa: E731
+    else:
+        drafter = (
+            specjax.DraftModel(draft, num_draft=args.gamma)
+            if args.drafter == "model"
+            else specjax.PromptLookup(ngram=args.ngram, num_draft=args.gamma)
+        )
+        run = lambda n: specjax.speculative_generate(  # noqa: E731
+            key, target, drafter, prompts, max_new_tokens=n, **kw
+        )
+    # max_new_tokens is traced and the cache length is fixed above, so a
+    # 1-token run compiles exactly the program the timed run uses.
+    result, seconds, compile_s = _timed(lambda: run(args.max_new_tokens), lambda: run(1))
+    rows = result.to_lists()
+    from_draft = np.asarray(result.from_draft)
+    total = int(np.sum(np.asarray(result.lengths)))
+    summary = {
+        "drafter": args.drafter,
+        "gamma": args.gamma if args.drafter != "none" else 0,
+        "tokens": total,
+        "seconds": seconds,
+        "tokens_per_second": total / seconds,
+        "compile_seconds": compile_s,
+        "acceptance_rate": float(result.stats.acceptance_rate),
+        "tokens_per_target_call": float(result.tokens_per_call),
+        "target_calls": int(result.stats.target_calls),
+    }
+    if args.compare:
+        plain, plain_s, _ = _timed(
+            lambda: specjax.generate(key, target, prompts, max_new_tokens=args.max_new_tokens, **kw),
+            lambda: specjax.generate(key, target, prompts, max_new_tokens=1, **kw),
+        )
+        plain_total = int(np.sum(np.asarray(plain.lengths)))
+        summary["plain_tokens_per_second"] = plain_total / plain_s
+        summary["speedup"] = summary["tokens_per_second"] / summary["plain_tokens_per_second"]
+        if args.temperature == 0:
+            summary["greedy_outputs_equal"] = plain.to_lists() == rows
+
+    texts = []
+    for row in rows:
+        shown = row[:-1] if (eos is not None and row and row[-1] == eos) else row
+        texts.append(tokenizer.decode(shown, skip_special_tokens=False))
+    if args.json:
+        summary.update(prompt=args.prompt, completions=texts, token_ids=rows)
+        print(json.dumps(summary, indent=2))
+        return 0
+
+    color = sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ
+    for b, row in enumerate(rows):
+        shown = row[:-1] if (eos is not None and row and row[-1] == eos) else row
+        if args.batch > 1:
+            print(f"--- sample {b}")
+        print(args.prompt + _render(tokenizer, shown, from_draft[b, : len(shown)], color))
+    line = (
+        f"[{args.drafter}] {total} tokens in {seconds:.2f} s = "
+        f"{summary['tokens_per_second']:.1f} tokens/s (compile {compile_s:.1f} s)"
+    )
+    if args.drafter != "none":
+        line += (
+            f" | acceptance {summary['acceptance_rate']:.2f}"
+            f" | {summary['tokens_per_target_call']:.2f} tokens/target call"
+        )
+    if args.compare:
+        line += (
+            f" | plain {summary['plain_tokens_per_second']:.1f} tokens/s"
+            f" | speedup {summary['speedup']:.2f}x"
+        )
+        if "greedy_outputs_equal" in summary:
+            line += f" | greedy outputs equal: {summary['greedy_outputs_equal']}"
+    if color:
+        line += f"  ({GREEN}green{RESET} = accepted draft tokens)"
+    print(line, file=sys.stderr)
+    return 0
+
+
+# ----------------------------------------------------------------------------
+# train / distill
+
+
+def _read_corpus(paths) -> list[str]:
+    docs = []
+    for p in paths:
+        path = Path(p)
+        if not path.exists():
+            raise UserError(f"{p}: no such file or directory")
+        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        for f in files:
+            try:
+                text = f.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue  # binary files in a folder are skipped, not fatal
+            if text:
+                docs.append(text)
+    if not docs:
+        raise UserError(f"no UTF-8 text found in {' '.join(map(str, paths))}")
+    return docs
+
+
+SIZES = {
+    # name: (hidden, layers, heads, kv heads, intermediate)
+    "tiny": (64, 2, 4, 2, 128),
+    "draft": (128, 2, 4, 2, 384),
+    "target": (384, 8, 6, 2, 1024),
+}
+
+
+def _train_common(args, teacher=None):
+    import numpy as np
+
+    from specjax import tokenizer as tok_lib
+    from specjax.data import tokenize_documents
+    from specjax.models import Model, ModelConfig
+    from specjax.train import TrainConfig, train
+
+    docs = _read_corpus(args.data)
+    if teacher is not None:
+        tokenizer = teacher.tokenizer
+        if tokenizer is None:
+            raise UserError("the --target folder has no tokenizer.json")
+    else:
+        tokenizer = tok_lib.train_tokenizer(docs, vocab_size=args.vocab_size)
+    tokens = tokenize_documents(tokenizer, docs)
+    if len(tokens) <= args.seq_len:
+        raise UserError(f"corpus has {len(tokens)} tokens, need more than --seq-len {args.seq_len}")
+    hidden, layers, heads, kv, inter = SIZES[args.size]
+    config = ModelConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        intermediate_size=inter,
+        tie_word_embeddings=True,
+        max_position_embeddings=max(args.seq_len, 512),
+        eos_token_id=tok_lib.eos_id(tokenizer),
+    )
+    model = Model.random(config, seed=args.seed).replace(tokenizer=tokenizer)
+    cfg = TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        learning_rate=args.lr,
+        warmup_steps=min(100, args.steps // 10),
+        seed=args.seed,
+        max_minutes=args.max_minutes,
+        checkpoint_every=args.checkpoint_every,
+    )
+    out = Path(args.out)
+    result = train(
+        model, np.asarray(tokens), cfg, teacher=teacher,
+        checkpoint_dir=out / "checkpoints", resume=args.resume,
+    )  # fmt: skip
+    from specjax.models.hf import save_pretrained
+
+    save_pretrained(result.model.replace(tokenizer=tokenizer), out)
+    print(
+        f"saved {out} after {result.steps} steps; final loss {result.losses[-1]:.3f}; "
+        f"{result.tokens_per_second:.0f} tokens/s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_train(args) -> int:
+    return _train_common(args)
+
+
+def cmd_distill(args) -> int:
+    teacher = _load_folder(args.target, "--target")
+    return _train_common(args, teacher=teacher)
+
+
+# ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specjax",
+        description="Exact speculative decoding in JAX. Runs offline on a bundled code model pair.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser(
+        "generate",
+        help="complete a prompt with speculative decoding",
+        description="Complete PROMPT with speculative decoding (bundled pair by default). "
+        "The text goes to stdout, a one-line summary to stderr.",
+    )
+    g.add_argument("prompt", help="the text to complete, e.g. 'def fibonacci(n):'")
+    g.add_argument("--model", help="target model folder (Hugging Face format); default: bundled")
+    g.add_argument("--draft", help="draft model folder for --drafter model (with --model)")
+    g.add_argument(
+        "--drafter", choices=["model", "lookup", "none"], default="model",
+        help="who drafts: the draft model, prompt lookup (n-gram copy), or none (plain decoding)",
+    )  # fmt: skip
+    g.add_argument("--gamma", type=int, default=4, help="tokens drafted per target call (γ)")
+    g.add_argument("--ngram", type=int, default=3, help="longest n-gram matched by --drafter lookup")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1 = off)")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p × max prob")
+    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
+    g.add_argument("--seed", type=int, default=0, help="PRNG seed (same seed, same output)")
+    g.add_argument("--batch", type=int, default=1, help="generate this many samples at once")
+    g.add_argument("--no-eos", action="store_true", help="do not stop at <|endoftext|>")
+    g.add_argument("--compare", action="store_true", help="also run plain decoding; print speedup")
+    g.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    g.add_argument("--no-color", action="store_true", help="do not colour accepted draft tokens")
+    g.set_defaults(func=cmd_generate)
+
+    for name, helptext in [
+        ("train", "train a model (and a byte-level BPE tokenizer) on text files"),
+        ("distill", "distil a draft model from a --target model on text files"),
+    ]:
+        t = sub.add_parser(name, help=helptext, description=helptext)
+        t.add_argument("data", nargs="+", help="text files or folders (read recursively)")
+        t.add_argument("--out", required=True, help="output folder (Hugging Face format)")
+        if name == "distill":
+            t.add_argument("--target", required=True, help="teacher model folder")
+        t.add_argument(
+            "--size", choices=sorted(SIZES), default="tiny" if name == "train" else "draft",
+            help="architecture preset",
+        )  # fmt: skip
+        t.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary (train only)")
+        t.add_argument("--steps", type=int, default=1000)
+        t.add_argument("--batch-size", type=int, default=16)
+        t.add_argument("--seq-len", type=int, default=256)
+        t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+        t.add_argument("--seed", type=int, default=0)
+        t.add_argument("--max-minutes", type=float, default=None, help="time budget")
+        t.add_argument("--checkpoint-every", type=int, default=200)
+        t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+        t.set_defaults(func=cmd_train if name == "train" else cmd_distill)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # unknown options: argparse prints usage + error, exit 2
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"specjax: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specjax: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Runs the sharded-decoding checks on 8 virtual CPU devices; writes a JSON report.
+
+Started by ``tests/test_sharding.py`` in a subprocess, because the device
+count is fixed when JAX starts (``XLA_FLAGS=--xla_force_host_platform_device_count=8``)
+and must not leak into the rest of the suite. Runnable by hand::
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
+        python tests/sharding_worker.py /tmp/report.json
+
+For every mesh shape it decodes the same prompts with and without sharding
+(plain and speculative, greedy and sampled, same keys) and records whether
+the tokens agree, plus the shardings of params and of the caches that the
+jitted decode loops produce.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import specjax
+from specjax import decode, sharding
+from specjax.testing import tiny_model
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+jax.config.update("jax_default_matmul_precision", "highest")
+
+MESH_SHAPES = [(8, 1), (4, 2), (2, 4), (1, 8)]
+V = 64
+BATCH, PROMPT_LEN, NEW_TOKENS, CACHE_LEN, GAMMA = 8, 5, 10, 32, 3
+# num_kv_heads=4 does not divide a model axis of 8: the (1, 8) mesh checks
+# the error and then the documented replication fallback.
+TARGET = dict(vocab_size=V, num_heads=8, num_kv_heads=4, hidden_size=32, intermediate_size=64)
+DRAFT = dict(vocab_size=V, num_heads=4, num_kv_heads=2, hidden_size=16, intermediate_size=32)
+GREEDY = specjax.SamplingConfig.greedy()
+SAMPLED = specjax.SamplingConfig(temperature=1.0, top_p=0.9)
+
+
+def equivalent(x, mesh, spec) -> bool:
+    return x.sharding.is_equivalent_to(NamedSharding(mesh, spec), x.ndim)
+
+
+def spec_str(x) -> str:
+    return str(getattr(x.sharding, "spec", x.sharding))
+
+
+def loop_states(target, drafter, prompts, sampling):
+    """The final DecodeState of both jitted loops, called exactly as the public API does.
+
+    Same arguments as generate()/speculative_generate() pass, so these calls
+    reuse the programs those compiled.
+    """
+    prompts_BP, lengths_B = decode.pad_prompts(prompts)
+    common = (jnp.asarray(NEW_TOKENS, jnp.int32), sampling, decode._eos_array(None))
+    key = jax.random.key(0)
+    plain = decode._generate_jit(key, target, prompts_BP, lengths_B, *common, cache_len=CACHE_LEN)
+    spec = decode._speculative_jit(
+        key, target, drafter, prompts_BP, lengths_B, *common, cache_len=CACHE_LEN
+    )
+    return plain, spec
+
+
+def decode_all(target, draft, prompts):
+    """Tokens of plain/speculative x greedy/sampled decoding, same keys throughout."""
+    out = {}
+    drafter = specjax.DraftModel(draft, num_draft=GAMMA)
+    for name, sampling in (("greedy", GREEDY), ("sampled", SAMPLED)):
+        kw = dict(max_new_tokens=NEW_TOKENS, sampling=sampling, cache_len=CACHE_LEN)
+        key = jax.random.key(0)
+        out[f"generate_{name}"] = np.asarray(specjax.generate(key, target, prompts, **kw).tokens)
+        out[f"speculative_{name}"] = np.asarray(
+            specjax.speculative_generate(key, target, drafter, prompts, **kw).tokens
+        )
+    return out
+
+
+def check_mesh(shape, target, draft, prompts, reference):
+    mesh = sharding.make_mesh(*shape)
+    data_n, model_n = shape
+    rec = {"shape": list(shape)}
+    t0 = time.perf_counter()
+    indivisible = "raise"
+    if TARGET["num_kv_heads"] % model_n:
+        try:
+            sharding.shard_model(target, mesh)
+            rec["default_error"] = None
+        except ValueError as e:
+            rec["default_error"] = str(e)
+        indivisible = "replicate"
+    kv_split = TARGET["num_kv_heads"] % model_n == 0
+    draft_tp = DRAFT["num_kv_heads"] % model_n == 0
+    st = sharding.shard_model(target, mesh, indivisible=indivisible)
+    sd = sharding.shard_model(draft, mesh, tensor_parallel=draft_tp)
+    rec["replicated"] = list(st.replicated)
+    rec["draft_tensor_parallel"] = draft_tp
+    sharded_prompts = sharding.shard_prompts(prompts, mesh)
+
+    # Params placed as the rules say, and really split into smaller shards.
+    layer = "layers/0"
+    p = st.params
+    att, mlp = p["layers"][0]["self_attn"], p["layers"][0]["mlp"]
+    kv = "model" if kv_split else None
+    expected = {
+        f"{layer}/self_attn/q_proj/kernel": (att["q_proj"]["kernel"][...], P(None, "model")),
+        f"{layer}/self_attn/k_proj/kernel": (att["k_proj"]["kernel"][...], P(None, kv)),
+        f"{layer}/self_attn/v_proj/kernel": (att["v_proj"]["kernel"][...], P(None, kv)),
+        f"{layer}/self_attn/o_proj/kernel": (att["o_proj"]["kernel"][...], P("model", None)),
+        f"{layer}/mlp/gate_proj/kernel": (mlp["gate_proj"]["kernel"][...], P(None, "model")),
+        f"{layer}/mlp/down_proj/kernel": (mlp["down_proj"]["kernel"][...], P("model", None)),
+        "embed_tokens/embedding": (p["embed_tokens"]["embedding"][...], P("model", None)),
+        "lm_head/kernel": (p["lm_head"]["kernel"][...], P(None, "model")),
+        "norm/weight": (p["norm"]["weight"][...], P()),
+    }
+    rec["params_ok"] = {k: equivalent(x, mesh, s) for k, (x, s) in expected.items()}
+    rec["params_spec"] = {k: spec_str(x) for k, (x, _) in expected.items()}
+    q = att["q_proj"]["kernel"][...]
+    rec["q_shard_shape"] = list(q.addressable_shards[0].data.shape)
+    rec["q_shape"] = list(q.shape)
+    draft_q = sd.params["layers"][0]["self_attn"]["q_proj"]["kernel"][...]
+    rec["draft_q_ok"] = equivalent(draft_q, mesh, P(None, "model" if draft_tp else None))
+    rec["prompts_ok"] = equivalent(sharded_prompts, mesh, P("data"))
+
+    # Caches: built under jit, and as they come out of the decode loops.
+    cache_spec = P(None, "data", None, kv, None)
+    draft_cache_spec = P(None, "data", None, "model" if draft_tp else None, None)
+    cache = jax.jit(lambda m: m.init_cache(BATCH, CACHE_LEN))(st)
+    rec["init_cache_ok"] = equivalent(cache.k, mesh, cache_spec) and equivalent(
+        cache.lengths, mesh, P("data")
+    )
+    rec["init_cache_spec"] = spec_str(cache.k)
+
+    out = decode_all(st, sd, sharded_prompts)
+    rec["match"] = {k: bool(np.array_equal(v, reference[k])) for k, v in out.items()}
+    plain, spec = loop_states(st, specjax.DraftModel(sd, num_draft=GAMMA), sharded_prompts, GREEDY)
+    rec["loop_cache_ok"] = {
+        "generate_target": equivalent(plain.target_cache.k, mesh, cache_spec),
+        "speculative_target": equivalent(spec.target_cache.k, mesh, cache_spec),
+        "speculative_draft": equivalent(spec.drafter_state.k, mesh, draft_cache_spec),
+        "lengths": equivalent(spec.target_cache.lengths, mesh, P("data")),
+    }
+    rec["loop_cache_spec"] = {
+        "target": spec_str(spec.target_cache.k),
+        "draft": spec_str(spec.drafter_state.k),
+    }
+    rec["seconds"] = round(time.perf_counter() - t0, 1)
+    return rec
+
+
+def check_errors(target, prompts):
+    """Batch sizes that do not divide the data axis fail with a clear message."""
+    mesh = sharding.make_mesh(4, 2)
+    st = sharding.shard_model(target, mesh)
+    errors = {}
+    for name, fn in {
+        "shard_prompts_batch": lambda: sharding.shard_prompts(prompts[:6], mesh),
+        "cache_batch": lambda: specjax.generate(
+            jax.random.key(0), st, prompts[:6], max_new_tokens=2, cache_len=CACHE_LEN
+        ),
+        "ragged": lambda: sharding.shard_prompts([[1, 2], [3]], mesh),
+        "axis_name": lambda: sharding.shard_model(target, mesh, model_axis="tp"),
+    }.items():
+        try:
+            fn()
+            errors[name] = None
+        except ValueError as e:
+            errors[name] = str(e)
+    replicate = sharding.shard_model(target, mesh, indivisible="replicate")
+    errors["replicated_batch_spec"] = spec_str(
+        jax.jit(lambda m: m.init_cache(6, CACHE_LEN))(replicate).k
+    )
+    return errors
+
+
+def main(path):
+    t0 = time.perf_counter()
+    target = tiny_model(seed=0, init_scale=8.0, **TARGET)
+    draft = tiny_model(seed=1, init_scale=8.0, **DRAFT)
+    prompts = np.asarray(jax.random.randint(jax.random.key(1), (BATCH, PROMPT_LEN), 0, V))
+    report = {"devices": len(jax.devices())}
+    reference = decode_all(target, draft, jnp.asarray(prompts))
+    report["reference_seconds"] = round(time.perf_counter() - t0, 1)
+    report["meshes"] = {
+        f"{d}x{m}": check_mesh((d, m), target, draft, prompts, reference) for d, m in MESH_SHAPES
+    }
+    report["errors"] = check_errors(target, prompts)
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,154 @@
+"""Sharded decoding: same tokens as one device, and arrays sharded as documented.
+
+The mesh checks need 8 devices, and XLA fixes the device count when JAX
+starts, so they run in one subprocess (``tests/sharding_worker.py``) with
+``XLA_FLAGS=--xla_force_host_platform_device_count=8``; this process keeps
+its single CPU device. The subprocess writes a JSON report that the tests
+below read, one assertion topic per test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
+
+from specjax import sharding
+from specjax.testing import tiny_model
+
+WORKER = Path(__file__).with_name("sharding_worker.py")
+MESHES = ["8x1", "4x2", "2x4", "1x8"]
+# The worker compiles ~10 decode programs. XLA's CPU backend optimisations
+# only cost compile time here (tiny shapes), so they are turned off; both the
+# sharded and the single-device programs are compiled the same way.
+XLA_FLAGS = (
+    "--xla_force_host_platform_device_count=8 "
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sharding") / "report.json"
+    env = dict(os.environ, XLA_FLAGS=XLA_FLAGS, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"sharding worker failed:\n{proc.stdout}\n{proc.stderr[-5000:]}"
+    return json.loads(path.read_text())
+
+
+def test_worker_saw_eight_devices(report):
+    assert report["devices"] == 8
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_sharded_decoding_matches_single_device(report, mesh):
+    """Plain and speculative (DraftModel), greedy and sampled with one key: same tokens."""
+    match = report["meshes"][mesh]["match"]
+    assert set(match) == {
+        "generate_greedy",
+        "generate_sampled",
+        "speculative_greedy",
+        "speculative_sampled",
+    }
+    assert all(match.values()), match
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_params_placed_by_rules(report, mesh):
+    rec = report["meshes"][mesh]
+    assert all(rec["params_ok"].values()), rec["params_spec"]
+    assert rec["draft_q_ok"] and rec["prompts_ok"]
+    # The q projection really is split into H*D / model-size columns per device.
+    model_size = rec["shape"][1]
+    assert rec["q_shard_shape"] == [rec["q_shape"][0], rec["q_shape"][1] // model_size]
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_caches_sharded_under_jit(report, mesh):
+    """Caches built by init_cache under jit, and carried out of both decode loops."""
+    rec = report["meshes"][mesh]
+    assert rec["init_cache_ok"], rec["init_cache_spec"]
+    assert all(rec["loop_cache_ok"].values()), rec["loop_cache_spec"]
+
+
+def test_cache_split_by_batch_and_heads(report):
+    rec = report["meshes"]["4x2"]
+    assert rec["init_cache_spec"] == "P(None, 'data', None, 'model')"
+    assert rec["loop_cache_spec"]["target"] == "P(None, 'data', None, 'model')"
+
+
+def test_indivisible_kv_heads_raise_by_default_then_replicate(report):
+    rec = report["meshes"]["1x8"]
+    assert rec["default_error"].startswith(
+        "num_kv_heads=4 is not divisible by mesh axis 'model' of size 8"
+    )
+    # Fallback: only the k/v projections and the cache's head axis are whole.
+    assert sorted(rec["replicated"]) == sorted(
+        [f"layers/{i}/self_attn/{p}_proj/kernel" for i in range(2) for p in "kv"] + ["kv_cache"]
+    )
+    assert rec["params_spec"]["layers/0/self_attn/q_proj/kernel"] == "P(None, 'model')"
+    assert rec["params_spec"]["layers/0/self_attn/k_proj/kernel"] == "P(None, None)"
+
+
+def test_batch_and_axis_errors(report):
+    errors = report["errors"]
+    expected = "batch_size=6 is not divisible by mesh axis 'data' of size 4"
+    assert errors["shard_prompts_batch"].startswith(expected)
+    assert errors["cache_batch"].startswith(expected)
+    assert "equal length" in errors["ragged"]
+    assert errors["axis_name"] == "model axis 'tp' is not an axis of the mesh ('data', 'model')"
+    # indivisible="replicate" keeps such a batch whole and still splits the heads.
+    assert errors["replicated_batch_spec"] == "P(None, None, None, 'model')"
+
+
+# ----------------------------------------------------------------------------
+# Rules alone, in this process (an abstract mesh needs no devices).
+
+
+def test_partition_specs_follow_rules_and_name_the_dimension():
+    model = tiny_model(seed=0, num_heads=8, num_kv_heads=2, hidden_size=32)
+    mesh = AbstractMesh((2, 4), ("data", "model"))
+    with pytest.raises(ValueError, match="num_kv_heads=2 is not divisible by mesh axis 'model'"):
+        sharding.param_partition_specs(model.params, mesh, config=model.config)
+    specs, replicated = sharding.param_partition_specs(
+        model.params, mesh, config=model.config, indivisible="replicate"
+    )
+    attn = specs["layers"][1]["self_attn"]
+    assert attn["q_proj"]["kernel"][...] == P(None, "model")
+    assert attn["k_proj"]["kernel"][...] == P(None, None)
+    assert specs["layers"][1]["mlp"]["down_proj"]["kernel"][...] == P("model", None)
+    assert specs["norm"]["weight"][...] == P()
+    assert "layers/1/self_attn/v_proj/kernel" in replicated
+    specs, replicated = sharding.param_partition_specs(model.params, mesh, model_axis=None)
+    assert replicated == () and specs["lm_head"]["kernel"][...] == P()
+
+
+def test_vocab_and_mlp_named_in_errors():
+    model = tiny_model(seed=0, vocab_size=60)
+    mesh = AbstractMesh((1, 8), ("data", "model"))
+    with pytest.raises(ValueError, match="num_heads=4 is not divisible"):
+        sharding.param_partition_specs(model.params, mesh, config=model.config)
+    rules = [(r"embed_tokens/embedding$", ("vocab", None))]
+    with pytest.raises(ValueError, match="vocab_size=60 is not divisible by mesh axis 'model'"):
+        sharding.param_partition_specs(model.params, mesh, config=model.config, rules=rules)
+    with pytest.raises(ValueError, match="indivisible must be one of"):
+        sharding.param_partition_specs(model.params, mesh, indivisible="ignore")
+
+
+def test_make_mesh_checks_sizes():
+    mesh = sharding.make_mesh()
+    assert mesh.axis_names == ("data", "model") and mesh.devices.size >= 1
+    with pytest.raises(ValueError, match="needs 2 devices"):
+        sharding.make_mesh(2, 1, devices=mesh.devices.flat[:1])
