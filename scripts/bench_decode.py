@@ -27,13 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from specjax.benchmarking import (
-    alpha_from_hist,
-    draft_cost,
-    expected_tokens_per_step,
-    forward_costs,
-    time_fn,
-)
+from specjax.benchmarking import alpha_from_hist, speculative_prediction, time_fn
 
 CODE_PROMPTS = [
     "def fibonacci(n):",
@@ -86,10 +80,10 @@ def bench_batch(target, draft, tokenizer, batch_size, args):
     spec_tps = float(jnp.sum(spec.lengths)) / spec_t.median_s
     alpha = alpha_from_hist(np.asarray(spec.stats.accepted_hist))
     context = max(len(p) for p in prompts) + n // 2
-    costs = forward_costs(target, batch_size, context, [1, args.gamma + 1], repeats=args.repeats)
-    c_draft = draft_cost(drafter, batch_size, context, sampling, repeats=args.repeats)
-    expected = expected_tokens_per_step(alpha, args.gamma)
-    predicted = expected * costs[1] / (c_draft + costs[args.gamma + 1])
+    prediction = speculative_prediction(
+        target, drafter, batch_size, context, sampling, alpha, repeats=args.repeats
+    )
+    predicted = prediction["predicted_speedup"]
     realized = spec_tps / plain_tps
     return {
         "batch": batch_size,
@@ -102,11 +96,8 @@ def bench_batch(target, draft, tokenizer, batch_size, args):
         "acceptance_rate": float(spec.stats.acceptance_rate),
         "alpha": alpha,
         "tokens_per_call": float(spec.tokens_per_call),
-        "cost_step_ms": costs[1] * 1e3,
-        "cost_verify_ms": costs[args.gamma + 1] * 1e3,
-        "cost_draft_ms": c_draft * 1e3,
+        **prediction,
         "speedup": realized,
-        "predicted_speedup": predicted,
         "realized_over_predicted": realized / predicted,
     }
 
@@ -135,7 +126,8 @@ def main(argv=None):
     rows = [bench_batch(target, draft, tokenizer, b, args) for b in args.batch]
     cols = [
         ("batch", "{:d}"), ("plain_tok_s", "{:.1f}"), ("spec_tok_s", "{:.1f}"),
-        ("speedup", "{:.2f}"), ("predicted_speedup", "{:.2f}"), ("realized_over_predicted", "{:.2f}"),
+        ("speedup", "{:.2f}"), ("predicted_speedup", "{:.2f}"),
+        ("realized_over_predicted", "{:.2f}"),
         ("acceptance_rate", "{:.3f}"), ("alpha", "{:.3f}"), ("tokens_per_call", "{:.2f}"),
         ("cost_step_ms", "{:.2f}"), ("cost_verify_ms", "{:.2f}"), ("cost_draft_ms", "{:.2f}"),
         ("plain_compile_s", "{:.1f}"), ("spec_compile_s", "{:.1f}"),

@@ -177,9 +177,14 @@ def threshold_rows(rows: int, vocab: int, repeats: int):
             # Logits are an argument, not a closed-over constant that XLA would fold.
             jitted = jax.jit(fn)
             kept = np.asarray(jitted(logits)) > 0
-            # Bisection is exact, so the kept sets must agree with the sort-based ones.
-            agree = "" if reference is None else ("yes" if (kept == reference).all() else "NO")
-            reference = kept if reference is None else reference
+            if reference is None:
+                reference, agree = kept, ""
+            else:
+                # Bisection is exact; a sort + float32 cumsum can round differently where
+                # a prefix mass is within ~1e-7 of top_p.
+                same = int((kept == reference).all(-1).sum())
+                diff = int((kept != reference).sum(-1).max())
+                agree = f"{same}/{rows} rows" + (f" (others: <= {diff} token)" if diff else "")
             seconds = _median_seconds(_jax_timer(jitted, logits), repeats)
             results.append((task, name, seconds, agree))
     return results
@@ -232,9 +237,20 @@ def verify_rows(vocab: int, batch: int, gamma: int, repeats: int, torch):
             p = torch_probs_from_logits(torch, t_pl, TEMPERATURE, TOP_P)
             return torch_rejection_sample(torch, generator, t_tokens, q, p)
 
+        default_threads = torch.get_num_threads()
         with torch.inference_mode():
-            rows.append(("torch", "probs", _median_seconds(from_probs, repeats), bytes_probs))
-            rows.append(("torch", "logits", _median_seconds(from_logits, repeats), bytes_logits))
+            # The from-probs step is a handful of small ops, where OpenMP start-up and
+            # spin-waiting can cost more than the work on a busy 2-core machine: report
+            # the faster of 1 thread and the default.
+            timings = {}
+            for threads in sorted({1, default_threads}):
+                torch.set_num_threads(threads)
+                timings[threads] = _median_seconds(from_probs, repeats)
+            torch.set_num_threads(default_threads)
+            threads = min(timings, key=timings.get)
+            rows.append((f"torch ({threads} thr)", "probs", timings[threads], bytes_probs))
+            seconds = _median_seconds(from_logits, repeats)
+            rows.append((f"torch ({default_threads} thr)", "logits", seconds, bytes_logits))
     return rows
 
 

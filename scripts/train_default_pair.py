@@ -19,14 +19,17 @@ Outputs, each a Hugging Face folder in bfloat16 with ``tokenizer.json``::
 
 Float32 checkpoints with optimizer state live in ``OUT/_work/``; ``--resume``
 continues every unfinished stage from them bit-identically and skips finished
-ones. Each stage has a time budget; a stage that runs out stops cleanly with a
-final checkpoint (its cosine schedule is then not fully annealed).
+ones (without ``--resume`` they are deleted and everything starts over). A
+resumed earlier stage does not redo later ones that have checkpoints: delete
+``OUT/_work/draft*`` for that. Each stage has a time budget; a stage that runs
+out stops cleanly with a final checkpoint (its cosine schedule is then not
+fully annealed) and continues with ``--resume`` and a new budget.
 
 Examples::
 
     python scripts/train_default_pair.py --quick --out /tmp/pair      # seconds
     python scripts/train_default_pair.py --out runs/default_pair \\
-        --target-minutes 40 --draft-data-minutes 8 --draft-minutes 16
+        --target-minutes 42 --draft-data-minutes 9 --draft-minutes 17
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -98,21 +102,22 @@ def parse_args(argv=None):
     p.add_argument("--draft-kv-heads", type=int, default=2)
     p.add_argument("--draft-intermediate", type=int, default=384)
     # Schedules. Step counts fix the cosine schedules (and so the result); the
-    # minutes are a safety budget. Defaults fit the budgets on a 2-core CPU.
-    p.add_argument("--target-steps", type=int, default=800)
+    # minutes are a safety budget (a stopped stage continues with --resume and
+    # a new budget). Defaults fit the budgets on an otherwise idle 2-core CPU.
+    p.add_argument("--target-steps", type=int, default=1200)
     p.add_argument("--target-batch", type=int, default=4)
     p.add_argument("--target-lr", type=float, default=1.5e-3)
-    p.add_argument("--target-minutes", type=float, default=40.0)
-    p.add_argument("--draft-data-steps", type=int, default=700)
+    p.add_argument("--target-minutes", type=float, default=42.0)
+    p.add_argument("--draft-data-steps", type=int, default=600)
     p.add_argument("--draft-data-batch", type=int, default=16)
     p.add_argument("--draft-data-lr", type=float, default=3e-3)
-    p.add_argument("--draft-data-minutes", type=float, default=8.0)
-    p.add_argument("--draft-steps", type=int, default=1800)
+    p.add_argument("--draft-data-minutes", type=float, default=9.0)
+    p.add_argument("--draft-steps", type=int, default=1700)
     p.add_argument("--draft-batch", type=int, default=4)
     p.add_argument(
         "--draft-lr", type=float, default=None, help="default 1e-3 (data), 3e-3 (scratch)"
     )
-    p.add_argument("--draft-minutes", type=float, default=16.0)
+    p.add_argument("--draft-minutes", type=float, default=17.0)
     p.add_argument("--distill-init", choices=("data", "scratch"), default="data")
     p.add_argument("--kl-weight", type=float, default=1.0)
     p.add_argument("--tvd-weight", type=float, default=0.0)
@@ -217,6 +222,9 @@ def main(argv=None):
     args = parse_args(argv)
     out = Path(args.out)
     work = out / "_work"
+    if not args.resume:  # a fresh run: checkpoints of an earlier one must not be resumed
+        for stage in ("target", "draft_data", "draft"):
+            shutil.rmtree(work / stage, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     progress = not args.no_progress

@@ -26,16 +26,20 @@ class Timing:
     times_s: list[float]
 
 
-def time_fn(fn, *args, repeats: int = 5) -> tuple[Timing, object]:
-    """Times ``fn(*args)``: one compiling call, then ``repeats`` steady calls."""
+def time_call(fn, *args) -> tuple[float, object]:
+    """Seconds of one ``fn(*args)`` until its outputs are ready, and the outputs."""
     start = time.perf_counter()
     out = jax.block_until_ready(fn(*args))
-    first = time.perf_counter() - start
+    return time.perf_counter() - start, out
+
+
+def time_fn(fn, *args, repeats: int = 5) -> tuple[Timing, object]:
+    """Times ``fn(*args)``: one compiling call, then ``repeats`` steady calls."""
+    first, out = time_call(fn, *args)
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        out = jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
+        seconds, out = time_call(fn, *args)
+        times.append(seconds)
     return Timing(first, statistics.median(times), times), out
 
 
@@ -44,6 +48,19 @@ def expected_tokens_per_step(alpha: float, gamma: int) -> float:
     if alpha >= 1.0:
         return gamma + 1.0
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(
+    alpha: float, gamma: int, cost_step: float, cost_verify: float, cost_draft: float
+) -> float:
+    """Speedup of speculative over plain decoding that the measured costs allow.
+
+    ``E(α, γ) · cost(T=1) / (cost(draft) + cost(T=γ+1))``: tokens per step over
+    the time of one step, relative to one token per plain step. It ignores the
+    loop's own work (acceptance, bookkeeping), so realized / predicted measures
+    what that machinery costs.
+    """
+    return expected_tokens_per_step(alpha, gamma) * cost_step / (cost_draft + cost_verify)
 
 
 def alpha_from_hist(accepted_hist) -> float:
@@ -71,6 +88,7 @@ def forward_costs(
     _, cache = jax.jit(prefill, static_argnums=3)(
         model, prompts, jnp.full((batch_size,), context, jnp.int32), cache_len
     )
+
     # `inner` forwards back to back in one fori_loop: inside the decode loop
     # nothing is dispatched from the host, so per-call dispatch overhead must
     # not count. Each step's tokens depend on the previous logits, so XLA cannot
@@ -86,7 +104,8 @@ def forward_costs(
     costs = {}
     for t in widths:
         tokens = jnp.ones((batch_size, t), jnp.int32)
-        positions = (context - 1) + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (batch_size, t))
+        offsets = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (batch_size, t))
+        positions = (context - 1) + offsets
         timing, _ = time_fn(fwd, model, tokens, positions, cache, repeats=repeats)
         costs[t] = timing.median_s / inner
     return costs
@@ -114,3 +133,31 @@ def draft_cost(
         jax.jit(run), drafter, jax.random.key(0), state, seq, lengths, sampling, repeats=repeats
     )
     return timing.median_s / inner
+
+
+def speculative_prediction(
+    target, drafter, batch_size: int, context: int, sampling, alpha: float, *, repeats: int = 10
+) -> dict:
+    """Measures the three costs of one speculative step and the speedup they predict.
+
+    Args:
+        target: the target model.
+        drafter: the :class:`~specjax.drafters.Drafter` (γ = ``drafter.num_draft``).
+        batch_size: B.
+        context: tokens already in the cache (e.g. prompt + half the new tokens).
+        sampling: the :class:`~specjax.SamplingConfig` the drafter samples with.
+        alpha: the measured per-token acceptance probability (:func:`alpha_from_hist`).
+        repeats: timing repeats of each cost.
+
+    Returns:
+        ``{"cost_step_ms", "cost_verify_ms", "cost_draft_ms", "predicted_speedup"}``.
+    """
+    gamma = drafter.num_draft
+    costs = forward_costs(target, batch_size, context, sorted({1, gamma + 1}), repeats=repeats)
+    c_draft = draft_cost(drafter, batch_size, context, sampling, repeats=repeats)
+    return {
+        "cost_step_ms": costs[1] * 1e3,
+        "cost_verify_ms": costs[gamma + 1] * 1e3,
+        "cost_draft_ms": c_draft * 1e3,
+        "predicted_speedup": predicted_speedup(alpha, gamma, costs[1], costs[gamma + 1], c_draft),
+    }

@@ -33,7 +33,9 @@ def _load_models(args):
         draft = _load_folder(args.draft, "--draft") if args.draft else None
     else:
         if args.draft:
-            raise UserError("--draft needs --model (the bundled draft only fits the bundled target)")
+            raise UserError(
+                "--draft needs --model (the bundled draft only fits the bundled target)"
+            )
         try:
             target, draft, _ = default_pair()
         except (FileNotFoundError, ValueError, OSError) as e:
@@ -170,7 +172,9 @@ def cmd_generate(args) -> int:
     }
     if args.compare:
         plain, plain_s, _ = _timed(
-            lambda: specjax.generate(key, target, prompts, max_new_tokens=args.max_new_tokens, **kw),
+            lambda: specjax.generate(
+                key, target, prompts, max_new_tokens=args.max_new_tokens, **kw
+            ),
             lambda: specjax.generate(key, target, prompts, max_new_tokens=1, **kw),
         )
         plain_total = int(np.sum(np.asarray(plain.lengths)))
@@ -337,7 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="who drafts: the draft model, prompt lookup (n-gram copy), or none (plain decoding)",
     )  # fmt: skip
     g.add_argument("--gamma", type=int, default=4, help="tokens drafted per target call (γ)")
-    g.add_argument("--ngram", type=int, default=3, help="longest n-gram matched by --drafter lookup")
+    g.add_argument(
+        "--ngram", type=int, default=3, help="longest n-gram matched by --drafter lookup"
+    )
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1 = off)")

@@ -8,7 +8,6 @@ so rolling a cache back is only a change of per-row lengths.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import jax
@@ -140,7 +139,9 @@ def pad_prompts(prompts) -> tuple[jax.Array, jax.Array]:
             raise TypeError(f"prompts must hold integer token ids, got dtype {prompts.dtype}")
         b, p = prompts.shape
         if b < 1 or p < 1:
-            raise ValueError(f"prompts must have at least one row and one token, got {prompts.shape}")
+            raise ValueError(
+                f"prompts must have at least one row and one token, got {prompts.shape}"
+            )
         return jnp.asarray(prompts, jnp.int32), jnp.full((b,), p, jnp.int32)
     if not isinstance(prompts, Sequence) or isinstance(prompts, (str, bytes)):
         raise TypeError(
@@ -254,7 +255,9 @@ def _write_block(state, block_BT, num_emit_B, num_from_draft_B):
     keep = jnp.arange(t)[None] < num_emit_B[:, None]
     safe = jnp.minimum(slots, state.seq.shape[1] - 1)
     new_tok = jnp.where(keep, block_BT, state.seq[rows, safe])
-    new_flag = jnp.where(keep, jnp.arange(t)[None] < num_from_draft_B[:, None], state.from_draft[rows, safe])
+    new_flag = jnp.where(
+        keep, jnp.arange(t)[None] < num_from_draft_B[:, None], state.from_draft[rows, safe]
+    )
     # mode="drop": a slot past the end of the buffer is never written (or clamped).
     return state.replace(
         seq=state.seq.at[rows, slots].set(new_tok, mode="drop"),
@@ -279,14 +282,9 @@ def _stop(state, new_tokens_BT, num_emit_B, active_B, max_new_tokens, eos_id, lo
 # Plain autoregressive decoding.
 
 
-@functools.partial(jax.jit, static_argnames=("cache_len",))
-def _generate_jit(key, model, prompts_BP, prompt_lengths_B, max_new_tokens, sampling, eos_id, *, cache_len):
-    return _generate_loop(
-        key, model, prompts_BP, prompt_lengths_B, max_new_tokens, sampling, eos_id, cache_len
-    )
-
-
-def _generate_loop(key, model, prompts_BP, prompt_lengths_B, max_new_tokens, sampling, eos_id, cache_len):
+def _generate_loop(
+    key, model, prompts_BP, prompt_lengths_B, max_new_tokens, sampling, eos_id, cache_len
+):
     b = prompts_BP.shape[0]
     rows = jnp.arange(b)
     state = _initial_state(key, model, prompts_BP, prompt_lengths_B, cache_len, (), 0)
@@ -311,8 +309,10 @@ def _generate_loop(key, model, prompts_BP, prompt_lengths_B, max_new_tokens, sam
         )
         return _stop(state, token[:, None], num_emit, active, max_new_tokens, eos_id, 1)
 
-    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-    return state
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+
+
+_generate_jit = jax.jit(_generate_loop, static_argnames=("cache_len",))
 
 
 def generate(
@@ -380,15 +380,6 @@ def _output_width(max_new_tokens, cache_len):
 # Speculative decoding.
 
 
-@functools.partial(jax.jit, static_argnames=("cache_len",))
-def _speculative_jit(
-    key, target, drafter, prompts_BP, prompt_lengths_B, max_new_tokens, sampling, eos_id, *, cache_len
-):
-    return _speculative_loop(
-        key, target, drafter, prompts_BP, prompt_lengths_B, max_new_tokens, sampling, eos_id, cache_len
-    )
-
-
 def _speculative_loop(
     key, target, drafter, prompts_BP, prompt_lengths_B, max_new_tokens, sampling, eos_id, cache_len
 ):
@@ -432,6 +423,9 @@ def _speculative_loop(
 
         new_lengths = lengths + num_emit
         active_i = active.astype(jnp.int32)
+        accepted_one_hot = (
+            jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active_i[:, None]
+        )
         stats = state.stats
         state = state.replace(
             seq_lengths=new_lengths,
@@ -443,13 +437,15 @@ def _speculative_loop(
                 row_target_calls=stats.row_target_calls + active_i,
                 drafted=stats.drafted + gamma * active_i,
                 accepted=stats.accepted + num_accepted * active_i,
-                accepted_hist=stats.accepted_hist
-                + jnp.sum(jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active_i[:, None], 0),
+                accepted_hist=stats.accepted_hist + jnp.sum(accepted_one_hot, axis=0),
             ),
         )
         return _stop(state, block, num_emit, active, max_new_tokens, eos_id, lookahead)
 
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+
+
+_speculative_jit = jax.jit(_speculative_loop, static_argnames=("cache_len",))
 
 
 def check_drafter(target, drafter: Drafter):

@@ -22,8 +22,8 @@ Example::
     out = specjax.speculative_generate(key, target, specjax.DraftModel(draft, 4), prompts, ...)
 
 Dimensions that do not divide the mesh are handled by the ``indivisible``
-argument. ``"raise"`` is the default: it raises a ``ValueError`` that names the
-dimension, for example ``num_kv_heads=4 is not divisible by mesh axis 'model'
+argument. ``"raise"`` is the default: it raises a ``ValueError`` that names
+every such dimension, for example ``num_kv_heads=4 is not divisible by mesh axis 'model'
 of size 8``. ``"replicate"`` keeps that one tensor whole on every device of the
 axis and splits everything that does divide. Grouped-query models often have
 fewer kv heads than the model axis has devices; there the k/v projections and
@@ -43,7 +43,6 @@ import re
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import struct
 from jax.sharding import AxisType, Mesh, NamedSharding
@@ -147,12 +146,23 @@ def _fits(size: int, mesh: Mesh, axis: str | None) -> bool:
     return axis is None or size % mesh.shape[axis] == 0
 
 
-def _indivisible_msg(name: str, size: int, mesh: Mesh, axis: str, what: str) -> str:
+def _indivisible_msg(problems: dict[tuple[str, int], str], mesh: Mesh, axis: str) -> str:
+    """``problems``: ``{(dimension name, size): what it splits}``."""
+    lines = [
+        f"{name}={size} is not divisible by mesh axis {axis!r} of size {mesh.shape[axis]} ({what})"
+        for (name, size), what in problems.items()
+    ]
     return (
-        f"{name}={size} is not divisible by mesh axis {axis!r} of size {mesh.shape[axis]} "
-        f"({what}); use a mesh whose {axis!r} axis divides it, or "
-        "indivisible='replicate' to keep that tensor unsplit"
+        "; ".join(lines) + f". Use a mesh whose {axis!r} axis divides it, or "
+        "indivisible='replicate' to keep such tensors unsplit."
     )
+
+
+def _match_rule(name: str, rules) -> tuple[str | None, ...] | None:
+    for pattern, logical in rules:
+        if re.search(pattern, name):
+            return tuple(logical)
+    return None
 
 
 def param_partition_specs(
@@ -180,54 +190,55 @@ def param_partition_specs(
 
     Returns:
         ``(specs, replicated)``: a pytree of ``PartitionSpec`` shaped like
-        ``params``, and the paths that fell back to replication.
+        ``params`` (for an ``nnx.State``, each ``Variable`` holds its spec), and
+        the paths that fell back to replication.
+
+    Raises:
+        ValueError: naming every dimension that does not divide ``model_axis``
+            (with ``indivisible="raise"``).
     """
     if indivisible not in _INDIVISIBLE:
         raise ValueError(f"indivisible must be one of {_INDIVISIBLE}, got {indivisible!r}")
+    _check_axis(mesh, model_axis, "model")
     leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
     specs, replicated = [], []
+    problems: dict[tuple[str, int], str] = {}  # (dimension, size) -> first parameter
     for path, leaf in leaves:
         name = _path_str(path)
-        spec = P()
-        if model_axis is not None:
-            for pattern, logical in rules:
-                if not re.search(pattern, name):
-                    continue
-                if len(logical) != np.ndim(leaf):
-                    raise ValueError(
-                        f"rule {pattern!r} names {len(logical)} axes but parameter {name!r} "
-                        f"has shape {np.shape(leaf)}"
-                    )
-                axes = []
-                for i, dim in enumerate(logical):
-                    if dim is None:
-                        axes.append(None)
-                        continue
-                    field = LOGICAL_DIMS.get(dim, dim)
-                    size = getattr(config, field, None)
-                    if size is None:
-                        field, size = f"{name} axis {i}", np.shape(leaf)[i]
-                    if not _fits(size, mesh, model_axis) or np.shape(leaf)[i] % mesh.shape[
-                        model_axis
-                    ]:
-                        if indivisible == "raise":
-                            raise ValueError(
-                                _indivisible_msg(field, size, mesh, model_axis, f"parameter {name}")
-                            )
-                        replicated.append(name)
-                        axes.append(None)
-                    else:
-                        axes.append(model_axis)
-                spec = P(*axes)
-                break
-        specs.append(spec)
+        logical = _match_rule(name, rules) if model_axis is not None else None
+        if logical is None:
+            specs.append(P())
+            continue
+        if len(logical) != np.ndim(leaf):
+            raise ValueError(
+                f"a rule names {len(logical)} axes but parameter {name!r} has shape "
+                f"{np.shape(leaf)}"
+            )
+        axes = []
+        for i, dim in enumerate(logical):
+            if dim is None:
+                axes.append(None)
+                continue
+            field = LOGICAL_DIMS.get(dim, dim)
+            size = getattr(config, field, None)
+            if size is None:
+                field, size = f"{name} axis {i}", np.shape(leaf)[i]
+            if _fits(size, mesh, model_axis) and _fits(np.shape(leaf)[i], mesh, model_axis):
+                axes.append(model_axis)
+            else:
+                problems.setdefault((field, size), f"parameter {name}")
+                replicated.append(name)
+                axes.append(None)
+        specs.append(P(*axes))
+    if problems and indivisible == "raise":
+        raise ValueError(_indivisible_msg(problems, mesh, model_axis))
     return jax.tree_util.tree_unflatten(treedef, specs), tuple(replicated)
 
 
 def _place(x, sharding: NamedSharding):
     """Puts one array onto ``sharding``; across processes through a host copy."""
-    if jax.process_count() == 1:
-        return jax.device_put(x, sharding)
+    if jax.process_count() == 1 or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+        return jax.device_put(x, sharding)  # local, or a reshard of a global array
     # Every process holds the same full value (loaded from the same checkpoint
     # or given the same seed); each one builds only its own shards.
     host = np.asarray(x)
@@ -253,7 +264,8 @@ class ShardedModel:
             the cache's heads are replicated.
         indivisible: ``"raise"`` or ``"replicate"``, for a cache batch that does
             not divide the data axis (static).
-        replicated: parameter paths that fell back to replication (static).
+        replicated: parameter paths that fell back to replication, plus
+            ``"kv_cache"`` when the cache's kv heads did (static).
     """
 
     model: object
@@ -289,7 +301,7 @@ class ShardedModel:
         if not _fits(batch_size, self.mesh, data):
             if self.indivisible == "raise":
                 raise ValueError(
-                    _indivisible_msg("batch_size", batch_size, self.mesh, data, "the KV cache rows")
+                    _indivisible_msg({("batch_size", batch_size): "KV cache rows"}, self.mesh, data)
                 )
             data = None
         heads = self.model_axis if _fits(num_kv_heads, self.mesh, self.model_axis) else None
@@ -299,18 +311,20 @@ class ShardedModel:
         """Applies the cache sharding (inside jit a constraint, outside a placement)."""
         if not isinstance(cache, KVCache):
             raise TypeError(
-                "ShardedModel knows the layout of specjax.KVCache only, got "
-                f"{type(cache).__name__}"
+                f"ShardedModel knows the layout of specjax.KVCache only, got {type(cache).__name__}"
             )
         spec = self.cache_spec(cache.k.shape[1], cache.k.shape[3])
         kv = NamedSharding(self.mesh, spec)
         rows = NamedSharding(self.mesh, P(spec[1]))
         wsc = jax.lax.with_sharding_constraint
-        return cache.replace(k=wsc(cache.k, kv), v=wsc(cache.v, kv), lengths=wsc(cache.lengths, rows))
+        return cache.replace(
+            k=wsc(cache.k, kv), v=wsc(cache.v, kv), lengths=wsc(cache.lengths, rows)
+        )
 
     def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
         """An empty cache, sharded by :meth:`cache_spec`."""
-        return self.constrain_cache(self.model.init_cache(batch_size, max_len, dtype))
+        args = (batch_size, max_len) if dtype is None else (batch_size, max_len, dtype)
+        return self.constrain_cache(self.model.init_cache(*args))
 
     def __call__(self, tokens_BT, positions_BT, cache: KVCache, **kwargs):
         """The wrapped model's forward; the returned cache keeps its sharding."""
@@ -373,7 +387,9 @@ def shard_model(
     kv_heads = getattr(config, "num_kv_heads", None)
     if tp_axis is not None and kv_heads is not None and not _fits(kv_heads, mesh, tp_axis):
         if indivisible == "raise":  # params without a k/v rule, but the cache has heads
-            raise ValueError(_indivisible_msg("num_kv_heads", kv_heads, mesh, tp_axis, "KV cache"))
+            raise ValueError(
+                _indivisible_msg({("num_kv_heads", kv_heads): "KV cache heads"}, mesh, tp_axis)
+            )
         replicated += ("kv_cache",)
     leaves, treedef = jax.tree.flatten(model.params)
     spec_leaves = treedef.flatten_up_to(specs)

@@ -35,7 +35,9 @@ def tiny_config(vocab_size: int = 64, **overrides) -> ModelConfig:
     return ModelConfig(**fields)
 
 
-def tiny_model(seed: int = 0, vocab_size: int = 64, *, init_scale: float = 1.0, **overrides) -> Model:
+def tiny_model(
+    seed: int = 0, vocab_size: int = 64, *, init_scale: float = 1.0, **overrides
+) -> Model:
     """A randomly initialised tiny model.
 
     Args:

@@ -500,7 +500,8 @@ def train(
         config: the :class:`TrainConfig`.
         teacher: frozen target model to distil from; ``None`` trains on the
             data with cross-entropy. Must share the tokenizer/vocabulary.
-        checkpoint_dir: where checkpoints go; ``None`` disables them.
+        checkpoint_dir: where checkpoints go; ``None`` disables them. Without
+            ``resume`` it must not already hold checkpoints.
         resume: continue from the newest checkpoint in ``checkpoint_dir`` if
             there is one (otherwise start from step 0). The continuation is
             bit-identical to an uninterrupted run with the same config.
@@ -513,10 +514,16 @@ def train(
     if teacher is not None and teacher.vocab_size != model.vocab_size:
         raise ValueError(f"teacher vocab {teacher.vocab_size} != student vocab {model.vocab_size}")
     state, losses = init_train_state(model, config), []
-    if resume and checkpoint_dir is not None:
-        ckpts = list_checkpoints(checkpoint_dir)
-        if ckpts:
-            state, losses = load_checkpoint(ckpts[-1], model, config)
+    ckpts = [] if checkpoint_dir is None else list_checkpoints(checkpoint_dir)
+    if ckpts and not resume:
+        # Mixing runs in one folder would let pruning delete the new run's
+        # checkpoints and a later resume pick up the old run's.
+        raise ValueError(
+            f"{checkpoint_dir} already holds checkpoints ({ckpts[-1].name}); "
+            "pass resume=True to continue that run, or use an empty folder"
+        )
+    if ckpts:
+        state, losses = load_checkpoint(ckpts[-1], model, config)
     tokens_N = jnp.asarray(tokens, jnp.int32)
 
     # Static parts only (params=None), so that the compiled step is cached
@@ -583,8 +590,11 @@ def train(
                 stopped_early = True
                 break
     except KeyboardInterrupt:
-        # Stop cleanly on Ctrl-C: the state of the last finished step is saved.
-        if checkpoint_dir is not None and int(state.step) > start:
+        # Stop cleanly on Ctrl-C: the state of the last finished step is saved,
+        # unless the interrupt landed after that state was donated to a step
+        # whose result never arrived; then the previous checkpoint stands.
+        donated = any(x.is_deleted() for x in jax.tree.leaves(state))
+        if checkpoint_dir is not None and not donated and int(state.step) > start:
             flush()
             save_checkpoint(
                 checkpoint_dir, model, state, config, losses, keep=config.keep_checkpoints

@@ -121,17 +121,19 @@ def _rejection_core(key, draft_tokens_G, target_GxV, draft_prob_at_G, draft_row)
     """
     gamma = draft_tokens_G.shape[0]
     vocab = target_GxV.shape[-1]
-    p_G1xV = target_GxV.astype(jnp.float32)
     in_vocab_G = (draft_tokens_G >= 0) & (draft_tokens_G < vocab)
     safe_tokens_G = jnp.clip(draft_tokens_G, 0, vocab - 1)
-    p_at_G = jnp.take_along_axis(p_G1xV[:gamma], safe_tokens_G[:, None], axis=-1)[:, 0]
+    # Gather first, then convert: only what is read is ever converted to float32.
+    p_at_G = jnp.take_along_axis(target_GxV[:gamma], safe_tokens_G[:, None], axis=-1)[:, 0]
+    p_at_G = p_at_G.astype(jnp.float32)
 
     accept_key, resample_key = jax.random.split(key)
     u_G = jax.random.uniform(accept_key, (gamma,), jnp.float32)
     accepted_G = (u_G * draft_prob_at_G(safe_tokens_G) < p_at_G) & in_vocab_G
     num_accepted = _num_leading_true(accepted_G)
 
-    p_n_V = lax.dynamic_index_in_dim(p_G1xV, num_accepted, keepdims=False)
+    p_n_V = lax.dynamic_index_in_dim(target_GxV, num_accepted, keepdims=False)
+    p_n_V = p_n_V.astype(jnp.float32)
     if gamma == 0:
         q_n_V = jnp.zeros_like(p_n_V)
     else:
@@ -221,15 +223,16 @@ def rejection_sample_single(
     target_probs = jnp.asarray(target_probs)
     _check_dtypes(fn, draft_tokens, draft_probs=draft_probs, target_probs=target_probs)
     _check_shapes(fn, 0, draft_tokens, target_probs, "target_probs", draft_probs)
-    q_GxV = draft_probs.astype(jnp.float32)
+
+    def draft_prob_at_G(tokens_G):
+        q_at_G = jnp.take_along_axis(draft_probs, tokens_G[:, None], axis=-1)[:, 0]
+        return q_at_G.astype(jnp.float32)
+
+    def draft_row(i, _):
+        return lax.dynamic_index_in_dim(draft_probs, i, keepdims=False).astype(jnp.float32)
+
     return _rejection_core(
-        key,
-        draft_tokens.astype(jnp.int32),
-        target_probs,
-        draft_prob_at_G=lambda tokens_G: jnp.take_along_axis(q_GxV, tokens_G[:, None], axis=-1)[
-            :, 0
-        ],
-        draft_row=lambda i, _: lax.dynamic_index_in_dim(q_GxV, i, keepdims=False),
+        key, draft_tokens.astype(jnp.int32), target_probs, draft_prob_at_G, draft_row
     )
 
 

@@ -126,23 +126,25 @@ def test_partition_specs_follow_rules_and_name_the_dimension():
         model.params, mesh, config=model.config, indivisible="replicate"
     )
     attn = specs["layers"][1]["self_attn"]
-    assert attn["q_proj"]["kernel"][...] == P(None, "model")
-    assert attn["k_proj"]["kernel"][...] == P(None, None)
-    assert specs["layers"][1]["mlp"]["down_proj"]["kernel"][...] == P("model", None)
-    assert specs["norm"]["weight"][...] == P()
+    assert attn["q_proj"]["kernel"].get_value() == P(None, "model")
+    assert attn["k_proj"]["kernel"].get_value() == P(None, None)
+    assert specs["layers"][1]["mlp"]["down_proj"]["kernel"].get_value() == P("model", None)
+    assert specs["norm"]["weight"].get_value() == P()
     assert "layers/1/self_attn/v_proj/kernel" in replicated
     specs, replicated = sharding.param_partition_specs(model.params, mesh, model_axis=None)
-    assert replicated == () and specs["lm_head"]["kernel"][...] == P()
+    assert replicated == () and specs["lm_head"]["kernel"].get_value() == P()
 
 
-def test_vocab_and_mlp_named_in_errors():
-    model = tiny_model(seed=0, vocab_size=60)
+def test_error_names_every_indivisible_dimension():
+    model = tiny_model(seed=0, vocab_size=60)  # 4 heads, 2 kv heads, F=64
     mesh = AbstractMesh((1, 8), ("data", "model"))
-    with pytest.raises(ValueError, match="num_heads=4 is not divisible"):
+    with pytest.raises(ValueError) as info:
         sharding.param_partition_specs(model.params, mesh, config=model.config)
-    rules = [(r"embed_tokens/embedding$", ("vocab", None))]
-    with pytest.raises(ValueError, match="vocab_size=60 is not divisible by mesh axis 'model'"):
-        sharding.param_partition_specs(model.params, mesh, config=model.config, rules=rules)
+    msg = str(info.value)
+    for dim in ("num_heads=4", "num_kv_heads=2"):
+        assert f"{dim} is not divisible by mesh axis 'model' of size 8" in msg
+    assert "intermediate_size" not in msg
+    assert "vocab_size=60 is not divisible by mesh axis 'model' of size 8 (parameter embed_" in msg
     with pytest.raises(ValueError, match="indivisible must be one of"):
         sharding.param_partition_specs(model.params, mesh, indivisible="ignore")
 

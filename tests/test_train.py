@@ -216,11 +216,25 @@ def test_time_budget_stops_cleanly_then_resumes(corpus, tmp_path):
     assert resumed.losses == reference.losses
     _assert_same_params(resumed.model, reference.model)
 
+    # Ctrl-C saves the last finished step before propagating.
+    def interrupt(step, metrics):
+        if step == 4:
+            raise KeyboardInterrupt
+
+    ctrl_c = tmp_path / "ctrl_c"
+    with pytest.raises(KeyboardInterrupt):
+        train.train(model, tokens, config, checkpoint_dir=ctrl_c, callback=interrupt)
+    assert [p.name for p in train.list_checkpoints(ctrl_c)] == ["step_00000004"]
+    resumed = train.train(model, tokens, config, checkpoint_dir=ctrl_c, resume=True)
+    assert resumed.start_step == 4 and resumed.losses == reference.losses
+
 
 def test_resume_refuses_a_different_run(corpus, tmp_path):
     tok, tokens, _ = corpus
     model = Model.random(tiny_config(), seed=6).replace(tokenizer=tok)
     train.train(model, tokens, tiny_train_config(steps=2), checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match="resume=True"):
+        train.train(model, tokens, tiny_train_config(steps=2), checkpoint_dir=tmp_path)
     with pytest.raises(ValueError, match="learning_rate"):
         train.train(
             model,
