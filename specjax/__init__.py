@@ -1,5 +1,6 @@
 """specjax: on-device, batched, exact speculative decoding in JAX/Flax."""
 
+from specjax import sharding as sharding
 from specjax import testing as testing
 from specjax.decode import GenerationResult as GenerationResult
 from specjax.decode import GenerationStats as GenerationStats

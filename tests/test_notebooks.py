@@ -63,6 +63,7 @@ def test_notebook_stored_without_outputs(path):
     assert path.stat().st_size < 40_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(path, tmp_path):
     nb = nbformat.read(path, as_version=4)

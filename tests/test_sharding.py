@@ -4,7 +4,8 @@ The mesh checks need 8 devices, and XLA fixes the device count when JAX
 starts, so they run in one subprocess (``tests/sharding_worker.py``) with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8``; this process keeps
 its single CPU device. The subprocess writes a JSON report that the tests
-below read, one assertion topic per test.
+below read, one assertion topic per test. They are marked slow (about a
+minute of compiling, shared by all of them); the rule checks at the end are not.
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ def report(tmp_path_factory):
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_worker_saw_eight_devices(report):
     assert report["devices"] == 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", MESHES)
 def test_sharded_decoding_matches_single_device(report, mesh):
     """Plain and speculative (DraftModel), greedy and sampled with one key: same tokens."""
@@ -65,6 +68,7 @@ def test_sharded_decoding_matches_single_device(report, mesh):
     assert all(match.values()), match
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", MESHES)
 def test_params_placed_by_rules(report, mesh):
     rec = report["meshes"][mesh]
@@ -75,6 +79,7 @@ def test_params_placed_by_rules(report, mesh):
     assert rec["q_shard_shape"] == [rec["q_shape"][0], rec["q_shape"][1] // model_size]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", MESHES)
 def test_caches_sharded_under_jit(report, mesh):
     """Caches built by init_cache under jit, and carried out of both decode loops."""
@@ -83,12 +88,14 @@ def test_caches_sharded_under_jit(report, mesh):
     assert all(rec["loop_cache_ok"].values()), rec["loop_cache_spec"]
 
 
+@pytest.mark.slow
 def test_cache_split_by_batch_and_heads(report):
     rec = report["meshes"]["4x2"]
     assert rec["init_cache_spec"] == "P(None, 'data', None, 'model')"
     assert rec["loop_cache_spec"]["target"] == "P(None, 'data', None, 'model')"
 
 
+@pytest.mark.slow
 def test_indivisible_kv_heads_raise_by_default_then_replicate(report):
     rec = report["meshes"]["1x8"]
     assert rec["default_error"].startswith(
@@ -102,6 +109,7 @@ def test_indivisible_kv_heads_raise_by_default_then_replicate(report):
     assert rec["params_spec"]["layers/0/self_attn/k_proj/kernel"] == "P(None, None)"
 
 
+@pytest.mark.slow
 def test_batch_and_axis_errors(report):
     errors = report["errors"]
     expected = "batch_size=6 is not divisible by mesh axis 'data' of size 4"

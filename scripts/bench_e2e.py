@@ -1,0 +1,870 @@
+"""End-to-end decoding benchmark: specjax against Hugging Face transformers on the same weights.
+
+On one target/draft pair, the same prompts and the same number of new tokens, at
+temperature 0 and 1, it measures:
+
+  * specjax: plain ``generate``, ``speculative_generate`` with the draft model
+    (``DraftModel``) and with prompt lookup (``PromptLookup``), at batch 1 and
+    at a large batch (16);
+  * transformers (PyTorch, CPU, float32, same weights loaded from the same
+    Hugging Face folders, token ids in, no tokenizer): plain ``generate``,
+    assisted generation with the draft as ``assistant_model`` (γ tokens per
+    step, constant schedule, no confidence cut-off) and prompt lookup
+    (``prompt_lookup_num_tokens=γ``), at batch 1 only: transformers refuses
+    assisted generation and prompt lookup for batch > 1 (probed at run time);
+  * a sweep over γ of specjax speculative decoding with the draft model
+    (temperature 0, batch 1): acceptance rate, realized and predicted speedup.
+
+EOS never stops a row, so every system generates exactly ``--max-new-tokens``.
+Before any timing is reported, the greedy outputs of every system are checked
+equal token for token; on any difference the script names the system, prompt
+and position with the two tokens' logit gap, and exits with status 1.
+
+Times are medians over ``--repeats`` passes over all prompts, after a separate
+first pass: for specjax, compile time = first pass - median; for transformers
+(no compilation) the first pass is reported next to the median. The predicted
+speedup of speculative decoding comes from the measured acceptance probability α
+and the measured costs of one draft proposal and one verification, as in
+``scripts/bench_decode.py`` (see ``specjax.benchmarking``).
+
+    python scripts/bench_e2e.py --out docs/bench_e2e            # bundled pair
+    python scripts/bench_e2e.py --target T --draft D --out DIR   # Hugging Face folders
+    python scripts/bench_e2e.py --quick --out /tmp/e2e           # tiny random pair, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import specjax
+from specjax.benchmarking import (
+    Timing,
+    alpha_from_hist,
+    draft_cost,
+    forward_costs,
+    predicted_speedup,
+    time_call,
+)
+
+PROMPTS_FILE = Path(__file__).resolve().parent.parent / "prompts" / "bench_prompts.json"
+HF_BATCH_ERROR = "assisted generate is only supported for batch_size = 1"
+
+TARGETS = [
+    # (key, description, threshold)
+    ("spec_over_plain", "specjax speculative (draft) / specjax plain tok/s, T=0, batch 1", 2.0),
+    ("realized_over_predicted", "realized / predicted speedup, same run", 0.85),
+    ("spec_over_hf_assisted", "specjax speculative / transformers assisted tok/s, T=0, b=1", 3.0),
+    ("large_over_b1", "specjax speculative total tok/s, batch 16 / batch 1, T=0", 8.0),
+]
+
+
+def log(msg: str) -> None:
+    print(f"[bench_e2e {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------
+# The greedy-equality check.
+
+
+@dataclasses.dataclass
+class Mismatch:
+    """First token where ``system``'s greedy output for prompt ``prompt`` differs."""
+
+    system: str
+    row: int
+    prompt: int
+    position: int
+    expected: int  # the reference token (-1: the reference ended here)
+    got: int  # -1: the output ended here
+    gaps: dict = dataclasses.field(default_factory=dict)  # framework -> logit[exp] - logit[got]
+
+    def describe(self) -> str:
+        gaps = ", ".join(f"{k} {v:+.3e}" for k, v in self.gaps.items()) or "n/a"
+        return (
+            f"{self.system}: row {self.row} (prompt {self.prompt}) differs at new token "
+            f"{self.position}: expected {self.expected}, got {self.got}; "
+            f"logit gap (expected - got): {gaps}"
+        )
+
+
+class GreedyMismatchError(RuntimeError):
+    """Greedy outputs of two systems on the same weights differ."""
+
+    def __init__(self, mismatches: list[Mismatch]):
+        self.mismatches = mismatches
+        lines = "\n  ".join(m.describe() for m in mismatches)
+        super().__init__(
+            f"greedy outputs differ from the reference in {len(mismatches)} row(s):\n  {lines}"
+        )
+
+
+def find_mismatches(reference: list[list[int]], outputs: dict[str, list[list[int]]]):
+    """First differing position of every row of every system against ``reference``.
+
+    Row ``r`` of a system is compared with ``reference[r % len(reference)]`` (a
+    large batch cycles through the prompts).
+    """
+    found = []
+    for system, rows in outputs.items():
+        for r, row in enumerate(rows):
+            i = r % len(reference)
+            ref = list(reference[i])
+            row = [int(t) for t in row]
+            if row == ref:
+                continue
+            n = min(len(row), len(ref))
+            pos = next((j for j in range(n) if row[j] != ref[j]), n)
+            expected = ref[pos] if pos < len(ref) else -1
+            got = row[pos] if pos < len(row) else -1
+            found.append(Mismatch(system, r, i, pos, expected, got))
+    return found
+
+
+def check_greedy_outputs(
+    reference: list[list[int]],
+    outputs: dict[str, list[list[int]]],
+    *,
+    logit_gaps: Callable[[Mismatch], dict] | None = None,
+    tie_tol: float = 0.0,
+) -> list[Mismatch]:
+    """Checks every system's greedy output equals ``reference`` token for token.
+
+    Args:
+        reference: ``[num_prompts][N]`` the reference system's tokens.
+        outputs: system name -> rows of tokens (row ``r`` is prompt ``r % num_prompts``).
+        logit_gaps: optional ``mismatch -> {framework: logit[expected] - logit[got]}``
+            at the first differing position, to tell a near-tie from a bug.
+        tie_tol: a mismatch whose every logit gap is below this in absolute value
+            is a near-tie flip of the argmax: it is returned (to be reported)
+            instead of raised. 0 (the default) tolerates nothing.
+
+    Returns:
+        The tolerated near-tie mismatches (empty when all outputs are equal).
+
+    Raises:
+        GreedyMismatchError: listing every mismatch, if any is not a tolerated tie.
+    """
+    mismatches = find_mismatches(reference, outputs)
+    for m in mismatches:
+        if logit_gaps is not None and m.expected >= 0 and m.got >= 0:
+            m.gaps = logit_gaps(m)
+
+    def tolerated(m):
+        return bool(m.gaps) and max(abs(g) for g in m.gaps.values()) < tie_tol
+
+    if any(not tolerated(m) for m in mismatches):
+        raise GreedyMismatchError(mismatches)
+    return mismatches
+
+
+# ----------------------------------------------------------------------------
+# Pair, prompts, machine.
+
+
+@dataclasses.dataclass
+class Pair:
+    target: object
+    draft: object
+    tokenizer: object
+    target_dir: Path
+    draft_dir: Path
+    name: str
+
+
+def load_pair(args, tmp: Path) -> Pair:
+    if args.quick:
+        target = specjax.testing.tiny_model(seed=0, vocab_size=256, init_scale=4.0)
+        draft = specjax.testing.tiny_model(seed=0, vocab_size=256, init_scale=4.0, num_layers=1)
+        specjax.save_pretrained(target, tmp / "target")
+        specjax.save_pretrained(draft, tmp / "draft")
+        return Pair(
+            target, draft, None, tmp / "target", tmp / "draft", "tiny random pair (--quick)"
+        )
+    if args.target:
+        target = specjax.load_pretrained(args.target)
+        draft = specjax.load_pretrained(args.draft)
+        name = f"target {args.target}, draft {args.draft}"
+        return Pair(target, draft, target.tokenizer, Path(args.target), Path(args.draft), name)
+    from specjax.pretrained import default_pair_path
+
+    target, draft, tokenizer = specjax.default_pair()
+    root = default_pair_path()
+    return Pair(target, draft, tokenizer, root / "target", root / "draft", "bundled default pair")
+
+
+def load_prompts(path: Path, num_code: int | None, num_prose: int | None) -> list[dict]:
+    spec = json.loads(Path(path).read_text())
+    code = [dict(p, kind="code") for p in spec["code"][:num_code]]
+    prose = [dict(p, kind="prose") for p in spec["prose"][:num_prose]]
+    return code + prose
+
+
+def encode_prompts(prompts: list[dict], tokenizer, vocab_size: int, prompt_tokens: int):
+    """Token ids of every prompt, cut to one common length (the last ``L`` tokens).
+
+    One length means one compiled program per system. Without a tokenizer (a
+    random pair) the UTF-8 bytes are the ids.
+
+    Returns:
+        ``(ids, L, how)``: ``ids[i]`` a list of ``L`` ints.
+    """
+    if tokenizer is not None:
+        encoded = [tokenizer.encode(p["text"], add_special_tokens=False).ids for p in prompts]
+        how = "tokenizer.json"
+    else:
+        if vocab_size < 256:
+            raise SystemExit("a pair without a tokenizer needs vocab_size >= 256 (byte ids)")
+        encoded = [list(p["text"].encode("utf-8")) for p in prompts]
+        how = "UTF-8 bytes (the pair has no tokenizer)"
+    length = min(prompt_tokens, *(len(e) for e in encoded))
+    return [e[-length:] for e in encoded], length, how
+
+
+def machine_info() -> dict:
+    cpu = platform.processor() or "unknown"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                cpu = line.split(":", 1)[1].strip()
+    import torch
+    import transformers
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "load_average_1m": os.getloadavg()[0],
+        "platform": jax.devices()[0].platform,
+        "jax": jax.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+# ----------------------------------------------------------------------------
+# Systems. A "pass" is one system decoding every prompt once.
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one pass produced, summed over its calls."""
+
+    tokens: list[list[int]]  # one row per prompt (batch 1) or per batch row
+    target_calls: int  # per-row target forwards that emitted tokens, summed over rows
+    steps: int  # decode-loop iterations (= target forwards), summed over calls
+    drafted: int
+    accepted: int
+    hist: list[int] | None  # specjax: how often 0..γ drafts were accepted
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r) for r in self.tokens)
+
+
+@dataclasses.dataclass(eq=False)
+class System:
+    framework: str  # "specjax" | "transformers"
+    method: str  # "plain" | "draft" | "lookup"
+    batch: int
+    temperature: float
+    gamma: int | None
+    run: Callable[[], object]  # one pass; returns raw outputs
+    summarize: Callable[[object], Outcome]
+    first_s: float | None = None
+    outcome: Outcome | None = None
+    timing: Timing | None = None
+
+    @property
+    def name(self) -> str:
+        g = f" γ={self.gamma}" if self.gamma else ""
+        return f"{self.framework} {self.method}{g} b={self.batch} T={self.temperature:g}"
+
+    def first(self) -> Outcome:
+        if self.outcome is None:
+            self.first_s, raw = time_call(self.run)
+            self.outcome = self.summarize(raw)
+        return self.outcome
+
+    def time(self, repeats: int) -> Timing:
+        self.first()
+        times = [time_call(self.run)[0] for _ in range(repeats)]
+        self.timing = Timing(self.first_s, statistics.median(times), times)
+        return self.timing
+
+
+def _summarize_specjax(results) -> Outcome:
+    tokens = [row for r in results for row in r.to_lists()]
+    stats = [jax.device_get(r.stats) for r in results]
+    hist = np.sum([np.asarray(s.accepted_hist) for s in stats], axis=0)
+    return Outcome(
+        tokens=tokens,
+        target_calls=int(sum(np.sum(s.row_target_calls) for s in stats)),
+        steps=int(sum(s.target_calls for s in stats)),
+        drafted=int(sum(np.sum(s.drafted) for s in stats)),
+        accepted=int(sum(np.sum(s.accepted) for s in stats)),
+        hist=[int(h) for h in hist] if hist.size else None,
+    )
+
+
+def specjax_system(pair, method, prompts, batch, temperature, gamma, args) -> System:
+    sampling = specjax.SamplingConfig(temperature=temperature)
+    key = jax.random.key(args.seed)
+    kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling)
+    drafter = None
+    if method == "draft":
+        drafter = specjax.DraftModel(pair.draft, num_draft=gamma)
+    elif method == "lookup":
+        drafter = specjax.PromptLookup(ngram=args.ngram, num_draft=gamma)
+
+    def one(k, rows):
+        if method == "plain":
+            return specjax.generate(k, pair.target, rows, **kw)
+        return specjax.speculative_generate(k, pair.target, drafter, rows, **kw)
+
+    if batch == 1:
+
+        def run():
+            return [one(jax.random.fold_in(key, i), [p]) for i, p in enumerate(prompts)]
+    else:
+        rows = [prompts[i % len(prompts)] for i in range(batch)]
+
+        def run():
+            return [one(key, rows)]
+
+    return System("specjax", method, batch, temperature, gamma, run, _summarize_specjax)
+
+
+class HFCounters:
+    """Counts target forwards and drafted candidates inside transformers' generate."""
+
+    def __init__(self, hf_target):
+        self.target_calls = 0
+        self.drafted = 0
+        self._hook = hf_target.register_forward_pre_hook(self._on_forward)
+        from transformers.generation import candidate_generator as cg
+
+        # Candidate counts are not exposed; wrap get_candidates of the two
+        # generators used here (restored by close()).
+        self._patched = []
+        for cls in (cg.AssistedCandidateGenerator, cg.PromptLookupCandidateGenerator):
+            original = cls.__dict__["get_candidates"]
+            cls.get_candidates = self._counting(original)
+            self._patched.append((cls, original))
+
+    def _on_forward(self, module, args):
+        self.target_calls += 1
+
+    def _counting(self, original):
+        def get_candidates(gen, input_ids, *args, **kwargs):
+            out = original(gen, input_ids, *args, **kwargs)
+            self.drafted += out[0].shape[1] - input_ids.shape[1]
+            return out
+
+        return get_candidates
+
+    def reset(self):
+        self.target_calls = self.drafted = 0
+
+    def close(self):
+        self._hook.remove()
+        for cls, original in self._patched:
+            cls.get_candidates = original
+
+
+def load_hf(pair, gamma):
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    hf_target = transformers.AutoModelForCausalLM.from_pretrained(
+        pair.target_dir, dtype=torch.float32
+    ).eval()
+    hf_draft = transformers.AutoModelForCausalLM.from_pretrained(
+        pair.draft_dir, dtype=torch.float32
+    ).eval()
+    for m in (hf_target, hf_draft):
+        # Never stop on EOS (specjax runs with eos_id=None): every system emits
+        # exactly max_new_tokens.
+        m.generation_config.eos_token_id = None
+        m.generation_config.pad_token_id = 0
+    # transformers reads the assistant's settings from the assistant's own
+    # generation config: γ drafts every step, constant, no confidence cut-off.
+    hf_draft.generation_config.num_assistant_tokens = gamma
+    hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
+    hf_draft.generation_config.assistant_confidence_threshold = 0.0
+    return hf_target, hf_draft
+
+
+def hf_generation_config(method, temperature, gamma, args):
+    from transformers import GenerationConfig
+
+    kw = dict(
+        max_new_tokens=args.max_new_tokens,
+        min_new_tokens=None,
+        eos_token_id=None,
+        pad_token_id=0,
+        do_sample=temperature > 0,
+    )
+    if temperature > 0:
+        kw.update(temperature=temperature, top_k=0, top_p=1.0)
+    if method == "lookup":
+        kw.update(prompt_lookup_num_tokens=gamma, max_matching_ngram_size=args.ngram)
+    return GenerationConfig(**kw)
+
+
+def hf_system(hf_target, hf_draft, counters, method, prompts, temperature, gamma, args) -> System:
+    import torch
+
+    config = hf_generation_config(method, temperature, gamma, args)
+    extra = dict(assistant_model=hf_draft) if method == "draft" else {}
+    inputs = [torch.tensor([p], dtype=torch.long) for p in prompts]
+
+    def run():
+        counters.reset()
+        out = []
+        with torch.inference_mode():
+            for i, ids in enumerate(inputs):
+                torch.manual_seed(args.seed * 100_003 + i)
+                seq = hf_target.generate(
+                    ids, attention_mask=torch.ones_like(ids), generation_config=config, **extra
+                )
+                out.append(seq[0, ids.shape[1] :])
+        return out, counters.target_calls, counters.drafted
+
+    def summarize(raw):
+        out, calls, drafted = raw
+        tokens = [o.tolist() for o in out]
+        n = sum(len(t) for t in tokens)
+        # Every target forward emits its accepted candidates plus one token.
+        accepted = n - calls if method != "plain" else 0
+        return Outcome(tokens, calls, calls, drafted, accepted, None)
+
+    return System("transformers", method, 1, temperature, gamma, run, summarize)
+
+
+def probe_hf_batch(hf_target, hf_draft, gamma, args) -> dict:
+    """What transformers does with a batch of 2 rows for each assisted method."""
+    import torch
+
+    ids = torch.zeros((2, 4), dtype=torch.long)
+    found = {}
+    for method in ("draft", "lookup"):
+        config = hf_generation_config(method, 0.0, gamma, args)
+        config.max_new_tokens = 2
+        extra = dict(assistant_model=hf_draft) if method == "draft" else {}
+        try:
+            with torch.inference_mode():
+                hf_target.generate(
+                    ids, attention_mask=torch.ones_like(ids), generation_config=config, **extra
+                )
+            found[method] = "ran"
+        except ValueError as e:
+            found[method] = f"ValueError: {e}"
+    return found
+
+
+# ----------------------------------------------------------------------------
+# Measurements.
+
+
+def logit_gaps_fn(pair, hf_target, prompts, reference):
+    """``mismatch -> {framework: logit[expected] - logit[got]}`` from full forwards.
+
+    Both models score the prompt followed by the reference's tokens up to the
+    mismatch, without a cache.
+    """
+    import torch
+
+    def gaps(m: Mismatch) -> dict:
+        seq = np.asarray([prompts[m.prompt] + reference[m.prompt][: m.position]], np.int32)
+        positions = np.arange(seq.shape[1], dtype=np.int32)[None]
+        ours = pair.target(seq, positions, pair.target.init_cache(1, seq.shape[1]))[0][0, -1]
+        with torch.inference_mode():
+            theirs = hf_target(torch.tensor(seq, dtype=torch.long)).logits[0, -1]
+        return {
+            "specjax": float(ours[m.expected] - ours[m.got]),
+            "transformers": float(theirs[m.expected] - theirs[m.got]),
+        }
+
+    return gaps
+
+
+def measure_costs(pair, batch, context, gammas, lookup_gamma, args) -> dict:
+    """Target forward costs for T=1 and T=γ+1, and each drafter's proposal cost (seconds)."""
+    sampling = specjax.SamplingConfig(temperature=0.0)
+    kw = dict(repeats=args.cost_repeats, inner=args.cost_inner)
+    widths = sorted({1} | {g + 1 for g in gammas} | {lookup_gamma + 1})
+    costs = {"forward": forward_costs(pair.target, batch, context, widths, **kw), "draft": {}}
+    for g in gammas:
+        drafter = specjax.DraftModel(pair.draft, num_draft=g)
+        costs["draft"][("draft", g)] = draft_cost(drafter, batch, context, sampling, **kw)
+    drafter = specjax.PromptLookup(ngram=args.ngram, num_draft=lookup_gamma)
+    costs["draft"][("lookup", lookup_gamma)] = draft_cost(drafter, batch, context, sampling, **kw)
+    return costs
+
+
+def row_of(system: System, plain: System | None, costs: dict | None) -> dict:
+    o, t = system.outcome, system.timing
+    tok_s = o.num_tokens / t.median_s
+    row = {
+        "framework": system.framework,
+        "method": system.method,
+        "batch": system.batch,
+        "temperature": system.temperature,
+        "gamma": system.gamma,
+        "tokens": o.num_tokens,
+        "tok_s": tok_s,
+        "median_s": t.median_s,
+        "first_s": t.first_s,
+        "times_s": t.times_s,
+        "compile_s": t.first_s - t.median_s if system.framework == "specjax" else None,
+        "speedup": None,
+        "acceptance_rate": o.accepted / o.drafted if o.drafted else None,
+        "alpha": alpha_from_hist(o.hist) if o.hist else None,
+        "tokens_per_call": o.num_tokens / max(o.target_calls, 1),
+        "step_ms": t.median_s / max(o.steps, 1) * 1e3,
+        "model_step_ms": None,
+        "predicted_speedup": None,
+        "realized_over_predicted": None,
+    }
+    if plain is not None and system is not plain:
+        row["speedup"] = tok_s / (plain.outcome.num_tokens / plain.timing.median_s)
+    if costs is not None:
+        c1 = costs["forward"][1]
+        if system.method == "plain":
+            row["model_step_ms"] = c1 * 1e3
+        else:
+            g = system.gamma
+            c_verify, c_draft = costs["forward"][g + 1], costs["draft"][(system.method, g)]
+            row["model_step_ms"] = (c_verify + c_draft) * 1e3
+            row["cost_step_ms"], row["cost_verify_ms"] = c1 * 1e3, c_verify * 1e3
+            row["cost_draft_ms"] = c_draft * 1e3
+            if row["alpha"] is not None:
+                pred = predicted_speedup(row["alpha"], g, c1, c_verify, c_draft)
+                row["predicted_speedup"] = pred
+                row["realized_over_predicted"] = row["speedup"] / pred
+    return row
+
+
+def run_benchmark(args) -> dict:
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        pair = load_pair(args, Path(tmp))
+        spec = load_prompts(args.prompts, args.num_code, args.num_prose)
+        prompts, length, how = encode_prompts(spec, pair.tokenizer, pair.target.vocab_size,
+                                              args.prompt_tokens)  # fmt: skip
+        log(f"{pair.name}: {len(prompts)} prompts of {length} tokens ({how})")
+        hf_target, hf_draft = load_hf(pair, args.gamma)
+        counters = HFCounters(hf_target)
+        try:
+            return _run(args, pair, prompts, length, how, hf_target, hf_draft, counters, started)
+        finally:
+            counters.close()
+
+
+def _run(args, pair, prompts, length, how, hf_target, hf_draft, counters, started):
+    g, temps, large = args.gamma, (0.0, 1.0), args.large_batch
+    main = {}  # (framework, method, batch, T) -> System
+    for t in temps:
+        for method in ("plain", "draft", "lookup"):
+            gamma = None if method == "plain" else g
+            main["specjax", method, 1, t] = specjax_system(pair, method, prompts, 1, t, gamma, args)
+            main["transformers", method, 1, t] = hf_system(
+                hf_target, hf_draft, counters, method, prompts, t, gamma, args
+            )
+            if large > 1:
+                main["specjax", method, large, t] = specjax_system(
+                    pair, method, prompts, large, t, gamma, args
+                )
+    sweep = {
+        gamma: main["specjax", "draft", 1, 0.0]
+        if gamma == g
+        else specjax_system(pair, "draft", prompts, 1, 0.0, gamma, args)
+        for gamma in args.sweep
+    }
+
+    # 1. Correctness first: one pass of every greedy system, compared with
+    # specjax's plain greedy decoding before anything is timed or reported.
+    greedy = [s for s in main.values() if s.temperature == 0.0] + list(sweep.values())
+    for s in dict.fromkeys(greedy):
+        log(f"first pass (compiles): {s.name}")
+        s.first()
+    reference = main["specjax", "plain", 1, 0.0]
+    outputs = {s.name: s.outcome.tokens for s in dict.fromkeys(greedy) if s is not reference}
+    n = args.max_new_tokens
+    if any(len(r) != n for r in reference.outcome.tokens):
+        raise RuntimeError(f"{reference.name} did not generate {n} tokens per prompt")
+    gaps = logit_gaps_fn(pair, hf_target, prompts, reference.outcome.tokens)
+    ties = check_greedy_outputs(
+        reference.outcome.tokens, outputs, logit_gaps=gaps, tie_tol=args.tie_tol
+    )
+    for m in ties:
+        log(f"WARNING near-tie tolerated (|gap| < {args.tie_tol}): {m.describe()}")
+    log(f"greedy outputs of {len(outputs) + 1} systems agree token for token")
+
+    # 2. Timing.
+    for s in dict.fromkeys(list(main.values()) + list(sweep.values())):
+        log(f"timing {args.repeats} passes: {s.name}")
+        s.time(args.repeats)
+
+    # 3. Costs for the predicted speedup: context = prompt + half the new tokens.
+    context = length + n // 2
+    log("measuring forward / draft costs")
+    costs = {1: measure_costs(pair, 1, context, sorted(set(args.sweep) | {g}), g, args)}
+    if large > 1:
+        # --quick skips these (compiling them is most of a quick run).
+        costs[large] = None if args.quick else measure_costs(pair, large, context, [g], g, args)
+
+    rows = []
+    for (fw, _, b, t), s in main.items():
+        plain = main[fw, "plain", b, t]
+        rows.append(row_of(s, plain, costs[b] if fw == "specjax" else None))
+    plain_b1 = main["specjax", "plain", 1, 0.0]
+    sweep_rows = [row_of(s, plain_b1, costs[1]) for s in sweep.values()]
+    probe = probe_hf_batch(hf_target, hf_draft, g, args)
+    return {
+        "machine": machine_info(),
+        "config": {
+            "pair": pair.name,
+            "target_dir": str(pair.target_dir),
+            "draft_dir": str(pair.draft_dir),
+            "num_prompts": len(prompts),
+            "prompt_tokens": length,
+            "prompt_encoding": how,
+            "max_new_tokens": n,
+            "gamma": g,
+            "ngram": args.ngram,
+            "large_batch": large,
+            "repeats": args.repeats,
+            "torch_threads": args.torch_threads,
+            "sweep": list(args.sweep),
+            "command": " ".join(["python", "scripts/bench_e2e.py", *sys.argv[1:]]),
+        },
+        "hf_batch_probe": probe,
+        "near_ties": [dataclasses.asdict(m) for m in ties],
+        "rows": rows,
+        "sweep": sweep_rows,
+        "targets": targets_of(rows, large),
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def targets_of(rows, large) -> list[dict]:
+    def find(fw, method, batch):
+        return next(
+            (r for r in rows if (r["framework"], r["method"], r["batch"], r["temperature"])
+             == (fw, method, batch, 0.0)),
+            None,
+        )  # fmt: skip
+
+    spec, hf = find("specjax", "draft", 1), find("transformers", "draft", 1)
+    spec_large = find("specjax", "draft", large) if large > 1 else None
+    measured = {
+        "spec_over_plain": spec["speedup"],
+        "realized_over_predicted": spec["realized_over_predicted"],
+        "spec_over_hf_assisted": spec["tok_s"] / hf["tok_s"],
+        "large_over_b1": spec_large["tok_s"] / spec["tok_s"] if spec_large else None,
+    }
+    out = []
+    for key, what, threshold in TARGETS:
+        value = measured[key]
+        if key == "large_over_b1":
+            what = what.replace("batch 16", f"batch {large}")
+        met = None if value is None else bool(value >= threshold)
+        out.append({"target": key, "what": what, "threshold": threshold, "value": value,
+                    "met": met})  # fmt: skip
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Reporting.
+
+
+def _fmt(value, spec="{:.2f}") -> str:
+    if value is None:
+        return "—"
+    return spec.format(value)
+
+
+def markdown(results: dict) -> str:
+    m, c = results["machine"], results["config"]
+    lines = [
+        f"Pair: {c['pair']}. {c['num_prompts']} prompts of {c['prompt_tokens']} tokens "
+        f"({c['prompt_encoding']}), {c['max_new_tokens']} new tokens each, EOS disabled, "
+        f"γ={c['gamma']}, prompt lookup n-gram {c['ngram']}, medians of {c['repeats']} passes.",
+        f"Machine: {m['cpu']}, {m['cores']} cores, load average {m['load_average_1m']:.1f} at "
+        f"the end; jax {m['jax']} ({m['platform']}), torch {m['torch']} "
+        f"({c['torch_threads']} threads), transformers {m['transformers']}.",
+        f"Command: `{c['command']}` ({results['wall_s'] / 60:.1f} min).",
+        "",
+        "Greedy outputs (T=0) of every system below agree token for token "
+        f"({len(results['near_ties'])} tolerated near-ties).",
+        f"transformers with batch 2: assisted generation -> {results['hf_batch_probe']['draft']}; "
+        f"prompt lookup -> {results['hf_batch_probe']['lookup']}.",
+        "",
+        "| system | method | batch | T | tok/s | speedup vs own plain | acceptance | "
+        "tokens/call | predicted | realized/pred | ms/step | model ms/step | "
+        "steady s | first pass s | compile s |",
+        "|" + "---|" * 15,
+    ]
+    for r in results["rows"]:
+        method = r["method"] + (f" γ={r['gamma']}" if r["gamma"] else "")
+        lines.append(
+            f"| {r['framework']} | {method} | {r['batch']} | {r['temperature']:g} | "
+            f"{r['tok_s']:.1f} | {_fmt(r['speedup'])} | {_fmt(r['acceptance_rate'], '{:.3f}')} | "
+            f"{r['tokens_per_call']:.2f} | {_fmt(r['predicted_speedup'])} | "
+            f"{_fmt(r['realized_over_predicted'])} | {r['step_ms']:.2f} | "
+            f"{_fmt(r['model_step_ms'])} | {r['median_s']:.2f} | {r['first_s']:.2f} | "
+            f"{_fmt(r['compile_s'], '{:.1f}')} |"
+        )
+    lines += [
+        "",
+        "γ sweep (specjax, draft model, T=0, batch 1):",
+        "",
+        "| γ | acceptance | α | tokens/call | tok/s | speedup | predicted | realized/pred | "
+        "draft ms | verify ms | ms/step |",
+        "|" + "---|" * 11,
+    ]
+    for r in results["sweep"]:
+        lines.append(
+            f"| {r['gamma']} | {_fmt(r['acceptance_rate'], '{:.3f}')} | "
+            f"{_fmt(r['alpha'], '{:.3f}')} | {r['tokens_per_call']:.2f} | {r['tok_s']:.1f} | "
+            f"{_fmt(r['speedup'])} | {_fmt(r['predicted_speedup'])} | "
+            f"{_fmt(r['realized_over_predicted'])} | {r['cost_draft_ms']:.2f} | "
+            f"{r['cost_verify_ms']:.2f} | {r['step_ms']:.2f} |"
+        )
+    lines += ["", "Targets:", "", "| target | required | measured | met |", "|---|---|---|---|"]
+    for t in results["targets"]:
+        met = {True: "yes", False: "**no**", None: "—"}[t["met"]]
+        lines.append(f"| {t['what']} | ≥ {t['threshold']:g} | {_fmt(t['value'])} | {met} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    sweep = results["sweep"]
+    gammas = [r["gamma"] for r in sweep]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.plot(gammas, [r["acceptance_rate"] for r in sweep], "o-", label="acceptance rate")
+    ax1.plot(gammas, [r["alpha"] for r in sweep], "s--", label="α (per-token MLE)")
+    ax1.set(xlabel="γ (draft tokens per step)", ylabel="rate", ylim=(0, 1.05), xticks=gammas)
+    ax1.legend()
+    ax2.plot(gammas, [r["speedup"] for r in sweep], "o-", label="realized")
+    ax2.plot(gammas, [r["predicted_speedup"] for r in sweep], "s--", label="predicted")
+    ax2.axhline(1.0, color="gray", lw=0.8)
+    ax2.set(xlabel="γ (draft tokens per step)", ylabel="speedup over plain", xticks=gammas)
+    ax2.legend()
+    fig.suptitle("specjax speculative decoding, draft model, T=0, batch 1")
+    fig.tight_layout()
+    paths.append(out / "gamma_sweep.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    rows = results["rows"]
+    groups = [(1, "batch 1"), (results["config"]["large_batch"], "total, large batch")]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]})
+    for ax, (batch, title) in zip(axes, groups, strict=True):
+        systems = list(dict.fromkeys(
+            (r["framework"], r["method"]) for r in rows if r["batch"] == batch
+        ))  # fmt: skip
+        x = np.arange(len(systems))
+        for k, t in enumerate((0.0, 1.0)):
+            values = [
+                next(r["tok_s"] for r in rows
+                     if (r["framework"], r["method"], r["batch"], r["temperature"])
+                     == (*s, batch, t))
+                for s in systems
+            ]  # fmt: skip
+            ax.bar(x + (k - 0.5) * 0.4, values, 0.4, label=f"T={t:g}")
+        ax.set_xticks(x, [f"{fw}\n{m}" for fw, m in systems], fontsize=8)
+        ax.set(ylabel="tokens/s", title=f"{title} (b={batch})")
+        ax.legend()
+    fig.tight_layout()
+    paths.append(out / "throughput.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--target", help="target model folder (Hugging Face format)")
+    parser.add_argument("--draft", help="draft model folder (Hugging Face format)")
+    parser.add_argument("--prompts", type=Path, default=PROMPTS_FILE)
+    parser.add_argument("--num-code", type=int, default=None, help="first N code prompts")
+    parser.add_argument("--num-prose", type=int, default=None, help="first N prose prompts")
+    parser.add_argument("--prompt-tokens", type=int, default=80, help="prompt length (tokens)")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per step")
+    parser.add_argument("--ngram", type=int, default=3, help="prompt lookup: longest n-gram")
+    parser.add_argument("--sweep", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8])
+    parser.add_argument("--large-batch", type=int, default=16, help="specjax's large batch")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes after the first")
+    parser.add_argument("--cost-repeats", type=int, default=5)
+    parser.add_argument("--cost-inner", type=int, default=10)
+    parser.add_argument("--torch-threads", type=int, default=2)
+    parser.add_argument("--tie-tol", type=float, default=0.0,
+                        help="tolerate greedy mismatches whose logit gap is below this")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write results.json, results.md and plots here")
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--quick", action="store_true", help="tiny random pair (smoke test)")
+    args = parser.parse_args(argv)
+    if bool(args.target) != bool(args.draft):
+        parser.error("--target and --draft go together")
+    if args.quick:
+        args.num_code, args.num_prose, args.prompt_tokens = 1, 1, 24
+        args.max_new_tokens, args.gamma, args.sweep, args.large_batch = 12, 2, [1, 2], 4
+        args.repeats, args.cost_repeats, args.cost_inner = 1, 1, 2
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        results = run_benchmark(args)
+    except GreedyMismatchError as e:
+        print(f"\n{'!' * 78}\nFAIL: {e}\nNo timing is reported for wrong outputs.\n{'!' * 78}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    text = markdown(results)
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(results, indent=2))
+        (args.out / "results.md").write_text(text + "\n")
+        for path in plot(results, args.out):
+            log(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

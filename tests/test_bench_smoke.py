@@ -1,0 +1,98 @@
+"""scripts/bench_e2e.py: the quick run works end to end, and wrong outputs fail loudly."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("matplotlib")
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_e2e.py"
+
+
+def _load_script():
+    if "bench_e2e" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("bench_e2e", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_e2e"] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["bench_e2e"]
+
+
+@pytest.mark.slow
+def test_quick_run_prints_tables_and_writes_results(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = proc.stdout
+    assert "| system | method | batch | T | tok/s |" in out
+    assert "γ sweep" in out and "Targets:" in out
+    assert "agree token for token" in out
+    results = json.loads((tmp_path / "results.json").read_text())
+    systems = {(r["framework"], r["method"], r["batch"]) for r in results["rows"]}
+    assert {("transformers", m, 1) for m in ("plain", "draft", "lookup")} <= systems
+    assert {("specjax", m, 4) for m in ("plain", "draft", "lookup")} <= systems
+    assert [r["gamma"] for r in results["sweep"]] == [1, 2]
+    assert all(r["tokens"] == 2 * 12 for r in results["rows"] if r["batch"] == 1)
+    for name in ("gamma_sweep.png", "throughput.png", "results.md"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_equal_outputs_pass():
+    bench = _load_script()
+    reference = [[1, 2, 3], [4, 5, 6]]
+    # A large batch cycles through the prompts: row 2 is prompt 0 again.
+    outputs = {"a": [[1, 2, 3], [4, 5, 6]], "b": [[1, 2, 3], [4, 5, 6], [1, 2, 3]]}
+    assert bench.check_greedy_outputs(reference, outputs) == []
+
+
+def test_mismatched_outputs_fail_loudly():
+    bench = _load_script()
+    reference = [[1, 2, 3], [4, 5, 6]]
+    outputs = {"good": [[1, 2, 3], [4, 5, 6]], "bad": [[1, 2, 3], [4, 9, 6]], "short": [[1, 2]]}
+    with pytest.raises(bench.GreedyMismatchError) as info:
+        bench.check_greedy_outputs(reference, outputs, logit_gaps=lambda m: {"specjax": 0.5})
+    found = {(m.system, m.prompt, m.position, m.expected, m.got) for m in info.value.mismatches}
+    assert found == {("bad", 1, 1, 5, 9), ("short", 0, 2, 3, -1)}
+    message = str(info.value)
+    assert "bad: row 1 (prompt 1) differs at new token 1: expected 5, got 9" in message
+    assert "specjax +5.000e-01" in message
+
+
+def test_near_ties_are_tolerated_only_below_tie_tol():
+    bench = _load_script()
+    reference, outputs = [[1, 2, 3]], {"flip": [[1, 7, 7]]}
+
+    def gaps(m):
+        return {"specjax": 2e-6, "transformers": -1e-6}
+
+    with pytest.raises(bench.GreedyMismatchError):
+        bench.check_greedy_outputs(reference, outputs, logit_gaps=gaps)  # strict by default
+    ties = bench.check_greedy_outputs(reference, outputs, logit_gaps=gaps, tie_tol=1e-5)
+    assert [(m.position, m.expected, m.got) for m in ties] == [(1, 2, 7)]
+    with pytest.raises(bench.GreedyMismatchError):  # no gap known: never a tolerated tie
+        bench.check_greedy_outputs(reference, outputs, tie_tol=1e-5)
+
+
+def test_main_exits_nonzero_on_mismatch(monkeypatch, capsys):
+    bench = _load_script()
+
+    def wrong(args):
+        bench.check_greedy_outputs([[1, 2]], {"x": [[1, 3]]})
+
+    monkeypatch.setattr(bench, "run_benchmark", wrong)
+    assert bench.main(["--quick"]) == 1
+    err = capsys.readouterr().err
+    assert "FAIL" in err and "x: row 0 (prompt 0) differs at new token 1" in err
