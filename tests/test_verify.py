@@ -69,7 +69,7 @@ def _chi2_pvalue(samples: np.ndarray, probs: np.ndarray) -> float:
 
 
 def _draft_cdf(draft_probs_GxV):
-    """Float32 CDFs with exact 0 and 1 ends, monotone (accumulated in float64)."""
+    """Float32 CDFs ``[γ, V]``, accumulated in float64: monotone, ending at exactly 1."""
     cdf = np.cumsum(np.asarray(draft_probs_GxV, np.float64), axis=-1)
     return (cdf / cdf[:, -1:]).astype(np.float32)
 
@@ -79,8 +79,8 @@ def _simulate(core, key, draft_probs_GxV, draft_cdf_GxV, target_probs_G1xV, num_
     """``num_draws`` independent verifications; each draws its drafts ``x_i ~ q_i`` first.
 
     Drafts come from the inverse CDF (one uniform per position: much cheaper than the
-    V Gumbel variates of `sample`). A token with ``q = 0`` has a CDF step of 0 and is
-    never drafted: ``searchsorted(side="right")`` skips equal entries.
+    V Gumbel variates of `sample`): ``x = #{j : cdf[j] <= u}``. A token with ``q = 0``
+    repeats the previous CDF entry, so no ``u`` selects it.
     """
 
     def one(k):
@@ -203,8 +203,10 @@ def test_rejection_sample_is_exact_with_truncated_distributions(config):
     # reached often enough to be tested.
     target_logits = 2.0 * jax.random.normal(keys[0], (GAMMA + 1, 50))
     draft_logits = target_logits[:GAMMA] + jax.random.normal(keys[1], (GAMMA, 50))
-    draft_probs = np.asarray(jax.jit(probs_from_logits)(draft_logits, config))
-    target_probs = np.asarray(jax.jit(probs_from_logits)(target_logits, config))
+    probs = np.asarray(
+        jax.jit(probs_from_logits)(jnp.concatenate([draft_logits, target_logits]), config)
+    )
+    draft_probs, target_probs = probs[:GAMMA], probs[GAMMA:]
     assert ((draft_probs > 0) != (target_probs[:GAMMA] > 0)).any()  # supports differ
     tokens, num_accepted = _run(rejection_sample_single, draft_probs, target_probs)
     pvalues = _position_pvalues(tokens, num_accepted, target_probs)
@@ -221,7 +223,7 @@ def _simulate_onehot(key, draft_tokens_G, target_probs_G1xV, num_draws):
 @pytest.mark.parametrize(
     "draft_tokens",
     [[3, 3, 3], [0, 3, 1], [3, -1, 3], [3, 8, 3]],
-    ids=["likely", "zero_prob_second", "negative_second", "out_of_vocab_second"],
+    ids=["repeated_token", "zero_prob_second", "negative_second", "out_of_vocab_second"],
 )
 def test_rejection_sample_onehot_is_exact(draft_tokens):
     """Deterministic drafts: token i given n >= i follows p_i whatever the drafts,

@@ -367,14 +367,24 @@ def load_pretrained(path: str | os.PathLike, dtype=jnp.float32) -> Model:
     from safetensors import safe_open
 
     folder = Path(path)
-    config = config_from_hf(json.loads((folder / "config.json").read_text()))
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json (expected a Hugging Face folder)")
+    try:
+        hf_config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{config_path} is not valid JSON: {e}") from e
+    config = config_from_hf(hf_config)
     files, weight_map = _weight_files(folder)
 
     handles = {}
     located = {}  # tensor name -> file
     try:
         for file in files:
-            handles[file] = safe_open(str(folder / file), framework="np")
+            try:
+                handles[file] = safe_open(str(folder / file), framework="np")
+            except Exception as e:  # the Rust error type is not a public class
+                raise ValueError(f"{folder / file} is not a readable safetensors file: {e}") from e
             for name in handles[file].keys():
                 located[name] = file
         if weight_map is not None:
@@ -429,7 +439,10 @@ def load_pretrained(path: str | os.PathLike, dtype=jnp.float32) -> Model:
     if (folder / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        try:
+            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+            raise ValueError(f"{folder / 'tokenizer.json'} cannot be read: {e}") from e
     params = nnx.from_flat_state(leaves)
     return Model(graphdef=graphdef, params=params, config=config, tokenizer=tokenizer)
 

@@ -1,0 +1,145 @@
+"""The ``specjax`` command, run as a user runs it: in a subprocess."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specjax.models import Model, ModelConfig, save_pretrained
+from specjax.tokenizer import eos_id, train_tokenizer
+
+
+def run_cli(*args, timeout=600):
+    env = dict(os.environ, NO_COLOR="1")
+    return subprocess.run(
+        [sys.executable, "-m", "specjax.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def assert_user_error(proc, *fragments):
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("specjax")]
+    assert lines, proc.stderr
+    for fragment in fragments:
+        assert fragment in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_generate_bundled_pair_greedy_equals_plain():
+    proc = run_cli(
+        "generate", "def fibonacci(n):", "--max-new-tokens", "24", "--compare", "--json", "--no-eos"
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["greedy_outputs_equal"] is True
+    assert out["tokens"] == 24 and len(out["completions"][0]) > 0
+    assert 0.0 <= out["acceptance_rate"] <= 1.0
+    assert out["tokens_per_target_call"] >= 1.0
+
+
+@pytest.mark.slow
+def test_generate_lookup_and_text_output():
+    proc = run_cli(
+        "generate", "x = 1\ny = 2\nx = 1\ny =", "--drafter", "lookup", "--max-new-tokens", "8"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("x = 1\ny = 2\nx = 1\ny =")
+    assert "tokens/s" in proc.stderr and "acceptance" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory):
+    """Two tiny target/draft folders sharing a tokenizer, and one with another vocabulary."""
+    root = tmp_path_factory.mktemp("models")
+    texts = ["def f(x):\n    return x + 1\n" * 20, "hello world, hello specjax\n" * 20]
+    tok = train_tokenizer(texts, vocab_size=300)
+    v = tok.get_vocab_size()
+
+    def make(name, vocab, seed, max_pos=64):
+        config = ModelConfig(
+            vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=1,
+            num_heads=2, num_kv_heads=1, max_position_embeddings=max_pos,
+            eos_token_id=eos_id(tok),
+        )  # fmt: skip
+        model = Model.random(config, seed=seed).replace(tokenizer=tok if vocab == v else None)
+        save_pretrained(model, root / name)
+        return str(root / name)
+
+    return {
+        "target": make("target", v, 0),
+        "draft": make("draft", v, 1),
+        "other_vocab": make("other", v + 7, 2),
+    }
+
+
+def test_generate_with_model_folders(model_folders):
+    proc = run_cli(
+        "generate", "def f(x):", "--model", model_folders["target"],
+        "--draft", model_folders["draft"], "--max-new-tokens", "6", "--json", "--compare",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["greedy_outputs_equal"] is True
+
+
+@pytest.mark.parametrize(
+    "case, args, fragments",
+    [
+        ("empty prompt", ["   "], ["prompt is empty"]),
+        ("unknown option", ["hi", "--bogus"], ["unrecognized arguments: --bogus"]),
+        ("bad gamma", ["hi", "--gamma", "0"], ["--gamma"]),
+        ("bad top-p", ["hi", "--top-p", "1.5"], ["top_p"]),
+        ("missing folder", ["hi", "--model", "/nonexistent/model"], ["no such directory"]),
+    ],
+)
+def test_bad_input_one_line_error(case, args, fragments):
+    assert_user_error(run_cli("generate", *args), *fragments)
+
+
+def test_bad_model_folders(model_folders, tmp_path):
+    target = model_folders["target"]
+    proc = run_cli("generate", "def f", "--model", target, "--draft", model_folders["other_vocab"])
+    assert_user_error(proc, "vocabulary")
+
+    proc = run_cli("generate", "def f(x): " * 30, "--model", target, "--draft", target)
+    assert_user_error(proc, "context")
+
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (corrupt / name).write_bytes((open(os.path.join(target, name), "rb")).read())
+    (corrupt / "model.safetensors").write_bytes(b"not a safetensors file")
+    assert_user_error(run_cli("generate", "def f", "--model", str(corrupt)), "--model")
+
+    missing = tmp_path / "weights_missing"
+    missing.mkdir()
+    (missing / "config.json").write_bytes((open(os.path.join(target, "config.json"), "rb")).read())
+    assert_user_error(run_cli("generate", "def f", "--model", str(missing)), "--model")
+
+
+def test_train_and_distill_commands(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.py").write_text("def add(a, b):\n    return a + b\n" * 50)
+    (corpus / "b.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 50)
+    common = ["--steps", "3", "--batch-size", "2", "--seq-len", "32", "--vocab-size", "300"]
+    proc = run_cli("train", str(corpus), "--out", str(tmp_path / "t"), *common)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "t" / "config.json").exists() and (
+        tmp_path / "t" / "tokenizer.json"
+    ).exists()
+    proc = run_cli(
+        "distill", str(corpus), "--target", str(tmp_path / "t"), "--out", str(tmp_path / "d"),
+        "--size", "tiny", *common,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "d" / "model.safetensors").exists()
+    assert_user_error(
+        run_cli("train", str(tmp_path / "nope"), "--out", str(tmp_path / "x")), "nope"
+    )
