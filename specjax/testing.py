@@ -15,6 +15,7 @@ import itertools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from specjax.models import Model, ModelConfig
 from specjax.sampling import SamplingConfig, probs_from_logits
@@ -53,6 +54,30 @@ def tiny_model(
         params = jax.tree.map(lambda p: p * init_scale if p.ndim == 2 else p, model.params)
         model = model.replace(params=params)
     return model
+
+
+def perturbed(model, seed: int = 0):
+    """``model`` with every parameter redrawn so that logits are O(1).
+
+    Kernels get fan-in-scaled normal weights, norm scales ``1 + 0.3·N(0, 1)``
+    and biases ``0.3·N(0, 1)``: unlike a fresh initialisation (unit norms, zero
+    biases), every parameter matters, so a wrongly loaded one shows up in the
+    logits.
+    """
+    flat = list(nnx.to_flat_state(model.params))
+    keys = jax.random.split(jax.random.key(seed), len(flat))
+    leaves = []
+    for key, (path, var) in zip(keys, flat, strict=True):
+        x = var.get_value()
+        noise = jax.random.normal(key, x.shape, jnp.float32)
+        if x.ndim == 2:  # kernels [in, out] and the embedding [V, E]
+            value = noise / np.sqrt(x.shape[-1] if path[-1] == "embedding" else x.shape[0])
+        elif path[-1] == "weight":  # RMSNorm scales
+            value = 1 + 0.3 * noise
+        else:  # biases
+            value = 0.3 * noise
+        leaves.append((path, var.replace(value.astype(x.dtype))))
+    return model.replace(params=nnx.from_flat_state(leaves))
 
 
 def exact_sequence_probs(model, prompt, num_tokens: int, sampling: SamplingConfig) -> np.ndarray:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import os
 import shutil
 import time
@@ -41,12 +40,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx, struct
+from flax import struct
 from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
 
 from specjax import data as data_lib
-from specjax.models.llama import Model, apply_rope, rope_inv_freq
+from specjax.models.llama import Model
 
 TRAIN_STATE_FILE = "train_state.safetensors"
 _CKPT_PREFIX = "step_"
@@ -160,10 +159,9 @@ class TrainResult:
 def forward(model: Model, tokens_BT: jax.Array) -> jax.Array:
     """Full causal forward from position 0, without a KV cache.
 
-    The same computation as ``model(tokens, arange(T), model.init_cache(B, T))``
-    (a test holds them equal), but without writing keys and values into a
-    cache and masking by positions: on CPU that scatter and its gradient cost
-    about a third of a training step.
+    The model's own forward with ``cache=None``: it skips writing keys and
+    values into a cache (on CPU that scatter and its gradient cost about a
+    third of a training step).
 
     Args:
         model: the decoder.
@@ -172,40 +170,9 @@ def forward(model: Model, tokens_BT: jax.Array) -> jax.Array:
     Returns:
         ``float32[B, T, V]`` next-token logits.
     """
-    c = model.config
-    module = nnx.merge(model.graphdef, model.params)
     b, t = tokens_BT.shape
-    d, h, kh = c.head_dim, c.num_heads, c.num_kv_heads
     positions_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    inv_freq = rope_inv_freq(c)
-    causal_TS = jnp.tril(jnp.ones((t, t), bool))[None, None, None]  # [1, 1, 1, T, S]
-
-    x_BTE = module.embed_tokens(tokens_BT)
-    for layer in module.layers:
-        attn = layer.self_attn
-        y_BTE = layer.input_layernorm(x_BTE)
-        q_BTHD = attn.q_proj(y_BTE).reshape(b, t, h, d)
-        k_BTKD = attn.k_proj(y_BTE).reshape(b, t, kh, d)
-        v_BTKD = attn.v_proj(y_BTE).reshape(b, t, kh, d)
-        if c.qk_norm:
-            q_BTHD, k_BTKD = attn.q_norm(q_BTHD), attn.k_norm(k_BTKD)
-        q_BTHD = apply_rope(q_BTHD, positions_BT, inv_freq)
-        k_BTKD = apply_rope(k_BTKD, positions_BT, inv_freq)
-        q_BTKGD = q_BTHD.reshape(b, t, kh, h // kh, d)
-        scores = jnp.einsum(
-            "btkgd,bskd->bkgts", q_BTKGD, k_BTKD, preferred_element_type=jnp.float32
-        ) / math.sqrt(d)
-        scores = jnp.where(causal_TS, scores, -jnp.inf)
-        weights = jax.nn.softmax(scores, axis=-1).astype(v_BTKD.dtype)
-        out_BTHD = jnp.einsum("bkgts,bskd->btkgd", weights, v_BTKD).reshape(b, t, h * d)
-        x_BTE = x_BTE + attn.o_proj(out_BTHD)
-        x_BTE = x_BTE + layer.mlp(layer.post_attention_layernorm(x_BTE))
-    hidden_BTE = module.norm(x_BTE)
-    if c.tie_word_embeddings:
-        logits_BTV = module.embed_tokens.attend(hidden_BTE)
-    else:
-        logits_BTV = module.lm_head(hidden_BTE)
-    return logits_BTV.astype(jnp.float32)
+    return model(tokens_BT, positions_BT, None)[0]
 
 
 def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:

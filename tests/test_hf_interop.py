@@ -13,11 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 import specjax
 from specjax.models import Model, ModelConfig, config_from_hf, load_pretrained, save_pretrained
+from specjax.testing import perturbed
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -219,24 +219,6 @@ def test_sharded_checkpoint_loads(checkpoint, tmp_path):
     assert _max_logit_diff(model, hf, _prompts(model.vocab_size, (3, 9))) < ATOL
 
 
-def _perturbed(model, seed=0):
-    """``model`` with every parameter redrawn so that logits are O(1)."""
-    flat = list(nnx.to_flat_state(model.params))
-    keys = jax.random.split(jax.random.key(seed), len(flat))
-    leaves = []
-    for key, (path, var) in zip(keys, flat, strict=True):
-        x = var.get_value()
-        noise = jax.random.normal(key, x.shape, jnp.float32)
-        if x.ndim == 2:  # kernels [in, out] and the embedding [V, E]
-            value = noise / np.sqrt(x.shape[-1] if path[-1] == "embedding" else x.shape[0])
-        elif path[-1] == "weight":  # RMSNorm scales
-            value = 1 + 0.3 * noise
-        else:  # biases
-            value = 0.3 * noise
-        leaves.append((path, var.replace(value.astype(x.dtype))))
-    return model.replace(params=nnx.from_flat_state(leaves))
-
-
 ROUND_TRIP = {
     "llama3_tied": ModelConfig(
         model_type="llama",
@@ -254,7 +236,7 @@ ROUND_TRIP = {
 
 @pytest.mark.parametrize("case", list(ROUND_TRIP))
 def test_round_trip_through_transformers(case, tmp_path):
-    model = _perturbed(Model.random(ROUND_TRIP[case], seed=1), seed=2)
+    model = perturbed(Model.random(ROUND_TRIP[case], seed=1), seed=2)
     # Shard the qwen3 save, so transformers reads specjax's index file too.
     save_pretrained(model, tmp_path, max_shard_size="40KB" if case == "qwen3" else "5GB")
     assert (tmp_path / "model.safetensors.index.json").exists() == (case == "qwen3")
@@ -277,7 +259,7 @@ def test_round_trip_through_transformers(case, tmp_path):
 
 
 def test_bfloat16_save_is_read_as_bfloat16(tmp_path):
-    model = _perturbed(Model.random(ROUND_TRIP["qwen2"], dtype=jnp.bfloat16))
+    model = perturbed(Model.random(ROUND_TRIP["qwen2"], dtype=jnp.bfloat16))
     save_pretrained(model, tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)

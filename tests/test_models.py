@@ -11,6 +11,7 @@ import pytest
 from flax import nnx
 
 from specjax.models import KVCache, Model, ModelConfig
+from specjax.testing import perturbed
 
 # Same math, different association order (cached vs full attention), in float32.
 ATOL = 2e-5
@@ -25,30 +26,12 @@ CONFIGS = {
 }
 
 
-def _perturbed(model, seed=0):
-    """``model`` with every parameter redrawn so that logits are O(1)."""
-    flat = list(nnx.to_flat_state(model.params))
-    keys = jax.random.split(jax.random.key(seed), len(flat))
-    leaves = []
-    for key, (path, var) in zip(keys, flat, strict=True):
-        x = var.get_value()
-        noise = jax.random.normal(key, x.shape, jnp.float32)
-        if x.ndim == 2:  # kernels [in, out] and the embedding [V, E]
-            value = noise / np.sqrt(x.shape[-1] if path[-1] == "embedding" else x.shape[0])
-        elif path[-1] == "weight":  # RMSNorm scales
-            value = 1 + 0.3 * noise
-        else:  # biases
-            value = 0.3 * noise
-        leaves.append((path, var.replace(value.astype(x.dtype))))
-    return model.replace(params=nnx.from_flat_state(leaves))
-
-
 _MODELS = {}
 
 
 def _model(name) -> Model:
     if name not in _MODELS:
-        _MODELS[name] = _perturbed(Model.random(CONFIGS[name], seed=1), seed=2)
+        _MODELS[name] = perturbed(Model.random(CONFIGS[name], seed=1), seed=2)
     return _MODELS[name]
 
 

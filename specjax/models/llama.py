@@ -95,7 +95,8 @@ class Attention(nnx.Module):
         """Attends ``x`` to the cache after writing its keys/values into layer ``layer``.
 
         The whole ``[L, B, S, K, D]`` cache goes in and out, so that a caller who
-        donates it gets an in-place update instead of a per-layer copy.
+        donates it gets an in-place update instead of a per-layer copy. With
+        ``k_LBSKD is None`` there is no cache: ``x`` attends to itself.
         """
         c = self.config
         b, t, _ = x_BTE.shape
@@ -108,29 +109,38 @@ class Attention(nnx.Module):
         q = apply_rope(q, positions_BT, inv_freq)
         k = apply_rope(k, positions_BT, inv_freq)
 
-        # Slot == position. mode="drop" makes a write past the end of the cache
-        # a no-op instead of XLA's default of clamping onto the last slot.
-        rows = jnp.arange(b)[:, None]
-        k_LBSKD = k_LBSKD.at[layer, rows, positions_BT].set(k.astype(k_LBSKD.dtype), mode="drop")
-        v_LBSKD = v_LBSKD.at[layer, rows, positions_BT].set(v.astype(v_LBSKD.dtype), mode="drop")
-        k_cache, v_cache = k_LBSKD[layer], v_LBSKD[layer]
+        if k_LBSKD is None:
+            # No cache (training, scoring whole sequences): attend over the T
+            # new keys at their own positions.
+            k_keys, v_keys, key_pos_BS = k, v, positions_BT
+        else:
+            # Slot == position. mode="drop" makes a write past the end of the
+            # cache a no-op instead of XLA's default of clamping onto the last slot.
+            rows = jnp.arange(b)[:, None]
+            k_LBSKD = k_LBSKD.at[layer, rows, positions_BT].set(
+                k.astype(k_LBSKD.dtype), mode="drop"
+            )
+            v_LBSKD = v_LBSKD.at[layer, rows, positions_BT].set(
+                v.astype(v_LBSKD.dtype), mode="drop"
+            )
+            k_keys, v_keys = k_LBSKD[layer], v_LBSKD[layer]
+            key_pos_BS = jnp.arange(k_keys.shape[1])[None]
 
-        s = k_cache.shape[1]
         q = q.reshape(b, t, kh, h // kh, d)
         scores = jnp.einsum(
-            "btkgd,bskd->bkgts", q, k_cache, preferred_element_type=jnp.float32
+            "btkgd,bskd->bkgts", q, k_keys, preferred_element_type=jnp.float32
         ) / math.sqrt(d)
-        slots = jnp.arange(s)[None, None, :]
+        key_pos = key_pos_BS[:, None, :]
         query_pos = positions_BT[:, :, None]
-        visible = slots <= query_pos  # [B, T, S]
+        visible = key_pos <= query_pos  # [B, T, S]
         if c.sliding_window is not None:
-            visible &= slots > query_pos - c.sliding_window
+            visible &= key_pos > query_pos - c.sliding_window
         # A finite minimum rather than -inf: a query with nothing visible (only
         # possible for positions beyond the cache, whose writes are dropped)
         # gets uniform weights instead of NaNs that could leak downstream.
         scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", weights, v_cache).reshape(b, t, h * d)
+        weights = jax.nn.softmax(scores, axis=-1).astype(v_keys.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", weights, v_keys).reshape(b, t, h * d)
         return self.o_proj(out), k_LBSKD, v_LBSKD
 
 
@@ -181,10 +191,10 @@ class Transformer(nnx.Module):
         if not config.tie_word_embeddings:
             self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype, rngs)
 
-    def __call__(self, tokens_BT, positions_BT, cache: KVCache):
+    def __call__(self, tokens_BT, positions_BT, cache: KVCache | None):
         inv_freq = rope_inv_freq(self.config)
         x = self.embed_tokens(tokens_BT)
-        k, v = cache.k, cache.v
+        k, v = (None, None) if cache is None else (cache.k, cache.v)
         for i, layer in enumerate(self.layers):
             x, k, v = layer(x, positions_BT, k, v, i, inv_freq)
         hidden = self.norm(x)
@@ -192,7 +202,9 @@ class Transformer(nnx.Module):
             logits = self.embed_tokens.attend(hidden)
         else:
             logits = self.lm_head(hidden)
-        new_cache = KVCache(k=k, v=v, lengths=positions_BT[:, -1].astype(jnp.int32) + 1)
+        new_cache = None
+        if cache is not None:
+            new_cache = KVCache(k=k, v=v, lengths=positions_BT[:, -1].astype(jnp.int32) + 1)
         return logits.astype(jnp.float32), new_cache, hidden
 
 
@@ -238,14 +250,18 @@ class Model:
             c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim, dtype or self.dtype
         )
 
-    def __call__(self, tokens_BT, positions_BT, cache: KVCache, *, return_hidden: bool = False):
+    def __call__(
+        self, tokens_BT, positions_BT, cache: KVCache | None, *, return_hidden: bool = False
+    ):
         """Scores ``tokens`` at ``positions`` against ``cache``.
 
         Args:
             tokens_BT: ``int32[B, T]`` token ids.
             positions_BT: ``int32[B, T]`` absolute positions; also the cache slots
                 written. Normally ``cache.lengths[:, None] + arange(T)``.
-            cache: the :class:`KVCache` holding everything before ``positions``.
+            cache: the :class:`KVCache` holding everything before ``positions``,
+                or ``None`` to score ``tokens`` on their own without a cache
+                (training: no scatter into a cache, and ``None`` comes back).
             return_hidden: also return the final hidden states ``[B, T, E]``.
 
         Returns:
