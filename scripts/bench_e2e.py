@@ -56,13 +56,13 @@ from specjax.benchmarking import (
     Timing,
     alpha_from_hist,
     draft_cost,
+    expected_tokens_per_step,
     forward_costs,
     predicted_speedup,
     time_call,
 )
 
 PROMPTS_FILE = Path(__file__).resolve().parent.parent / "prompts" / "bench_prompts.json"
-HF_BATCH_ERROR = "assisted generate is only supported for batch_size = 1"
 
 TARGETS = [
     # (key, description, threshold)
@@ -349,154 +349,166 @@ def specjax_system(pair, method, prompts, batch, temperature, gamma, args) -> Sy
     return System("specjax", method, batch, temperature, gamma, run, _summarize_specjax)
 
 
-class HFCounters:
-    """Counts target forwards and drafted candidates inside transformers' generate."""
+class Transformers:
+    """The same pair in transformers (PyTorch, CPU, float32), from the same folders.
 
-    def __init__(self, hf_target):
-        self.target_calls = 0
-        self.drafted = 0
-        self._hook = hf_target.register_forward_pre_hook(self._on_forward)
+    It counts target forwards (a forward pre-hook) and drafted candidates, which
+    transformers does not expose: ``get_candidates`` of the two candidate
+    generators used here is wrapped until :meth:`close`.
+    """
+
+    def __init__(self, pair: Pair, args):
+        import torch
+        import transformers
         from transformers.generation import candidate_generator as cg
 
-        # Candidate counts are not exposed; wrap get_candidates of the two
-        # generators used here (restored by close()).
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+        self.args = args
+        load = transformers.AutoModelForCausalLM.from_pretrained
+        self.target = load(pair.target_dir, dtype=torch.float32).eval()
+        self.draft = load(pair.draft_dir, dtype=torch.float32).eval()
+        for m in (self.target, self.draft):
+            # Never stop on EOS (specjax runs with eos_id=None): every system
+            # emits exactly max_new_tokens.
+            m.generation_config.eos_token_id = None
+            m.generation_config.pad_token_id = 0
+        # The assistant's settings are read from its own generation config: γ
+        # drafts every step, constant schedule, no confidence cut-off.
+        self.draft.generation_config.num_assistant_tokens = args.gamma
+        self.draft.generation_config.num_assistant_tokens_schedule = "constant"
+        self.draft.generation_config.assistant_confidence_threshold = 0.0
+        self.target_calls = self.drafted = 0
+        self._hook = self.target.register_forward_pre_hook(self._count_forward)
         self._patched = []
         for cls in (cg.AssistedCandidateGenerator, cg.PromptLookupCandidateGenerator):
             original = cls.__dict__["get_candidates"]
             cls.get_candidates = self._counting(original)
             self._patched.append((cls, original))
 
-    def _on_forward(self, module, args):
+    def _count_forward(self, module, inputs):
         self.target_calls += 1
 
     def _counting(self, original):
-        def get_candidates(gen, input_ids, *args, **kwargs):
-            out = original(gen, input_ids, *args, **kwargs)
+        def get_candidates(generator, input_ids, *args, **kwargs):
+            out = original(generator, input_ids, *args, **kwargs)
             self.drafted += out[0].shape[1] - input_ids.shape[1]
             return out
 
         return get_candidates
-
-    def reset(self):
-        self.target_calls = self.drafted = 0
 
     def close(self):
         self._hook.remove()
         for cls, original in self._patched:
             cls.get_candidates = original
 
+    def generation_config(self, method: str, temperature: float, max_new_tokens: int):
+        from transformers import GenerationConfig
 
-def load_hf(pair, gamma):
-    import torch
-    import transformers
+        kw = dict(max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
+        if temperature > 0:
+            kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        else:
+            kw.update(do_sample=False)
+        if method == "lookup":
+            g, n = self.args.gamma, self.args.ngram
+            kw.update(prompt_lookup_num_tokens=g, max_matching_ngram_size=n)
+        return GenerationConfig(**kw)
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    hf_target = transformers.AutoModelForCausalLM.from_pretrained(
-        pair.target_dir, dtype=torch.float32
-    ).eval()
-    hf_draft = transformers.AutoModelForCausalLM.from_pretrained(
-        pair.draft_dir, dtype=torch.float32
-    ).eval()
-    for m in (hf_target, hf_draft):
-        # Never stop on EOS (specjax runs with eos_id=None): every system emits
-        # exactly max_new_tokens.
-        m.generation_config.eos_token_id = None
-        m.generation_config.pad_token_id = 0
-    # transformers reads the assistant's settings from the assistant's own
-    # generation config: γ drafts every step, constant, no confidence cut-off.
-    hf_draft.generation_config.num_assistant_tokens = gamma
-    hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
-    hf_draft.generation_config.assistant_confidence_threshold = 0.0
-    return hf_target, hf_draft
+    def generate(self, ids, config, method: str):
+        import torch
 
-
-def hf_generation_config(method, temperature, gamma, args):
-    from transformers import GenerationConfig
-
-    kw = dict(
-        max_new_tokens=args.max_new_tokens,
-        min_new_tokens=None,
-        eos_token_id=None,
-        pad_token_id=0,
-        do_sample=temperature > 0,
-    )
-    if temperature > 0:
-        kw.update(temperature=temperature, top_k=0, top_p=1.0)
-    if method == "lookup":
-        kw.update(prompt_lookup_num_tokens=gamma, max_matching_ngram_size=args.ngram)
-    return GenerationConfig(**kw)
-
-
-def hf_system(hf_target, hf_draft, counters, method, prompts, temperature, gamma, args) -> System:
-    import torch
-
-    config = hf_generation_config(method, temperature, gamma, args)
-    extra = dict(assistant_model=hf_draft) if method == "draft" else {}
-    inputs = [torch.tensor([p], dtype=torch.long) for p in prompts]
-
-    def run():
-        counters.reset()
-        out = []
+        extra = dict(assistant_model=self.draft) if method == "draft" else {}
         with torch.inference_mode():
+            mask = torch.ones_like(ids)
+            return self.target.generate(ids, attention_mask=mask, generation_config=config, **extra)
+
+    def system(self, method: str, prompts, temperature: float) -> System:
+        import torch
+
+        config = self.generation_config(method, temperature, self.args.max_new_tokens)
+        inputs = [torch.tensor([p], dtype=torch.long) for p in prompts]
+
+        def run():
+            self.target_calls = self.drafted = 0
+            out = []
             for i, ids in enumerate(inputs):
-                torch.manual_seed(args.seed * 100_003 + i)
-                seq = hf_target.generate(
-                    ids, attention_mask=torch.ones_like(ids), generation_config=config, **extra
-                )
-                out.append(seq[0, ids.shape[1] :])
-        return out, counters.target_calls, counters.drafted
+                torch.manual_seed(self.args.seed * 100_003 + i)
+                out.append(self.generate(ids, config, method)[0, ids.shape[1] :])
+            return out, self.target_calls, self.drafted
 
-    def summarize(raw):
-        out, calls, drafted = raw
-        tokens = [o.tolist() for o in out]
-        n = sum(len(t) for t in tokens)
-        # Every target forward emits its accepted candidates plus one token.
-        accepted = n - calls if method != "plain" else 0
-        return Outcome(tokens, calls, calls, drafted, accepted, None)
+        def summarize(raw):
+            out, calls, drafted = raw
+            tokens = [o.tolist() for o in out]
+            # Every target forward emits its accepted candidates plus one token.
+            accepted = sum(len(t) for t in tokens) - calls if method != "plain" else 0
+            return Outcome(tokens, calls, calls, drafted, accepted, None)
 
-    return System("transformers", method, 1, temperature, gamma, run, summarize)
+        gamma = None if method == "plain" else self.args.gamma
+        return System("transformers", method, 1, temperature, gamma, run, summarize)
 
+    def probe_batch(self) -> dict:
+        """What transformers does with a batch of 2 rows, for each assisted method."""
+        import torch
 
-def probe_hf_batch(hf_target, hf_draft, gamma, args) -> dict:
-    """What transformers does with a batch of 2 rows for each assisted method."""
-    import torch
+        ids = torch.zeros((2, 4), dtype=torch.long)
+        found = {}
+        for method in ("draft", "lookup"):
+            try:
+                self.generate(ids, self.generation_config(method, 0.0, 2), method)
+                found[method] = "ran"
+            except ValueError as e:
+                found[method] = f"ValueError: {e}"
+        return found
 
-    ids = torch.zeros((2, 4), dtype=torch.long)
-    found = {}
-    for method in ("draft", "lookup"):
-        config = hf_generation_config(method, 0.0, gamma, args)
-        config.max_new_tokens = 2
-        extra = dict(assistant_model=hf_draft) if method == "draft" else {}
-        try:
-            with torch.inference_mode():
-                hf_target.generate(
-                    ids, attention_mask=torch.ones_like(ids), generation_config=config, **extra
-                )
-            found[method] = "ran"
-        except ValueError as e:
-            found[method] = f"ValueError: {e}"
-    return found
+    def last_logits(self, seq) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            return self.target(torch.tensor([seq], dtype=torch.long)).logits[0, -1].numpy()
+
+    def pick_threads(self, prompt, choice: str) -> tuple[int, dict]:
+        """Sets torch's thread count: ``choice``, or with "auto" the faster of 1 and 2.
+
+        On a shared 2-core machine two OpenMP threads that spin-wait for a busy
+        core can make small decode steps many times slower than one thread, so
+        "auto" times 16 greedy tokens with each and keeps the faster.
+        """
+        import torch
+
+        if choice != "auto":
+            torch.set_num_threads(int(choice))
+            return int(choice), {}
+        ids = torch.tensor([prompt], dtype=torch.long)
+        config = self.generation_config("plain", 0.0, 16)
+        ms = {}
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            times = [time_call(self.generate, ids, config, "plain")[0] for _ in range(3)]
+            ms[n] = statistics.median(times) / 16 * 1e3
+        best = min(ms, key=ms.get)
+        torch.set_num_threads(best)
+        return best, ms
 
 
 # ----------------------------------------------------------------------------
 # Measurements.
 
 
-def logit_gaps_fn(pair, hf_target, prompts, reference):
+def logit_gaps_fn(pair: Pair, hf: Transformers, prompts, reference):
     """``mismatch -> {framework: logit[expected] - logit[got]}`` from full forwards.
 
-    Both models score the prompt followed by the reference's tokens up to the
-    mismatch, without a cache.
+    Both frameworks score the prompt followed by the reference's tokens up to
+    the mismatch, without a cache.
     """
-    import torch
 
     def gaps(m: Mismatch) -> dict:
-        seq = np.asarray([prompts[m.prompt] + reference[m.prompt][: m.position]], np.int32)
-        positions = np.arange(seq.shape[1], dtype=np.int32)[None]
-        ours = pair.target(seq, positions, pair.target.init_cache(1, seq.shape[1]))[0][0, -1]
-        with torch.inference_mode():
-            theirs = hf_target(torch.tensor(seq, dtype=torch.long)).logits[0, -1]
+        seq = prompts[m.prompt] + reference[m.prompt][: m.position]
+        tokens = np.asarray([seq], np.int32)
+        positions = np.arange(len(seq), dtype=np.int32)[None]
+        cache = pair.target.init_cache(1, len(seq))
+        ours = np.asarray(pair.target(tokens, positions, cache)[0][0, -1])
+        theirs = hf.last_logits(seq)
         return {
             "specjax": float(ours[m.expected] - ours[m.got]),
             "transformers": float(theirs[m.expected] - theirs[m.got]),
@@ -559,38 +571,61 @@ def row_of(system: System, plain: System | None, costs: dict | None) -> dict:
                 pred = predicted_speedup(row["alpha"], g, c1, c_verify, c_draft)
                 row["predicted_speedup"] = pred
                 row["realized_over_predicted"] = row["speedup"] / pred
+                row["expected_tokens_per_call"] = expected_tokens_per_step(row["alpha"], g)
     return row
 
 
 def run_benchmark(args) -> dict:
-    import torch
-
-    torch.set_num_threads(args.torch_threads)
     started = time.perf_counter()
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         pair = load_pair(args, Path(tmp))
         spec = load_prompts(args.prompts, args.num_code, args.num_prose)
-        prompts, length, how = encode_prompts(spec, pair.tokenizer, pair.target.vocab_size,
-                                              args.prompt_tokens)  # fmt: skip
+        prompts, length, how = encode_prompts(
+            spec, pair.tokenizer, pair.target.vocab_size, args.prompt_tokens
+        )
         log(f"{pair.name}: {len(prompts)} prompts of {length} tokens ({how})")
-        hf_target, hf_draft = load_hf(pair, args.gamma)
-        counters = HFCounters(hf_target)
+        hf = Transformers(pair, args)
         try:
-            return _run(args, pair, prompts, length, how, hf_target, hf_draft, counters, started)
+            threads, probe_ms = hf.pick_threads(prompts[0], args.torch_threads)
+            log(f"torch threads: {threads} (ms/token by thread count: {probe_ms or 'not probed'})")
+            results = measure_all(args, pair, prompts, hf)
+            batch_probe = hf.probe_batch()
         finally:
-            counters.close()
+            hf.close()
+    results["machine"] = dict(machine_info(), load_average_1m_start=load_start)
+    results["config"] = {
+        "pair": pair.name,
+        "target_dir": str(pair.target_dir),
+        "draft_dir": str(pair.draft_dir),
+        "num_prompts": len(prompts),
+        "prompt_tokens": length,
+        "prompt_encoding": how,
+        "max_new_tokens": args.max_new_tokens,
+        "gamma": args.gamma,
+        "ngram": args.ngram,
+        "large_batch": args.large_batch,
+        "repeats": args.repeats,
+        "torch_threads": threads,
+        "torch_thread_probe_ms_per_token": probe_ms,
+        "sweep": list(args.sweep),
+        "command": " ".join(["python", "scripts/bench_e2e.py", *sys.argv[1:]]),
+    }
+    results["hf_batch_probe"] = batch_probe
+    results["targets"] = targets_of(results["rows"], args.large_batch)
+    results["wall_s"] = time.perf_counter() - started
+    return results
 
 
-def _run(args, pair, prompts, length, how, hf_target, hf_draft, counters, started):
-    g, temps, large = args.gamma, (0.0, 1.0), args.large_batch
+def measure_all(args, pair: Pair, prompts, hf: Transformers) -> dict:
+    """Runs every system: greedy correctness first, then timing, then step costs."""
+    g, large, n = args.gamma, args.large_batch, args.max_new_tokens
     main = {}  # (framework, method, batch, T) -> System
-    for t in temps:
+    for t in (0.0, 1.0):
         for method in ("plain", "draft", "lookup"):
             gamma = None if method == "plain" else g
             main["specjax", method, 1, t] = specjax_system(pair, method, prompts, 1, t, gamma, args)
-            main["transformers", method, 1, t] = hf_system(
-                hf_target, hf_draft, counters, method, prompts, t, gamma, args
-            )
+            main["transformers", method, 1, t] = hf.system(method, prompts, t)
             if large > 1:
                 main["specjax", method, large, t] = specjax_system(
                     pair, method, prompts, large, t, gamma, args
@@ -601,83 +636,63 @@ def _run(args, pair, prompts, length, how, hf_target, hf_draft, counters, starte
         else specjax_system(pair, "draft", prompts, 1, 0.0, gamma, args)
         for gamma in args.sweep
     }
+    systems = list(dict.fromkeys([*main.values(), *sweep.values()]))
 
     # 1. Correctness first: one pass of every greedy system, compared with
-    # specjax's plain greedy decoding before anything is timed or reported.
-    greedy = [s for s in main.values() if s.temperature == 0.0] + list(sweep.values())
-    for s in dict.fromkeys(greedy):
-        log(f"first pass (compiles): {s.name}")
+    # specjax's plain greedy decoding before anything is timed.
+    greedy = [s for s in systems if s.temperature == 0.0]
+    for s in greedy:
+        log(f"first pass: {s.name}")
         s.first()
     reference = main["specjax", "plain", 1, 0.0]
-    outputs = {s.name: s.outcome.tokens for s in dict.fromkeys(greedy) if s is not reference}
-    n = args.max_new_tokens
     if any(len(r) != n for r in reference.outcome.tokens):
         raise RuntimeError(f"{reference.name} did not generate {n} tokens per prompt")
-    gaps = logit_gaps_fn(pair, hf_target, prompts, reference.outcome.tokens)
     ties = check_greedy_outputs(
-        reference.outcome.tokens, outputs, logit_gaps=gaps, tie_tol=args.tie_tol
+        reference.outcome.tokens,
+        {s.name: s.outcome.tokens for s in greedy if s is not reference},
+        logit_gaps=logit_gaps_fn(pair, hf, prompts, reference.outcome.tokens),
+        tie_tol=args.tie_tol,
     )
     for m in ties:
         log(f"WARNING near-tie tolerated (|gap| < {args.tie_tol}): {m.describe()}")
-    log(f"greedy outputs of {len(outputs) + 1} systems agree token for token")
+    log(f"greedy outputs of {len(greedy)} systems agree token for token")
 
     # 2. Timing.
-    for s in dict.fromkeys(list(main.values()) + list(sweep.values())):
-        log(f"timing {args.repeats} passes: {s.name}")
+    for s in systems:
+        log(f"{args.repeats} timed passes: {s.name}")
         s.time(args.repeats)
 
-    # 3. Costs for the predicted speedup: context = prompt + half the new tokens.
-    context = length + n // 2
+    # 3. Step costs for the predicted speedup, at context = prompt + n/2.
     log("measuring forward / draft costs")
-    costs = {1: measure_costs(pair, 1, context, sorted(set(args.sweep) | {g}), g, args)}
+    context = len(prompts[0]) + n // 2
+    costs = {1: measure_costs(pair, 1, context, sorted({*args.sweep, g}), g, args)}
     if large > 1:
         # --quick skips these (compiling them is most of a quick run).
         costs[large] = None if args.quick else measure_costs(pair, large, context, [g], g, args)
 
-    rows = []
-    for (fw, _, b, t), s in main.items():
-        plain = main[fw, "plain", b, t]
-        rows.append(row_of(s, plain, costs[b] if fw == "specjax" else None))
+    rows = [
+        row_of(s, main[fw, "plain", b, t], costs[b] if fw == "specjax" else None)
+        for (fw, _, b, t), s in main.items()
+    ]
     plain_b1 = main["specjax", "plain", 1, 0.0]
-    sweep_rows = [row_of(s, plain_b1, costs[1]) for s in sweep.values()]
-    probe = probe_hf_batch(hf_target, hf_draft, g, args)
     return {
-        "machine": machine_info(),
-        "config": {
-            "pair": pair.name,
-            "target_dir": str(pair.target_dir),
-            "draft_dir": str(pair.draft_dir),
-            "num_prompts": len(prompts),
-            "prompt_tokens": length,
-            "prompt_encoding": how,
-            "max_new_tokens": n,
-            "gamma": g,
-            "ngram": args.ngram,
-            "large_batch": large,
-            "repeats": args.repeats,
-            "torch_threads": args.torch_threads,
-            "sweep": list(args.sweep),
-            "command": " ".join(["python", "scripts/bench_e2e.py", *sys.argv[1:]]),
-        },
-        "hf_batch_probe": probe,
         "near_ties": [dataclasses.asdict(m) for m in ties],
         "rows": rows,
-        "sweep": sweep_rows,
-        "targets": targets_of(rows, large),
-        "wall_s": time.perf_counter() - started,
+        "sweep": [row_of(s, plain_b1, costs[1]) for s in sweep.values()],
     }
 
 
-def targets_of(rows, large) -> list[dict]:
-    def find(fw, method, batch):
-        return next(
-            (r for r in rows if (r["framework"], r["method"], r["batch"], r["temperature"])
-             == (fw, method, batch, 0.0)),
-            None,
-        )  # fmt: skip
+def find_row(rows, framework, method, batch, temperature) -> dict | None:
+    want = (framework, method, batch, temperature)
+    keys = ("framework", "method", "batch", "temperature")
+    return next((r for r in rows if tuple(r[k] for k in keys) == want), None)
 
-    spec, hf = find("specjax", "draft", 1), find("transformers", "draft", 1)
-    spec_large = find("specjax", "draft", large) if large > 1 else None
+
+def targets_of(rows, large) -> list[dict]:
+    """The performance targets of the issue, measured at temperature 0."""
+    spec = find_row(rows, "specjax", "draft", 1, 0.0)
+    hf = find_row(rows, "transformers", "draft", 1, 0.0)
+    spec_large = find_row(rows, "specjax", "draft", large, 0.0) if large > 1 else None
     measured = {
         "spec_over_plain": spec["speedup"],
         "realized_over_predicted": spec["realized_over_predicted"],
@@ -690,8 +705,7 @@ def targets_of(rows, large) -> list[dict]:
         if key == "large_over_b1":
             what = what.replace("batch 16", f"batch {large}")
         met = None if value is None else bool(value >= threshold)
-        out.append({"target": key, "what": what, "threshold": threshold, "value": value,
-                    "met": met})  # fmt: skip
+        out.append(dict(target=key, what=what, threshold=threshold, value=value, met=met))
     return out
 
 
@@ -711,9 +725,10 @@ def markdown(results: dict) -> str:
         f"Pair: {c['pair']}. {c['num_prompts']} prompts of {c['prompt_tokens']} tokens "
         f"({c['prompt_encoding']}), {c['max_new_tokens']} new tokens each, EOS disabled, "
         f"γ={c['gamma']}, prompt lookup n-gram {c['ngram']}, medians of {c['repeats']} passes.",
-        f"Machine: {m['cpu']}, {m['cores']} cores, load average {m['load_average_1m']:.1f} at "
-        f"the end; jax {m['jax']} ({m['platform']}), torch {m['torch']} "
-        f"({c['torch_threads']} threads), transformers {m['transformers']}.",
+        f"Machine: {m['cpu']}, {m['cores']} cores, 1-min load average "
+        f"{m['load_average_1m_start']:.1f} at the start, {m['load_average_1m']:.1f} at the end; "
+        f"jax {m['jax']} ({m['platform']}), torch {m['torch']} "
+        f"({c['torch_threads']} thread(s)), transformers {m['transformers']}.",
         f"Command: `{c['command']}` ({results['wall_s'] / 60:.1f} min).",
         "",
         "Greedy outputs (T=0) of every system below agree token for token "
@@ -752,11 +767,42 @@ def markdown(results: dict) -> str:
             f"{_fmt(r['realized_over_predicted'])} | {r['cost_draft_ms']:.2f} | "
             f"{r['cost_verify_ms']:.2f} | {r['step_ms']:.2f} |"
         )
+    lines += ["", *diagnosis(results["rows"])]
     lines += ["", "Targets:", "", "| target | required | measured | met |", "|---|---|---|---|"]
     for t in results["targets"]:
         met = {True: "yes", False: "**no**", None: "—"}[t["met"]]
         lines.append(f"| {t['what']} | ≥ {t['threshold']:g} | {_fmt(t['value'])} | {met} |")
     return "\n".join(lines)
+
+
+def diagnosis(rows) -> list[str]:
+    """Splits realized / predicted of each batch-1 greedy speculative row into its factors.
+
+    At batch 1, realized / predicted = (tokens per call / E(α, γ))
+    × (draft + verify cost / measured step) × (plain measured step / forward cost).
+    """
+    plain = find_row(rows, "specjax", "plain", 1, 0.0)
+    out = ["Where realized / predicted goes (specjax, batch 1, T=0):", ""]
+    for method in ("draft", "lookup"):
+        r = find_row(rows, "specjax", method, 1, 0.0)
+        if r is None or r.get("expected_tokens_per_call") is None:
+            continue
+        e, tpc = r["expected_tokens_per_call"], r["tokens_per_call"]
+        step, model = r["step_ms"], r["model_step_ms"]
+        p_step, p_model = plain["step_ms"], plain["model_step_ms"]
+        verify, draft = (
+            r["cost_verify_ms"] / r["cost_step_ms"],
+            r["cost_draft_ms"] / r["cost_step_ms"],
+        )
+        out.append(
+            f"* {method} γ={r['gamma']}: {r['realized_over_predicted']:.2f} = "
+            f"tokens/call {tpc:.2f} / E(α={r['alpha']:.3f}) {e:.2f} (×{tpc / e:.2f}) "
+            f"· draft+verify {model:.2f} ms / measured step {step:.2f} ms (×{model / step:.2f}) "
+            f"· plain: measured step {p_step:.2f} ms / forward {p_model:.2f} ms "
+            f"(×{p_step / p_model:.2f}). A verify forward (T={r['gamma'] + 1}) costs "
+            f"{verify:.2f}× a T=1 forward, a draft proposal {draft:.2f}×."
+        )
+    return out
 
 
 def plot(results: dict, out: Path) -> list[Path]:
@@ -788,17 +834,11 @@ def plot(results: dict, out: Path) -> list[Path]:
     groups = [(1, "batch 1"), (results["config"]["large_batch"], "total, large batch")]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [2, 1]})
     for ax, (batch, title) in zip(axes, groups, strict=True):
-        systems = list(dict.fromkeys(
-            (r["framework"], r["method"]) for r in rows if r["batch"] == batch
-        ))  # fmt: skip
+        systems = [(r["framework"], r["method"]) for r in rows if r["batch"] == batch]
+        systems = list(dict.fromkeys(systems))
         x = np.arange(len(systems))
         for k, t in enumerate((0.0, 1.0)):
-            values = [
-                next(r["tok_s"] for r in rows
-                     if (r["framework"], r["method"], r["batch"], r["temperature"])
-                     == (*s, batch, t))
-                for s in systems
-            ]  # fmt: skip
+            values = [find_row(rows, *s, batch, t)["tok_s"] for s in systems]
             ax.bar(x + (k - 0.5) * 0.4, values, 0.4, label=f"T={t:g}")
         ax.set_xticks(x, [f"{fw}\n{m}" for fw, m in systems], fontsize=8)
         ax.set(ylabel="tokens/s", title=f"{title} (b={batch})")
@@ -828,9 +868,17 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="timed passes after the first")
     parser.add_argument("--cost-repeats", type=int, default=5)
     parser.add_argument("--cost-inner", type=int, default=10)
-    parser.add_argument("--torch-threads", type=int, default=2)
-    parser.add_argument("--tie-tol", type=float, default=0.0,
-                        help="tolerate greedy mismatches whose logit gap is below this")  # fmt: skip
+    parser.add_argument(
+        "--torch-threads",
+        default="auto",
+        help="torch threads; auto: the faster of 1 and 2 on a short probe (default)",
+    )
+    parser.add_argument(
+        "--tie-tol",
+        type=float,
+        default=0.0,
+        help="tolerate (and report) greedy mismatches whose |logit gap| is below this",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write results.json, results.md and plots here")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
@@ -850,8 +898,10 @@ def main(argv=None) -> int:
     try:
         results = run_benchmark(args)
     except GreedyMismatchError as e:
-        print(f"\n{'!' * 78}\nFAIL: {e}\nNo timing is reported for wrong outputs.\n{'!' * 78}",
-              file=sys.stderr)  # fmt: skip
+        bar = "!" * 78
+        print(
+            f"\n{bar}\nFAIL: {e}\nNo timing is reported for wrong outputs.\n{bar}", file=sys.stderr
+        )
         return 1
     text = markdown(results)
     print(text)
