@@ -200,6 +200,23 @@ def _check_max_new_tokens(max_new_tokens):
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
 
 
+def _prepare(model, prompts, max_new_tokens, sampling, eos_id, cache_len, lookahead):
+    """Validates the inputs of a decoder on the host, before anything compiles.
+
+    Returns:
+        ``((prompts_BP, prompt_lengths_B, max_new_tokens, sampling, eos_id), cache_len)``:
+        the traced arguments of the jitted loop, and its static cache length.
+    """
+    sampling = SamplingConfig() if sampling is None else sampling
+    check_sampling_config(sampling)
+    _check_max_new_tokens(max_new_tokens)
+    prompts_BP, lengths_B = pad_prompts(prompts)
+    _check_tokens_in_vocab(prompts_BP, model.vocab_size)
+    cache_len = _resolve_cache_len(cache_len, prompts_BP.shape[1], max_new_tokens, lookahead)
+    max_new = jnp.asarray(max_new_tokens, jnp.int32)
+    return (prompts_BP, lengths_B, max_new, sampling, _eos_array(eos_id)), cache_len
+
+
 def _eos_array(eos_id) -> jax.Array:
     # -1 never matches a token, so "no EOS" is the same compiled program.
     return jnp.asarray(-1 if eos_id is None else eos_id, jnp.int32)
@@ -353,22 +370,8 @@ def generate(
         >>> out.tokens.shape
         (1, 5)
     """
-    sampling = SamplingConfig() if sampling is None else sampling
-    check_sampling_config(sampling)
-    _check_max_new_tokens(max_new_tokens)
-    prompts_BP, lengths_B = pad_prompts(prompts)
-    _check_tokens_in_vocab(prompts_BP, model.vocab_size)
-    cache_len = _resolve_cache_len(cache_len, prompts_BP.shape[1], max_new_tokens, 1)
-    state = _generate_jit(
-        key,
-        model,
-        prompts_BP,
-        lengths_B,
-        jnp.asarray(max_new_tokens, jnp.int32),
-        sampling,
-        _eos_array(eos_id),
-        cache_len=cache_len,
-    )
+    args, cache_len = _prepare(model, prompts, max_new_tokens, sampling, eos_id, cache_len, 1)
+    state = _generate_jit(key, model, *args, cache_len=cache_len)
     return _finish(state, _output_width(max_new_tokens, cache_len))
 
 
@@ -510,24 +513,10 @@ def speculative_generate(
         >>> out.tokens.shape
         (1, 6)
     """
-    sampling = SamplingConfig() if sampling is None else sampling
-    check_sampling_config(sampling)
     check_drafter(target, drafter)
-    _check_max_new_tokens(max_new_tokens)
-    prompts_BP, lengths_B = pad_prompts(prompts)
-    _check_tokens_in_vocab(prompts_BP, target.vocab_size)
-    cache_len = _resolve_cache_len(
-        cache_len, prompts_BP.shape[1], max_new_tokens, drafter.num_draft + 1
+    lookahead = drafter.num_draft + 1
+    args, cache_len = _prepare(
+        target, prompts, max_new_tokens, sampling, eos_id, cache_len, lookahead
     )
-    state = _speculative_jit(
-        key,
-        target,
-        drafter,
-        prompts_BP,
-        lengths_B,
-        jnp.asarray(max_new_tokens, jnp.int32),
-        sampling,
-        _eos_array(eos_id),
-        cache_len=cache_len,
-    )
+    state = _speculative_jit(key, target, drafter, *args, cache_len=cache_len)
     return _finish(state, _output_width(max_new_tokens, cache_len))
