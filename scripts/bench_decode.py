@@ -28,6 +28,7 @@ import numpy as np
 
 import specjax
 from specjax.benchmarking import alpha_from_hist, speculative_prediction, time_fn
+from specjax.decode import resolve_cache_len
 
 CODE_PROMPTS = [
     "def fibonacci(n):",
@@ -79,9 +80,19 @@ def bench_batch(target, draft, tokenizer, batch_size, args):
     plain_tps = float(jnp.sum(plain.lengths)) / plain_t.median_s
     spec_tps = float(jnp.sum(spec.lengths)) / spec_t.median_s
     alpha = alpha_from_hist(np.asarray(spec.stats.accepted_hist))
-    context = max(len(p) for p in prompts) + n // 2
+    prompt_len = max(len(p) for p in prompts)
+    context = prompt_len + n // 2
+    # Measured against a cache as large as the loop's: attention reads every slot.
+    cache_len = resolve_cache_len(None, prompt_len, n, args.gamma + 1)
     prediction = speculative_prediction(
-        target, drafter, batch_size, context, sampling, alpha, repeats=args.repeats
+        target,
+        drafter,
+        batch_size,
+        context,
+        sampling,
+        alpha,
+        repeats=args.repeats,
+        cache_len=cache_len,
     )
     predicted = prediction["predicted_speedup"]
     realized = spec_tps / plain_tps

@@ -61,6 +61,7 @@ from specjax.benchmarking import (
     predicted_speedup,
     time_call,
 )
+from specjax.decode import resolve_cache_len
 
 PROMPTS_FILE = Path(__file__).resolve().parent.parent / "prompts" / "bench_prompts.json"
 
@@ -518,10 +519,17 @@ def logit_gaps_fn(pair: Pair, hf: Transformers, prompts, reference):
 
 
 def measure_costs(pair, batch, context, gammas, lookup_gamma, args) -> dict:
-    """Target forward costs for T=1 and T=γ+1, and each drafter's proposal cost (seconds)."""
+    """Target forward costs for T=1 and T=γ+1, and each drafter's proposal cost (seconds).
+
+    ``context`` is prompt length + max_new_tokens // 2 (the mean context of a run).
+    """
     sampling = specjax.SamplingConfig(temperature=0.0)
-    kw = dict(repeats=args.cost_repeats, inner=args.cost_inner)
     widths = sorted({1} | {g + 1 for g in gammas} | {lookup_gamma + 1})
+    # The decode loops allocate this many slots and attention reads all of them,
+    # so the costs are measured against a cache of the same size.
+    prompt_len = context - args.max_new_tokens // 2
+    cache_len = resolve_cache_len(None, prompt_len, args.max_new_tokens, max(widths))
+    kw = dict(repeats=args.cost_repeats, inner=args.cost_inner, cache_len=cache_len)
     costs = {"forward": forward_costs(pair.target, batch, context, widths, **kw), "draft": {}}
     for g in gammas:
         drafter = specjax.DraftModel(pair.draft, num_draft=g)

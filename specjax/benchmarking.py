@@ -77,13 +77,23 @@ def alpha_from_hist(accepted_hist) -> float:
 
 
 def forward_costs(
-    model, batch_size: int, context: int, widths, *, repeats: int = 10, inner: int = 10
+    model,
+    batch_size: int,
+    context: int,
+    widths,
+    *,
+    repeats: int = 10,
+    inner: int = 10,
+    cache_len: int | None = None,
 ) -> dict:
     """Median seconds of one forward of ``T`` tokens against a cache of ``context`` tokens.
 
+    Attention reads every allocated cache slot, so pass the ``cache_len`` the
+    decode loop being predicted uses (default: just big enough).
+
     Returns ``{T: seconds}`` for each ``T`` in ``widths``.
     """
-    cache_len = context + max(widths) + 1
+    cache_len = cache_len or context + max(widths) + 1
     prompts = jnp.ones((batch_size, context), jnp.int32)
     _, cache = jax.jit(prefill, static_argnums=3)(
         model, prompts, jnp.full((batch_size,), context, jnp.int32), cache_len
@@ -112,10 +122,17 @@ def forward_costs(
 
 
 def draft_cost(
-    drafter, batch_size: int, context: int, sampling, *, repeats: int = 10, inner: int = 10
+    drafter,
+    batch_size: int,
+    context: int,
+    sampling,
+    *,
+    repeats: int = 10,
+    inner: int = 10,
+    cache_len: int | None = None,
 ) -> float:
     """Median seconds of one ``drafter.propose`` (all γ draft tokens) at ``context``."""
-    cache_len = context + drafter.num_draft + 2
+    cache_len = cache_len or context + drafter.num_draft + 2
     prompts = jnp.ones((batch_size, context), jnp.int32)
     lengths = jnp.full((batch_size,), context, jnp.int32)
     seq = jnp.ones((batch_size, cache_len), jnp.int32)
@@ -136,7 +153,15 @@ def draft_cost(
 
 
 def speculative_prediction(
-    target, drafter, batch_size: int, context: int, sampling, alpha: float, *, repeats: int = 10
+    target,
+    drafter,
+    batch_size: int,
+    context: int,
+    sampling,
+    alpha: float,
+    *,
+    repeats: int = 10,
+    cache_len: int | None = None,
 ) -> dict:
     """Measures the three costs of one speculative step and the speedup they predict.
 
@@ -148,13 +173,15 @@ def speculative_prediction(
         sampling: the :class:`~specjax.SamplingConfig` the drafter samples with.
         alpha: the measured per-token acceptance probability (:func:`alpha_from_hist`).
         repeats: timing repeats of each cost.
+        cache_len: the cache length of the decode loop being predicted.
 
     Returns:
         ``{"cost_step_ms", "cost_verify_ms", "cost_draft_ms", "predicted_speedup"}``.
     """
     gamma = drafter.num_draft
-    costs = forward_costs(target, batch_size, context, sorted({1, gamma + 1}), repeats=repeats)
-    c_draft = draft_cost(drafter, batch_size, context, sampling, repeats=repeats)
+    kw = dict(repeats=repeats, cache_len=cache_len)
+    costs = forward_costs(target, batch_size, context, sorted({1, gamma + 1}), **kw)
+    c_draft = draft_cost(drafter, batch_size, context, sampling, **kw)
     return {
         "cost_step_ms": costs[1] * 1e3,
         "cost_verify_ms": costs[gamma + 1] * 1e3,

@@ -175,7 +175,13 @@ def _check_tokens_in_vocab(prompts_BP, vocab_size: int):
             )
 
 
-def _resolve_cache_len(cache_len, max_prompt_len: int, max_new_tokens, lookahead: int) -> int:
+def resolve_cache_len(cache_len, max_prompt_len: int, max_new_tokens, lookahead: int) -> int:
+    """The static cache length a decoder uses: ``cache_len`` checked, or the default.
+
+    The default is ``max_prompt_len + max_new_tokens + lookahead`` rounded up to a
+    multiple of ``CACHE_BUCKET`` (``lookahead`` is 1 for plain decoding, γ + 1 for
+    speculative decoding).
+    """
     if cache_len is None:
         if not _is_concrete(max_new_tokens):
             raise ValueError(
@@ -212,7 +218,7 @@ def _prepare(model, prompts, max_new_tokens, sampling, eos_id, cache_len, lookah
     _check_max_new_tokens(max_new_tokens)
     prompts_BP, lengths_B = pad_prompts(prompts)
     _check_tokens_in_vocab(prompts_BP, model.vocab_size)
-    cache_len = _resolve_cache_len(cache_len, prompts_BP.shape[1], max_new_tokens, lookahead)
+    cache_len = resolve_cache_len(cache_len, prompts_BP.shape[1], max_new_tokens, lookahead)
     max_new = jnp.asarray(max_new_tokens, jnp.int32)
     return (prompts_BP, lengths_B, max_new, sampling, _eos_array(eos_id)), cache_len
 
