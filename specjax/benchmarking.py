@@ -102,13 +102,16 @@ def forward_costs(
     # `inner` forwards back to back in one fori_loop: inside the decode loop
     # nothing is dispatched from the host, so per-call dispatch overhead must
     # not count. Each step's tokens depend on the previous logits, so XLA cannot
-    # hoist the forward out of the loop.
+    # hoist the forward out of the loop. The cache is carried, as in the decode
+    # loop, so that its update is in place rather than a copy per call.
     def run(m, tokens, positions, cache):
-        def body(_, tokens):
-            logits = m(tokens, positions, cache)[0]
-            return jnp.minimum(tokens, jnp.argmax(logits, -1).astype(jnp.int32))
+        def body(_, carry):
+            tokens, cache = carry
+            logits, cache = m(tokens, positions, cache)
+            tokens = jnp.minimum(tokens, jnp.argmax(logits, -1).astype(jnp.int32))
+            return tokens, cache.rollback(positions[:, 0])
 
-        return jax.lax.fori_loop(0, inner, body, tokens)
+        return jax.lax.fori_loop(0, inner, body, (tokens, cache))[0]
 
     fwd = jax.jit(run)
     costs = {}

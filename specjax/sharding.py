@@ -65,6 +65,7 @@ PARAM_RULES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
     (r"(^|/)(gate|up)_proj/bias$", ("mlp",)),
     (r"(^|/)down_proj/kernel$", ("mlp", None)),
     (r"(^|/)embed_tokens/embedding$", ("vocab", None)),
+    (r"(^|/)embed_tokens/kernel$", (None, "vocab")),  # tied: stored as the head [E, V]
     (r"(^|/)lm_head/kernel$", (None, "vocab")),
 )
 
@@ -296,7 +297,7 @@ class ShardedModel:
         return self.model.dtype
 
     def cache_spec(self, batch_size: int, num_kv_heads: int) -> P:
-        """``PartitionSpec`` of the ``[L, B, S, K, D]`` keys/values of a cache."""
+        """``PartitionSpec`` of a cache's keys ``[L, B, K, D, S]`` / values ``[L, B, K, S, D]``."""
         data = self.data_axis
         if not _fits(batch_size, self.mesh, data):
             if self.indivisible == "raise":
@@ -305,7 +306,7 @@ class ShardedModel:
                 )
             data = None
         heads = self.model_axis if _fits(num_kv_heads, self.mesh, self.model_axis) else None
-        return P(None, data, None, heads, None)
+        return P(None, data, heads, None, None)
 
     def constrain_cache(self, cache: KVCache) -> KVCache:
         """Applies the cache sharding (inside jit a constraint, outside a placement)."""
@@ -313,7 +314,7 @@ class ShardedModel:
             raise TypeError(
                 f"ShardedModel knows the layout of specjax.KVCache only, got {type(cache).__name__}"
             )
-        spec = self.cache_spec(cache.k.shape[1], cache.k.shape[3])
+        spec = self.cache_spec(cache.k.shape[1], cache.k.shape[2])
         kv = NamedSharding(self.mesh, spec)
         rows = NamedSharding(self.mesh, P(spec[1]))
         wsc = jax.lax.with_sharding_constraint

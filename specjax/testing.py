@@ -70,7 +70,7 @@ def perturbed(model, seed: int = 0):
     for key, (path, var) in zip(keys, flat, strict=True):
         x = var.get_value()
         noise = jax.random.normal(key, x.shape, jnp.float32)
-        if x.ndim == 2:  # kernels [in, out] and the embedding [V, E]
+        if x.ndim == 2:  # kernels [in, out] (a tied embedding too) and the embedding [V, E]
             value = noise / np.sqrt(x.shape[-1] if path[-1] == "embedding" else x.shape[0])
         elif path[-1] == "weight":  # RMSNorm scales
             value = 1 + 0.3 * noise

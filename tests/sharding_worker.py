@@ -128,8 +128,8 @@ def check_mesh(shape, target, draft, prompts, reference):
     rec["prompts_ok"] = equivalent(sharded_prompts, mesh, P("data"))
 
     # Caches: built under jit, and as they come out of the decode loops.
-    cache_spec = P(None, "data", None, kv, None)
-    draft_cache_spec = P(None, "data", None, "model" if draft_tp else None, None)
+    cache_spec = P(None, "data", kv, None, None)
+    draft_cache_spec = P(None, "data", "model" if draft_tp else None, None, None)
     cache = jax.jit(lambda m: m.init_cache(BATCH, CACHE_LEN))(st)
     rec["init_cache_ok"] = equivalent(cache.k, mesh, cache_spec) and equivalent(
         cache.lengths, mesh, P("data")

@@ -183,7 +183,8 @@ def test_cache_contract():
     cache = model.init_cache(3, 16)
     c = model.config
     assert isinstance(cache, KVCache)
-    assert cache.k.shape == (c.num_layers, 3, 16, c.num_kv_heads, c.head_dim)
+    assert cache.k.shape == (c.num_layers, 3, c.num_kv_heads, c.head_dim, 16)
+    assert cache.v.shape == (c.num_layers, 3, c.num_kv_heads, 16, c.head_dim)
     assert (cache.batch_size, cache.max_len) == (3, 16)
     positions = np.array([[0, 1], [4, 5], [2, 3]], np.int32)
     logits, new = _forward(model, _tokens((3, 2)), positions, cache)

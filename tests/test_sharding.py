@@ -91,8 +91,8 @@ def test_caches_sharded_under_jit(report, mesh):
 @pytest.mark.slow
 def test_cache_split_by_batch_and_heads(report):
     rec = report["meshes"]["4x2"]
-    assert rec["init_cache_spec"] == "P(None, 'data', None, 'model')"
-    assert rec["loop_cache_spec"]["target"] == "P(None, 'data', None, 'model')"
+    assert rec["init_cache_spec"] == "P(None, 'data', 'model')"
+    assert rec["loop_cache_spec"]["target"] == "P(None, 'data', 'model')"
 
 
 @pytest.mark.slow
@@ -118,7 +118,7 @@ def test_batch_and_axis_errors(report):
     assert "equal length" in errors["ragged"]
     assert errors["axis_name"] == "model axis 'tp' is not an axis of the mesh ('data', 'model')"
     # indivisible="replicate" keeps such a batch whole and still splits the heads.
-    assert errors["replicated_batch_spec"] == "P(None, None, None, 'model')"
+    assert errors["replicated_batch_spec"] == "P(None, None, 'model')"
 
 
 # ----------------------------------------------------------------------------

@@ -18,9 +18,16 @@ class KVCache:
     Rolling back rejected tokens is therefore just ``cache.replace(lengths=...)``:
     no copy, the stale slots are overwritten by the next write.
 
+    Layout: heads come before slots, and keys are stored transposed (slots
+    minor), so that both attention products are plain batched matmuls over
+    ``(B, K)``: ``q [G·T, D] @ k [D, S]`` and ``weights [G·T, S] @ v [S, D]``.
+    With slots before heads, XLA:CPU copied (transposed) every layer's keys and
+    values on every forward, which cost more than the attention itself (see
+    BENCHMARKS.md, "Profiling the decode step").
+
     Attributes:
-        k: ``[L, B, S, K, D]`` keys (S = max cache length, K = kv heads).
-        v: ``[L, B, S, K, D]`` values.
+        k: ``[L, B, K, D, S]`` keys (K = kv heads, D = head dim, S = max cache length).
+        v: ``[L, B, K, S, D]`` values.
         lengths: ``int32[B]`` number of valid slots per row.
     """
 
@@ -30,10 +37,9 @@ class KVCache:
 
     @classmethod
     def zeros(cls, num_layers, batch_size, max_len, num_kv_heads, head_dim, dtype=jnp.float32):
-        shape = (num_layers, batch_size, max_len, num_kv_heads, head_dim)
         return cls(
-            k=jnp.zeros(shape, dtype),
-            v=jnp.zeros(shape, dtype),
+            k=jnp.zeros((num_layers, batch_size, num_kv_heads, head_dim, max_len), dtype),
+            v=jnp.zeros((num_layers, batch_size, num_kv_heads, max_len, head_dim), dtype),
             lengths=jnp.zeros((batch_size,), jnp.int32),
         )
 
@@ -43,7 +49,7 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.v.shape[3]
 
     def rollback(self, lengths: jax.Array) -> KVCache:
         """Returns the cache truncated to ``lengths`` (int32[B]) per row; O(1)."""

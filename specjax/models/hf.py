@@ -10,7 +10,8 @@ Parameter names mirror Hugging Face's module tree, so the mapping is
 mechanical: NNX path ``layers/3/self_attn/q_proj/kernel`` is tensor
 ``model.layers.3.self_attn.q_proj.weight``, transposed (``nn.Linear`` stores
 ``[out, in]``, NNX kernels ``[in, out]``); ``embedding`` is ``weight``;
-``lm_head`` has no ``model.`` prefix.
+``lm_head`` has no ``model.`` prefix. A tied embedding is stored as the head's
+kernel (``embed_tokens/kernel``, ``[E, V]``), so it is transposed like one.
 
 Anything the Llama-family decoder here would not compute exactly like
 ``transformers`` (a MoE, another activation, another RoPE scaling, a sliding

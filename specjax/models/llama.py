@@ -91,16 +91,18 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(d, c.rms_norm_eps, dtype)
             self.k_norm = RMSNorm(d, c.rms_norm_eps, dtype)
 
-    def __call__(self, x_BTE, positions_BT, k_LBSKD, v_LBSKD, layer: int, inv_freq):
+    def __call__(self, x_BTE, positions_BT, k_LBKDS, v_LBKSD, layer: int, inv_freq):
         """Attends ``x`` to the cache after writing its keys/values into layer ``layer``.
 
-        The whole ``[L, B, S, K, D]`` cache goes in and out, so that a caller who
-        donates it gets an in-place update instead of a per-layer copy. With
-        ``k_LBSKD is None`` there is no cache: ``x`` attends to itself.
+        The whole cache (keys ``[L, B, K, D, S]``, values ``[L, B, K, S, D]``)
+        goes in and out, so that inside a loop that carries it XLA updates it in
+        place instead of copying a layer. With ``k_LBKDS is None`` there is no
+        cache: ``x`` attends to itself.
         """
         c = self.config
         b, t, _ = x_BTE.shape
         d, h, kh = c.head_dim, c.num_heads, c.num_kv_heads
+        g = h // kh  # query heads per kv head
         q = self.q_proj(x_BTE).reshape(b, t, h, d)
         k = self.k_proj(x_BTE).reshape(b, t, kh, d)
         v = self.v_proj(x_BTE).reshape(b, t, kh, d)
@@ -109,39 +111,47 @@ class Attention(nnx.Module):
         q = apply_rope(q, positions_BT, inv_freq)
         k = apply_rope(k, positions_BT, inv_freq)
 
-        if k_LBSKD is None:
+        if k_LBKDS is None:
             # No cache (training, scoring whole sequences): attend over the T
             # new keys at their own positions.
-            k_keys, v_keys, key_pos_BS = k, v, positions_BT
+            keys_BKDS = k.transpose(0, 2, 3, 1)
+            values_BKSD = v.transpose(0, 2, 1, 3)
+            key_pos_BS = positions_BT
         else:
             # Slot == position. mode="drop" makes a write past the end of the
-            # cache a no-op instead of XLA's default of clamping onto the last slot.
+            # cache a no-op instead of XLA's default of clamping onto the last
+            # slot. (Indexing puts the broadcast [B, T] dims first: [B, T, K, D].)
             rows = jnp.arange(b)[:, None]
-            k_LBSKD = k_LBSKD.at[layer, rows, positions_BT].set(
-                k.astype(k_LBSKD.dtype), mode="drop"
+            k_LBKDS = k_LBKDS.at[layer, rows, :, :, positions_BT].set(
+                k.astype(k_LBKDS.dtype), mode="drop"
             )
-            v_LBSKD = v_LBSKD.at[layer, rows, positions_BT].set(
-                v.astype(v_LBSKD.dtype), mode="drop"
+            v_LBKSD = v_LBKSD.at[layer, rows, :, positions_BT].set(
+                v.astype(v_LBKSD.dtype), mode="drop"
             )
-            k_keys, v_keys = k_LBSKD[layer], v_LBSKD[layer]
-            key_pos_BS = jnp.arange(k_keys.shape[1])[None]
+            keys_BKDS, values_BKSD = k_LBKDS[layer], v_LBKSD[layer]
+            key_pos_BS = jnp.arange(values_BKSD.shape[2])[None]
 
-        q = q.reshape(b, t, kh, h // kh, d)
+        # Queries grouped by kv head, rows ordered (g, t): [B, K, G*T, D]. Both
+        # products are then plain batched matmuls over (B, K), with no copy of
+        # the cache (the reason for its layout).
+        q_BKQD = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, d)
         scores = jnp.einsum(
-            "btkgd,bskd->bkgts", q, k_keys, preferred_element_type=jnp.float32
+            "bkqd,bkds->bkqs", q_BKQD, keys_BKDS, preferred_element_type=jnp.float32
         ) / math.sqrt(d)
         key_pos = key_pos_BS[:, None, :]
         query_pos = positions_BT[:, :, None]
         visible = key_pos <= query_pos  # [B, T, S]
         if c.sliding_window is not None:
             visible &= key_pos > query_pos - c.sliding_window
+        visible_BQS = jnp.tile(visible, (1, g, 1))  # rows (g, t), as in q_BKQD
         # A finite minimum rather than -inf: a query with nothing visible (only
         # possible for positions beyond the cache, whose writes are dropped)
         # gets uniform weights instead of NaNs that could leak downstream.
-        scores = jnp.where(visible[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(v_keys.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", weights, v_keys).reshape(b, t, h * d)
-        return self.o_proj(out), k_LBSKD, v_LBSKD
+        scores = jnp.where(visible_BQS[:, None], scores, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(values_BKSD.dtype)
+        out_BKQD = jnp.einsum("bkqs,bksd->bkqd", weights, values_BKSD)
+        out = out_BKQD.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h * d)
+        return self.o_proj(out), k_LBKDS, v_LBKSD
 
 
 class MLP(nnx.Module):
@@ -171,19 +181,46 @@ class DecoderLayer(nnx.Module):
         return x, k_cache, v_cache
 
 
+class TiedEmbedding(nnx.Module):
+    """The token embedding of a model whose LM head reuses it (``tie_word_embeddings``).
+
+    It is stored as the head's ``kernel`` ``[E, V]``, not as ``nnx.Embed``'s
+    ``[V, E]``. Decoding runs the head on every step, where ``hidden @ kernel``
+    with a ``[V, E]`` table made XLA:CPU transpose (copy) the whole table on
+    each call; the lookup reads only T columns, which costs nothing in either
+    layout. Hugging Face import/export transposes it like any other kernel.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, dtype, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(0.02)
+        self.kernel = nnx.Param(init(rngs.params(), (hidden_size, vocab_size), dtype))
+
+    def __call__(self, tokens_BT):
+        """Embeddings ``[B, T, E]`` of ``tokens``."""
+        return jnp.moveaxis(jnp.take(self.kernel[...], tokens_BT, axis=1), 0, -1)
+
+    def attend(self, hidden_BTE):
+        """Logits ``[B, T, V]`` of hidden states."""
+        kernel = self.kernel[...]
+        return hidden_BTE.astype(kernel.dtype) @ kernel
+
+
 class Transformer(nnx.Module):
     """The decoder as an NNX module. Use it through :class:`Model`."""
 
     def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs):
         self.config = config
-        self.embed_tokens = nnx.Embed(
-            config.vocab_size,
-            config.hidden_size,
-            dtype=dtype,
-            param_dtype=dtype,
-            embedding_init=nnx.initializers.normal(0.02),
-            rngs=rngs,
-        )
+        if config.tie_word_embeddings:
+            self.embed_tokens = TiedEmbedding(config.vocab_size, config.hidden_size, dtype, rngs)
+        else:
+            self.embed_tokens = nnx.Embed(
+                config.vocab_size,
+                config.hidden_size,
+                dtype=dtype,
+                param_dtype=dtype,
+                embedding_init=nnx.initializers.normal(0.02),
+                rngs=rngs,
+            )
         self.layers = nnx.List(
             [DecoderLayer(config, dtype, rngs) for _ in range(config.num_layers)]
         )
