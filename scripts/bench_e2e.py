@@ -58,6 +58,8 @@ from specjax.benchmarking import (
     draft_cost,
     expected_tokens_per_step,
     forward_costs,
+    interleaved_cost,
+    peak_matmul_flops,
     predicted_speedup,
     time_call,
 )
@@ -536,6 +538,17 @@ def measure_costs(pair, batch, context, gammas, lookup_gamma, args) -> dict:
         costs["draft"][("draft", g)] = draft_cost(drafter, batch, context, sampling, **kw)
     drafter = specjax.PromptLookup(ngram=args.ngram, num_draft=lookup_gamma)
     costs["draft"][("lookup", lookup_gamma)] = draft_cost(drafter, batch, context, sampling, **kw)
+    # Diagnostics, not part of the prediction: the main γ's proposal and
+    # verification back to back in one loop, and the machine's matmul ceiling.
+    drafter = specjax.DraftModel(pair.draft, num_draft=args.gamma)
+    costs["interleaved"] = {
+        ("draft", args.gamma): interleaved_cost(
+            pair.target, drafter, batch, context, sampling, **kw
+        )
+    }
+    costs["peak_flops"] = peak_matmul_flops(256 if args.quick else 1024)
+    config = getattr(pair.target, "config", None)
+    costs["target_params"] = config.num_params() if config is not None else float("nan")
     return costs
 
 
@@ -575,6 +588,12 @@ def row_of(system: System, plain: System | None, costs: dict | None) -> dict:
             row["model_step_ms"] = (c_verify + c_draft) * 1e3
             row["cost_step_ms"], row["cost_verify_ms"] = c1 * 1e3, c_verify * 1e3
             row["cost_draft_ms"] = c_draft * 1e3
+            interleaved = costs.get("interleaved", {}).get((system.method, g))
+            row["interleaved_ms"] = None if interleaved is None else interleaved * 1e3
+            # Compute used by the verification forward: ≈ 2 FLOPs per parameter per token.
+            flops = 2 * costs["target_params"] * system.batch * (g + 1)
+            row["verify_gflops"] = flops / c_verify / 1e9
+            row["peak_gflops"] = costs["peak_flops"] / 1e9
             if row["alpha"] is not None:
                 pred = predicted_speedup(row["alpha"], g, c1, c_verify, c_draft)
                 row["predicted_speedup"] = pred
@@ -810,6 +829,26 @@ def diagnosis(rows) -> list[str]:
             f"(×{p_step / p_model:.2f}). A verify forward (T={r['gamma'] + 1}) costs "
             f"{verify:.2f}× a T=1 forward, a draft proposal {draft:.2f}×."
         )
+        if r.get("interleaved_ms") is not None:
+            both = r["interleaved_ms"]
+            out[-1] += (
+                f" Run back to back in one loop (no acceptance or bookkeeping), the proposal "
+                f"and the verification cost {both:.2f} ms, against {model:.2f} ms apart: "
+                f"{both - model:+.2f} ms is what the two calls cost each other (on a CPU, "
+                f"mostly weights they evict from the caches); the loop's own work (acceptance, "
+                f"sampling, buffers) is the remaining {step - both:+.2f} ms of the "
+                f"{step:.2f} ms step."
+            )
+    large = [r for r in rows if r["framework"] == "specjax" and r["batch"] > 1]
+    for r in large:
+        if r["method"] == "draft" and r["temperature"] == 0 and r.get("verify_gflops"):
+            out.append(
+                f"* batch {r['batch']}: the verification forward ({r['batch']}×{r['gamma'] + 1} "
+                f"tokens) runs at {r['verify_gflops']:.0f} GFLOP/s, "
+                f"{r['verify_gflops'] / r['peak_gflops']:.0%} of this machine's measured "
+                f"float32 matmul peak ({r['peak_gflops']:.0f} GFLOP/s): at this batch the step "
+                f"is compute-bound, so tokens that are drafted and rejected cost real time."
+            )
     return out
 
 

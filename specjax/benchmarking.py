@@ -124,6 +124,15 @@ def forward_costs(
     return costs
 
 
+def _drafter_at_context(drafter, batch_size: int, context: int, cache_len: int):
+    """``(lengths, seq, state)``: rows of ``context`` tokens in a ``cache_len`` buffer, and
+    the drafter's state after them."""
+    lengths = jnp.full((batch_size,), context, jnp.int32)
+    seq = jnp.ones((batch_size, cache_len), jnp.int32)
+    init = jax.jit(lambda d, p, n: d.init(p, n, cache_len))
+    return lengths, seq, init(drafter, seq[:, :context], lengths)
+
+
 def draft_cost(
     drafter,
     batch_size: int,
@@ -136,10 +145,7 @@ def draft_cost(
 ) -> float:
     """Median seconds of one ``drafter.propose`` (all γ draft tokens) at ``context``."""
     cache_len = cache_len or context + drafter.num_draft + 2
-    prompts = jnp.ones((batch_size, context), jnp.int32)
-    lengths = jnp.full((batch_size,), context, jnp.int32)
-    seq = jnp.ones((batch_size, cache_len), jnp.int32)
-    state = jax.jit(lambda d, p, n: d.init(p, n, cache_len))(drafter, prompts, lengths)
+    lengths, seq, state = _drafter_at_context(drafter, batch_size, context, cache_len)
 
     # As in forward_costs: `inner` proposals in one loop, each fed the last.
     def run(d, key, state, seq, lengths, sampling):
@@ -153,6 +159,74 @@ def draft_cost(
         jax.jit(run), drafter, jax.random.key(0), state, seq, lengths, sampling, repeats=repeats
     )
     return timing.median_s / inner
+
+
+def interleaved_cost(
+    target,
+    drafter,
+    batch_size: int,
+    context: int,
+    sampling,
+    *,
+    repeats: int = 10,
+    inner: int = 10,
+    cache_len: int | None = None,
+) -> float:
+    """Median seconds of one proposal followed by its verification forward, back to back.
+
+    The same two calls as :func:`draft_cost` and :func:`forward_costs` (T = γ+1),
+    alternating in one loop as they do in the decoder, without the decoder's
+    acceptance and bookkeeping. Compared with the sum of the separate costs, it
+    shows what the two models cost each other (on a CPU: caches they evict).
+    """
+    gamma = drafter.num_draft
+    cache_len = cache_len or context + gamma + 2
+    lengths, seq, state = _drafter_at_context(drafter, batch_size, context, cache_len)
+    _, target_cache = jax.jit(prefill, static_argnums=3)(
+        target, seq[:, :context], lengths, cache_len
+    )
+    positions = (context - 1) + jnp.broadcast_to(jnp.arange(gamma + 1), (batch_size, gamma + 1))
+
+    def run(m, d, key, carry, sampling):
+        def body(i, carry):
+            seq, target_cache, state = carry
+            proposal = d.propose(jax.random.fold_in(key, i), state, seq, lengths, sampling)
+            tokens = jnp.concatenate([seq[:, :1], proposal.tokens], axis=1)
+            logits, target_cache = m(tokens, positions, target_cache)
+            tokens = jnp.minimum(tokens, jnp.argmax(logits, -1).astype(jnp.int32))
+            return (
+                seq.at[:, : gamma + 1].set(tokens),
+                target_cache.rollback(lengths - 1),
+                d.update(proposal.state, lengths),
+            )
+
+        return jax.lax.fori_loop(0, inner, body, carry)[0]
+
+    timing, _ = time_fn(
+        jax.jit(run),
+        target,
+        drafter,
+        jax.random.key(0),
+        (seq, target_cache, state),
+        sampling,
+        repeats=repeats,
+    )
+    return timing.median_s / inner
+
+
+def peak_matmul_flops(size: int = 1024, *, repeats: int = 5, inner: int = 10) -> float:
+    """Float32 FLOP/s of a square ``size`` matmul on the default device: a compute ceiling.
+
+    Every forward of ``N`` parameters costs at least ``2·N`` FLOPs per token, so
+    tokens/s can never exceed ``peak / (2·N)`` per token computed.
+    """
+    a = jnp.full((size, size), 1.0 / size, jnp.float32)
+
+    def run(a):
+        return jax.lax.fori_loop(0, inner, lambda _, x: x @ a, a)
+
+    timing, _ = time_fn(jax.jit(run), a, repeats=repeats)
+    return 2 * size**3 * inner / timing.median_s
 
 
 def speculative_prediction(

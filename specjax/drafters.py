@@ -148,8 +148,10 @@ class DraftModel(Drafter):
             next_token, probs = draw(step_key, logits[:, 0])
             return (next_token, position_B + 1, cache), (next_token, probs)
 
+        # Unrolled: γ is small and static, and the inner while loop's carry
+        # copies cost ~10% of a proposal on CPU (0.37 -> 0.335 ms, bundled draft, γ=4).
         (_, _, cache), (tokens_rest, probs_rest) = jax.lax.scan(
-            step, (token, last + 1, cache), keys[1:]
+            step, (token, last + 1, cache), keys[1:], unroll=True
         )
         tokens = jnp.concatenate([token[:, None], jnp.moveaxis(tokens_rest, 0, 1)], axis=1)
         probs = jnp.concatenate([probs[:, None], jnp.moveaxis(probs_rest, 0, 1)], axis=1)

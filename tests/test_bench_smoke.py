@@ -25,18 +25,19 @@ def _load_script():
     return sys.modules["bench_e2e"]
 
 
-@pytest.mark.slow
-def test_quick_run_prints_tables_and_writes_results(tmp_path):
+def _run_script(path: Path, *args: str) -> str:
+    """Runs a script on CPU; its stdout, after asserting it exited 0."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
+        [sys.executable, str(path), *args], capture_output=True, text=True, env=env, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    out = proc.stdout
+    return proc.stdout
+
+
+@pytest.mark.slow
+def test_quick_run_prints_tables_and_writes_results(tmp_path):
+    out = _run_script(SCRIPT, "--quick", "--out", str(tmp_path))
     assert "| system | method | batch | T | tok/s |" in out
     assert "γ sweep" in out and "Targets:" in out
     assert "agree token for token" in out
@@ -48,6 +49,14 @@ def test_quick_run_prints_tables_and_writes_results(tmp_path):
     assert all(r["tokens"] == 2 * 12 for r in results["rows"] if r["batch"] == 1)
     for name in ("gamma_sweep.png", "throughput.png", "results.md"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_profile_script_quick_run_prints_ops_and_breakdown():
+    out = _run_script(SCRIPT.parent / "profile_decode.py", "--quick", "--top", "5")
+    assert "draft decoding, batch 1" in out and "ms/step median" in out
+    assert "per-op profile" in out and "cost breakdown" in out
+    assert "loop machinery (trivial models, min)" in out
 
 
 def test_equal_outputs_pass():

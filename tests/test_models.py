@@ -192,6 +192,21 @@ def test_cache_contract():
     np.testing.assert_array_equal(new.lengths, [2, 6, 4])
 
 
+def test_tied_embedding_is_stored_as_the_head_kernel():
+    # Tied: one [E, V] kernel serves the lookup (its columns) and the head (a plain
+    # matmul, no per-call transpose). Untied: nnx.Embed's [V, E] plus the head.
+    tied, untied = _model("qwen3_tied"), Model.random(ModelConfig(vocab_size=61))
+    c = tied.config
+    kernel = tied.params["embed_tokens"]["kernel"][...]
+    assert kernel.shape == (c.hidden_size, c.vocab_size)
+    assert "lm_head" not in tied.params
+    module = nnx.merge(tied.graphdef, tied.params)
+    tokens = _tokens((2, 3))
+    np.testing.assert_array_equal(module.embed_tokens(tokens), np.asarray(kernel).T[tokens])
+    assert untied.params["embed_tokens"]["embedding"][...].shape == (61, untied.config.hidden_size)
+    assert untied.params["lm_head"]["kernel"][...].shape == (untied.config.hidden_size, 61)
+
+
 @pytest.mark.parametrize(
     "config",
     [

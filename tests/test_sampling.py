@@ -271,6 +271,22 @@ def test_greedy_is_one_hot_of_lowest_argmax_per_row():
     np.testing.assert_array_equal(mixed[2], np.eye(4)[2])
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    hnp.arrays(
+        np.float32,
+        hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=9),
+        # Few distinct values, so that ties are common; infinities and NaN included.
+        elements=st.sampled_from([-np.inf, -1.0, 0.0, 0.5, 2.0, np.inf, np.nan]),
+    )
+)
+def test_greedy_tokens_equal_numpy_argmax_with_nan_as_minus_inf(logits):
+    # greedy_tokens is a max then the lowest index holding it (vectorises on CPU);
+    # it must agree with argmax exactly, ties and non-finite values included.
+    expected = np.argmax(np.where(np.isnan(logits), -np.inf, logits), axis=-1)
+    np.testing.assert_array_equal(jax.jit(greedy_tokens)(logits), expected)
+
+
 # --------------------------------------------------------------------------------------
 # sample.
 

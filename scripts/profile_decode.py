@@ -1,0 +1,252 @@
+"""Where a decode step's time goes: a per-op profile and a cost breakdown.
+
+Two views of one decoder (plain ``generate`` or ``speculative_generate`` with the
+draft model or prompt lookup) on the bundled pair, or on Hugging Face folders:
+
+1. **Per-op profile.** One ``jax.profiler`` trace of a few decoding runs; the
+   XLA ops are summed by kind and output shape (from the compiled HLO) and
+   printed per decode step, largest first. This is how the cache layout, the
+   tied-head layout and the argmax of specjax were chosen (BENCHMARKS.md,
+   "Profiling the decode step").
+2. **Cost breakdown** (``speculative`` methods): the measured step time next to
+   the isolated costs of its parts: the verification forward, the proposal,
+   the two back to back (``specjax.benchmarking.interleaved_cost``), and the
+   loop's own work, measured by running the same loop with a trivial target
+   and drafter (``HashModel``: all of the loop, almost none of a model).
+
+Usage::
+
+    python scripts/profile_decode.py                      # draft model, γ=4, T=0
+    python scripts/profile_decode.py --method plain
+    python scripts/profile_decode.py --batch 16 --top 30
+    python scripts/profile_decode.py --quick              # tiny random pair, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+import specjax
+from specjax import decode
+from specjax.benchmarking import draft_cost, forward_costs, interleaved_cost
+from specjax.decode import resolve_cache_len
+
+# Trace events that are containers or runtime bookkeeping rather than XLA ops.
+_NOT_OPS = (
+    "Thunk",
+    "$",
+    "Pjit",
+    "end:",
+    "Common",
+    "Parse",
+    "Handle",
+    "Slinky",
+    "DevicePut",
+    "np.",
+)
+_CONTAINERS = ("while", "cond", "call")
+
+
+@struct.dataclass
+class LengthsOnly:
+    """Cache of a model without history: only the per-row lengths."""
+
+    lengths: jax.Array
+
+    def rollback(self, lengths):
+        return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
+
+
+@struct.dataclass
+class HashModel:
+    """A trivial model with the real vocabulary: token t always predicts (31·t + 7) mod V.
+
+    All of the decode loop, almost none of a model: one compare per logit, no weights.
+    """
+
+    vocab: int = struct.field(pytree_node=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab
+
+    def init_cache(self, batch_size: int, max_len: int) -> LengthsOnly:
+        return LengthsOnly(lengths=jnp.zeros((batch_size,), jnp.int32))
+
+    def __call__(self, tokens_BT, positions_BT, cache):
+        ids_V = jnp.arange(self.vocab, dtype=jnp.int32)
+        nxt = (tokens_BT * 31 + 7) % self.vocab
+        logits = jnp.where(ids_V == nxt[..., None], 5.0, 0.0)
+        return logits, LengthsOnly(lengths=positions_BT[:, -1] + 1)
+
+
+def load(args):
+    if args.quick:
+        from specjax.testing import tiny_model
+
+        target = tiny_model(seed=0, vocab_size=256)
+        return target, tiny_model(seed=1, vocab_size=256), None
+    if args.target:
+        target = specjax.load_pretrained(args.target)
+        draft = specjax.load_pretrained(args.draft) if args.draft else None
+        return target, draft, target.tokenizer
+    from specjax.pretrained import default_pair
+
+    return default_pair()
+
+
+def prompts_of(args, vocab_size: int, tokenizer):
+    if tokenizer is None:
+        key = jax.random.key(args.seed)
+        return jax.random.randint(key, (args.batch, args.prompt_tokens), 0, vocab_size)
+    text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return "
+    ids = tokenizer.encode(text * 40).ids[-args.prompt_tokens :]
+    return jnp.asarray([ids] * args.batch, jnp.int32)
+
+
+def make_drafter(method: str, draft, gamma: int):
+    if method == "draft":
+        if draft is None:
+            raise SystemExit("--method draft needs a draft model (--draft)")
+        return specjax.DraftModel(draft, num_draft=gamma)
+    return specjax.PromptLookup(num_draft=gamma)
+
+
+def decode_fn(method, target, drafter, prompts, args, sampling):
+    key = jax.random.key(args.seed)
+    kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling)
+    if method == "plain":
+        return lambda: specjax.generate(key, target, prompts, **kw)
+    return lambda: specjax.speculative_generate(key, target, drafter, prompts, **kw)
+
+
+def step_ms(fn, repeats: int) -> tuple[float, float, int]:
+    """(min, median) ms per decode step over ``repeats`` runs, and the step count."""
+    out = jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    steps = int(out.stats.target_calls)
+    return min(times) / steps * 1e3, statistics.median(times) / steps * 1e3, steps
+
+
+def compiled_shapes(method, target, drafter, prompts, args, sampling) -> dict[str, str]:
+    """HLO instruction name -> output shape, from the decoder's compiled program."""
+    lookahead = 1 if method == "plain" else drafter.num_draft + 1
+    traced, cache_len = decode._prepare(
+        target, prompts, args.max_new_tokens, sampling, None, None, lookahead
+    )
+    key = jax.random.key(args.seed)
+    if method == "plain":
+        lowered = decode._generate_jit.lower(key, target, *traced, cache_len=cache_len)
+    else:
+        lowered = decode._speculative_jit.lower(key, target, drafter, *traced, cache_len=cache_len)
+    return dict(re.findall(r"%([\w.\-]+) = (\S+\[[\d,]*\])", lowered.compile().as_text()))
+
+
+def op_profile(fn, shapes: dict[str, str], steps: int, runs: int = 3):
+    """Per-step microseconds and counts of each (op kind, output shape)."""
+    jax.block_until_ready(fn())  # compiled, warm, and finished before the trace starts
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp, create_perfetto_trace=True):
+            for _ in range(runs):
+                jax.block_until_ready(fn())
+        trace = next(Path(tmp).rglob("*.trace.json.gz"))
+        events = json.load(gzip.open(trace))["traceEvents"]
+    total = collections.Counter()
+    count = collections.Counter()
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") != "X" or name.startswith(_NOT_OPS):
+            continue
+        kind = re.sub(r"[.\d]+$", "", name)
+        if kind.startswith(_CONTAINERS):
+            continue  # their time is the ops inside them
+        op = (kind, shapes.get(name, "?"))
+        total[op] += e["dur"] / (runs * steps)
+        count[op] += 1 / (runs * steps)
+    return total, count
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", help="Hugging Face folder of the target (default: bundled)")
+    parser.add_argument("--draft", help="Hugging Face folder of the draft")
+    parser.add_argument("--method", choices=["draft", "lookup", "plain"], default="draft")
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--prompt-tokens", type=int, default=80)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=9, help="timed runs per measurement")
+    parser.add_argument("--top", type=int, default=20, help="ops to list")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="tiny random pair, few tokens")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.prompt_tokens, args.max_new_tokens, args.repeats = 8, 12, 2
+
+    target, draft, tokenizer = load(args)
+    prompts = prompts_of(args, target.vocab_size, tokenizer)
+    sampling = specjax.SamplingConfig(temperature=args.temperature)
+    drafter = None if args.method == "plain" else make_drafter(args.method, draft, args.gamma)
+    fn = decode_fn(args.method, target, drafter, prompts, args, sampling)
+
+    best, median, steps = step_ms(fn, args.repeats)
+    print(
+        f"{args.method} decoding, batch {args.batch}, T={args.temperature:g}"
+        + ("" if drafter is None else f", γ={args.gamma}")
+        + f": {median:.3f} ms/step median, {best:.3f} min, {steps} steps"
+    )
+
+    shapes = compiled_shapes(args.method, target, drafter, prompts, args, sampling)
+    total, count = op_profile(fn, shapes, steps)
+    print(f"\nper-op profile (µs per step, profiler on; sum {sum(total.values()):.0f} µs):")
+    for op, us in total.most_common(args.top):
+        print(f"{us:9.1f} µs  {count[op]:6.1f}×  {op[0]:<32} {op[1]}")
+
+    if drafter is None:
+        return 0
+    context = args.prompt_tokens + args.max_new_tokens // 2
+    cache_len = resolve_cache_len(None, args.prompt_tokens, args.max_new_tokens, args.gamma + 1)
+    kw = dict(cache_len=cache_len, repeats=args.repeats)
+    b = args.batch
+    verify = forward_costs(target, b, context, [args.gamma + 1], **kw)[args.gamma + 1] * 1e3
+    propose = draft_cost(drafter, b, context, sampling, **kw) * 1e3
+    both = interleaved_cost(target, drafter, b, context, sampling, **kw) * 1e3
+    trivial = HashModel(vocab=target.vocab_size)
+    trivial_drafter = (
+        specjax.DraftModel(trivial, num_draft=args.gamma) if args.method == "draft" else drafter
+    )
+    loop_only = decode_fn(args.method, trivial, trivial_drafter, prompts, args, sampling)
+    machinery, _, _ = step_ms(loop_only, args.repeats)
+    print(f"\ncost breakdown at context {context}, cache {cache_len} (ms):")
+    rows = [
+        (f"verification forward (T={args.gamma + 1})", f"{verify:8.3f}"),
+        ("proposal", f"{propose:8.3f}"),
+        ("both, back to back in one loop", f"{both:8.3f}  ({both - verify - propose:+.3f})"),
+        ("loop machinery (trivial models, min)", f"{machinery:8.3f}"),
+        ("measured step (median / min)", f"{median:8.3f} / {best:.3f}"),
+    ]
+    for label, value in rows:
+        print(f"  {label:<40}{value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
