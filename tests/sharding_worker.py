@@ -38,7 +38,10 @@ BATCH, PROMPT_LEN, NEW_TOKENS, CACHE_LEN, GAMMA = 8, 5, 10, 32, 3
 # num_kv_heads=4 does not divide a model axis of 8: the (1, 8) mesh checks
 # the error and then the documented replication fallback.
 TARGET = dict(vocab_size=V, num_heads=8, num_kv_heads=4, hidden_size=32, intermediate_size=64)
-DRAFT = dict(vocab_size=V, num_heads=4, num_kv_heads=2, hidden_size=16, intermediate_size=32)
+DRAFT = dict(
+    vocab_size=V, num_heads=4, num_kv_heads=2, hidden_size=16, intermediate_size=32,
+    tie_word_embeddings=True,  # the tied [E, V] kernel, split by vocabulary
+)  # fmt: skip
 GREEDY = specjax.SamplingConfig.greedy()
 SAMPLED = specjax.SamplingConfig(temperature=1.0, top_p=0.9)
 
@@ -125,6 +128,8 @@ def check_mesh(shape, target, draft, prompts, reference):
     rec["q_shape"] = list(q.shape)
     draft_q = sd.params["layers"][0]["self_attn"]["q_proj"]["kernel"][...]
     rec["draft_q_ok"] = equivalent(draft_q, mesh, P(None, "model" if draft_tp else None))
+    draft_embed = sd.params["embed_tokens"]["kernel"][...]  # tied: [E, V], vocab split
+    rec["draft_embed_ok"] = equivalent(draft_embed, mesh, P(None, "model" if draft_tp else None))
     rec["prompts_ok"] = equivalent(sharded_prompts, mesh, P("data"))
 
     # Caches: built under jit, and as they come out of the decode loops.

@@ -73,7 +73,7 @@ def test_sharded_decoding_matches_single_device(report, mesh):
 def test_params_placed_by_rules(report, mesh):
     rec = report["meshes"][mesh]
     assert all(rec["params_ok"].values()), rec["params_spec"]
-    assert rec["draft_q_ok"] and rec["prompts_ok"]
+    assert rec["draft_q_ok"] and rec["draft_embed_ok"] and rec["prompts_ok"]
     # The q projection really is split into H*D / model-size columns per device.
     model_size = rec["shape"][1]
     assert rec["q_shard_shape"] == [rec["q_shape"][0], rec["q_shape"][1] // model_size]
