@@ -1,7 +1,10 @@
 """The ``specjax`` command: generate with the bundled pair, train, distil.
 
-User errors (bad options, missing files, mismatched models) print one line to
-stderr and exit with status 2; only genuine bugs show a traceback.
+User errors (bad options, missing files, mismatched models, an --out that would
+be overwritten) print one line to stderr and exit with status 2, and the train
+and distill commands check everything they can before training starts. A
+failing file system (a full disk, a permission denied) prints one line and exits
+with status 1. Only genuine bugs show a traceback.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -255,28 +259,137 @@ SIZES = {
     "target": (384, 8, 6, 2, 1024),
 }
 
+# The family the train/distill commands build; the output check compares against it.
+_TRAINED_MODEL_TYPE = "llama"
+# Where the commands keep training checkpoints, inside --out; the final export
+# carries this folder over instead of deleting it, so --resume keeps working.
+_CHECKPOINTS = "checkpoints"
 
-def _train_common(args, teacher=None):
+
+def _check_flag(flag, check, value, **bounds):
+    """``check`` (a :mod:`specjax.validation` helper) with the error naming ``flag``."""
+    try:
+        return check(flag, value, **bounds)
+    except (TypeError, ValueError) as e:
+        raise UserError(str(e)) from None
+
+
+def _check_train_args(args, distill: bool) -> None:
+    """Option checks that need nothing but the command line."""
+    from specjax.validation import check_float, check_int
+
+    for flag, lo in (("--steps", 1), ("--batch-size", 1), ("--seq-len", 1),
+                     ("--checkpoint-every", 0)):  # fmt: skip
+        _check_flag(flag, check_int, getattr(args, flag[2:].replace("-", "_")), lo=lo)
+    _check_flag("--seed", check_int, args.seed)
+    if not distill:
+        _check_flag("--vocab-size", check_int, args.vocab_size, lo=257)
+    _check_flag("--lr", check_float, args.lr, lo=0.0, lo_open=True)
+    if args.max_minutes is not None:
+        _check_flag("--max-minutes", check_float, args.max_minutes, lo=0.0)
+    if args.resume and args.overwrite:
+        raise UserError(
+            "--resume continues the run in --out and --overwrite discards it; pass one of them"
+        )
+
+
+def _check_out(args) -> Path:
+    """Refuses, before any training, an --out that the final save would refuse or harm."""
+    from specjax.models.hf import check_save_target
+    from specjax.train import list_checkpoints
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; pass a folder to hold the model")
+    try:
+        check_save_target(out, _TRAINED_MODEL_TYPE, overwrite=True)  # root / cwd guard
+    except ValueError as e:
+        raise UserError(f"--out: {e}") from None
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        if not args.resume:
+            what = "a model" if (out / "config.json").exists() else "files"
+            raise UserError(
+                f"--out {out} already holds {what}; pass --overwrite to replace it, "
+                "or --resume to continue its training"
+            )
+        try:
+            check_save_target(out, _TRAINED_MODEL_TYPE, keep=(_CHECKPOINTS,))
+        except ValueError as e:
+            raise UserError(f"--out {out} is not the output of a training run: {e}") from None
+        if not list_checkpoints(out / _CHECKPOINTS):
+            raise UserError(
+                f"--resume: --out {out} has no training checkpoints to continue from; "
+                "pass --overwrite to train a new model in their place"
+            )
+    # A read-only folder or a full disk fails here, not after the training.
+    parent = out if out.is_dir() else out.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryDirectory(dir=parent).cleanup()
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write in {parent}: {e.strerror or e}") from None
+    return out
+
+
+def _check_resumed_tokenizer(args, out, tokenizer) -> None:
+    from tokenizers import Tokenizer
+
+    from specjax.train import list_checkpoints
+
+    ckpts = list_checkpoints(out / _CHECKPOINTS) if args.resume else []
+    saved = ckpts[-1] / "tokenizer.json" if ckpts else None
+    if saved is None or not saved.is_file():
+        return
+    try:
+        previous = Tokenizer.from_file(str(saved)).to_str()
+    except Exception as e:  # tokenizers raises a bare Exception on a bad file
+        raise UserError(f"--resume: {saved} cannot be read: {e}") from None
+    if previous != tokenizer.to_str():
+        raise UserError(
+            f"--resume: the tokenizer differs from the one of {ckpts[-1]}; resume with the "
+            "same data, --vocab-size and --target, or pass --overwrite to start over"
+        )
+
+
+def _train_common(args, out, teacher=None):
+    import shutil
+
     import numpy as np
 
     from specjax import tokenizer as tok_lib
     from specjax.data import tokenize_documents
     from specjax.models import Model, ModelConfig
+    from specjax.models.hf import save_pretrained
     from specjax.train import TrainConfig, train
 
     docs = _read_corpus(args.data)
     if teacher is not None:
         tokenizer = teacher.tokenizer
         if tokenizer is None:
-            raise UserError("the --target folder has no tokenizer.json")
+            raise UserError(f"--target {args.target} has no tokenizer.json")
+        # The draft shares the teacher's logits one for one (padded vocabularies
+        # included), which distillation and speculative decoding both need.
+        vocab_size = teacher.vocab_size
+        if tokenizer.get_vocab_size() > vocab_size:
+            raise UserError(
+                f"--target {args.target}: its tokenizer has {tokenizer.get_vocab_size()} "
+                f"tokens but the model only {vocab_size} logits (another vocabulary)"
+            )
+        if tokenizer.token_to_id(tok_lib.EOS_TOKEN) is None:
+            raise UserError(
+                f"--target {args.target}: its tokenizer has no {tok_lib.EOS_TOKEN} token, "
+                "which separates the documents of the corpus"
+            )
     else:
         tokenizer = tok_lib.train_tokenizer(docs, vocab_size=args.vocab_size)
+        vocab_size = tokenizer.get_vocab_size()
+    _check_resumed_tokenizer(args, out, tokenizer)
     tokens = tokenize_documents(tokenizer, docs)
     if len(tokens) <= args.seq_len:
         raise UserError(f"corpus has {len(tokens)} tokens, need more than --seq-len {args.seq_len}")
     hidden, layers, heads, kv, inter = SIZES[args.size]
     config = ModelConfig(
-        vocab_size=tokenizer.get_vocab_size(),
+        vocab_size=vocab_size,
         hidden_size=hidden,
         num_layers=layers,
         num_heads=heads,
@@ -287,24 +400,40 @@ def _train_common(args, teacher=None):
         eos_token_id=tok_lib.eos_id(tokenizer),
     )
     model = Model.random(config, seed=args.seed).replace(tokenizer=tokenizer)
-    cfg = TrainConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        learning_rate=args.lr,
-        warmup_steps=min(100, args.steps // 10),
-        seed=args.seed,
-        max_minutes=args.max_minutes,
-        checkpoint_every=args.checkpoint_every,
-    )
-    out = Path(args.out)
-    result = train(
-        model, np.asarray(tokens), cfg, teacher=teacher,
-        checkpoint_dir=out / "checkpoints", resume=args.resume,
-    )  # fmt: skip
-    from specjax.models.hf import save_pretrained
-
-    save_pretrained(result.model.replace(tokenizer=tokenizer), out)
+    try:
+        cfg = TrainConfig(
+            steps=args.steps,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            learning_rate=args.lr,
+            warmup_steps=min(100, args.steps // 10),
+            seed=args.seed,
+            max_minutes=args.max_minutes,
+            checkpoint_every=args.checkpoint_every,
+        )
+    except (TypeError, ValueError) as e:
+        raise UserError(str(e)) from None
+    checkpoints = out / _CHECKPOINTS
+    if args.overwrite and checkpoints.exists():
+        # --overwrite discards the old run; its checkpoints must not be resumed
+        # into this one. The old model itself stays until the new one replaces it.
+        shutil.rmtree(checkpoints)
+    try:
+        result = train(
+            model, np.asarray(tokens), cfg, teacher=teacher,
+            checkpoint_dir=checkpoints, resume=args.resume,
+        )  # fmt: skip
+    except FloatingPointError as e:
+        raise UserError(f"{e} (--lr {args.lr})") from None
+    except ValueError as e:  # train() refuses before its first step, e.g. a changed config
+        raise UserError(str(e)) from None
+    try:
+        save_pretrained(
+            result.model.replace(tokenizer=tokenizer), out,
+            overwrite=args.overwrite, keep=(_CHECKPOINTS,),
+        )  # fmt: skip
+    except ValueError as e:  # --out changed while training
+        raise UserError(f"--out {out}: {e}") from None
     print(
         f"saved {out} after {result.steps} steps; final loss {result.losses[-1]:.3f}; "
         f"{result.tokens_per_second:.0f} tokens/s",
@@ -314,19 +443,35 @@ def _train_common(args, teacher=None):
 
 
 def cmd_train(args) -> int:
-    return _train_common(args)
+    _check_train_args(args, distill=False)
+    out = _check_out(args)
+    return _train_common(args, out)
 
 
 def cmd_distill(args) -> int:
+    _check_train_args(args, distill=True)
+    out = _check_out(args)
     teacher = _load_folder(args.target, "--target")
-    return _train_common(args, teacher=teacher)
+    if args.seq_len > teacher.config.max_position_embeddings:
+        raise UserError(
+            f"--seq-len {args.seq_len} is beyond the --target model's context "
+            f"({teacher.config.max_position_embeddings})"
+        )
+    return _train_common(args, out, teacher=teacher)
 
 
 # ----------------------------------------------------------------------------
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, with its errors on one line like every other user error."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="specjax",
         description="Exact speculative decoding in JAX. Runs offline on a bundled code model pair.",
     )
@@ -384,18 +529,35 @@ def build_parser() -> argparse.ArgumentParser:
         t.add_argument("--max-minutes", type=float, default=None, help="time budget")
         t.add_argument("--checkpoint-every", type=int, default=200)
         t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+        t.add_argument(
+            "--overwrite", action="store_true",
+            help="replace whatever --out holds (by default an existing model is never replaced)",
+        )  # fmt: skip
         t.set_defaults(func=cmd_train if name == "train" else cmd_distill)
     return parser
 
 
 def main(argv=None) -> int:
+    """Runs the command; returns the exit status (0, 2 for a user error, 1, 130).
+
+    User errors print one line, ``specjax: error: ...``, with status 2; so do
+    argparse's (returned, not raised, so that ``main([...])`` can be called
+    in-process). A failure of the file system (a full disk, a permission
+    denied) prints one line with status 1. Only genuine bugs show a traceback.
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)  # unknown options: argparse prints usage + error, exit 2
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a bad option (2), already printed
+        return e.code if isinstance(e.code, int) else 2
     try:
         return args.func(args)
     except UserError as e:
         print(f"specjax: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"specjax: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("specjax: interrupted", file=sys.stderr)
         return 130

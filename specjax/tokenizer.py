@@ -16,17 +16,24 @@ from collections.abc import Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from specjax.validation import check_int, check_int_array
+
 EOS_TOKEN = "<|endoftext|>"
 """End of sequence; also separates documents in the training stream."""
 
 
 def _iter_texts(texts_or_files: Iterable[str | os.PathLike]) -> Iterator[str]:
-    for item in texts_or_files:
+    for i, item in enumerate(texts_or_files):
         if isinstance(item, os.PathLike):
             with open(item, encoding="utf-8") as f:
                 yield f.read()
-        else:
+        elif isinstance(item, str):
             yield item
+        else:
+            raise TypeError(
+                f"texts_or_files[{i}] must be a str (a text) or an os.PathLike (a file), "
+                f"got {type(item).__name__}"
+            )
 
 
 def new_tokenizer() -> Tokenizer:
@@ -62,9 +69,22 @@ def train_tokenizer(
     Returns:
         The trained ``tokenizers.Tokenizer``; ``tok.get_vocab_size() == vocab_size``
         unless the corpus is too small to learn that many merges.
+
+    Raises:
+        TypeError: ``texts_or_files`` is a single ``str``, ``bytes`` or path
+            (iterating a string would train on its characters, one per
+            "document", and learn no merges), or holds something else.
+        ValueError: ``vocab_size`` is not above 256, or ``min_frequency`` < 0.
     """
+    if isinstance(texts_or_files, (str, bytes, os.PathLike)):
+        raise TypeError(
+            "texts_or_files must be a list of texts or of file paths, not a single "
+            f"{type(texts_or_files).__name__}; pass [text] to train on one text"
+        )
+    vocab_size = check_int("vocab_size", vocab_size)
     if vocab_size < 257:
         raise ValueError(f"vocab_size={vocab_size} must be > 256 (bytes + {EOS_TOKEN})")
+    min_frequency = check_int("min_frequency", min_frequency, lo=0)
     tok = new_tokenizer()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -98,8 +118,22 @@ def encode_batch(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 def decode(tok: Tokenizer, ids: Iterable[int]) -> str:
-    """The text of ``ids``; special tokens are kept so the round trip is exact."""
-    return tok.decode([int(i) for i in ids], skip_special_tokens=False)
+    """The text of ``ids``; special tokens are kept so the round trip is exact.
+
+    Raises:
+        ValueError: an id outside ``[0, V)`` (the Rust decoder would silently
+            drop it), naming the id.
+        TypeError: ids that are not integers (floats are not truncated).
+    """
+    ids = list(ids)
+    if not ids:
+        return ""
+    v = tok.get_vocab_size(with_added_tokens=True)
+    try:
+        ids = check_int_array("ids", ids, lo=0, hi=v - 1, ndim=1)
+    except ValueError as e:
+        raise ValueError(f"{e}: not an id of this tokenizer's {v}-token vocabulary") from None
+    return tok.decode(ids.tolist(), skip_special_tokens=False)
 
 
 def save_tokenizer(tok: Tokenizer, path: str | os.PathLike) -> None:

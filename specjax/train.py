@@ -21,8 +21,13 @@ Checkpoints are Hugging Face folders (``save_pretrained``: ``config.json``,
 ``model.safetensors``, ``tokenizer.json``) in the training dtype, plus
 ``train_state.safetensors`` holding the optimizer state, step, data key and
 loss history. Nothing is pickled. Each checkpoint is written to a temporary
-directory and renamed into place, so a crash never leaves a half-written
-checkpoint that ``resume=True`` would pick up.
+directory, flushed to disk and renamed into place (:mod:`specjax.atomic`), so a
+crash never leaves a half-written checkpoint that ``resume=True`` would pick up.
+
+Garbage is refused, not trained on: :class:`TrainConfig` checks every field when
+it is built, :func:`train` checks the token ids against the vocabulary before
+the first step, and a non-finite loss or gradient stops the run with a
+``FloatingPointError`` naming the step, before any checkpoint of it is written.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import shutil
 import time
@@ -44,8 +50,10 @@ from flax import struct
 from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
 
+from specjax import atomic
 from specjax import data as data_lib
 from specjax.models.llama import Model
+from specjax.validation import check_float, check_int, check_int_array
 
 TRAIN_STATE_FILE = "train_state.safetensors"
 _CKPT_PREFIX = "step_"
@@ -86,6 +94,11 @@ class TrainConfig:
             crosses it and saves a final checkpoint. ``None`` means no limit.
         log_every: steps between progress-bar updates (each one syncs).
         progress: show a tqdm progress bar.
+
+    Raises:
+        TypeError, ValueError: on construction, naming the field, for a value
+            of the wrong type or outside its range (for example ``steps=0``,
+            ``batch_size=0``, ``learning_rate=nan`` or ``b2=1``).
     """
 
     steps: int = 1000
@@ -108,6 +121,34 @@ class TrainConfig:
     max_minutes: float | None = None
     log_every: int = 10
     progress: bool = True
+
+    def __post_init__(self):
+        # Normalised to Python ints/floats as well as checked: the config is a
+        # static jit argument and is written to JSON with each checkpoint.
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        for name, lo in (
+            ("steps", 1), ("batch_size", 1), ("seq_len", 1), ("warmup_steps", 0),
+            ("checkpoint_every", 0), ("keep_checkpoints", 1), ("log_every", 1),
+        ):  # fmt: skip
+            set_(name, check_int(name, getattr(self, name), lo=lo))
+        set_("seed", check_int("seed", self.seed))
+        positive = dict(lo=0.0, lo_open=True)
+        unit = dict(lo=0.0, hi=1.0, hi_open=True)
+        for name, bounds in (
+            ("learning_rate", positive), ("min_lr_ratio", dict(lo=0.0, hi=1.0)),
+            ("weight_decay", dict(lo=0.0)), ("b1", unit), ("b2", unit), ("eps", positive),
+            ("kl_weight", dict(lo=0.0)), ("tvd_weight", dict(lo=0.0)),
+            ("ce_weight", dict(lo=0.0)),
+        ):  # fmt: skip
+            set_(name, check_float(name, getattr(self, name), **bounds))
+        if self.grad_clip is not None:
+            set_("grad_clip", check_float("grad_clip", self.grad_clip, **positive))
+        if self.max_minutes is not None:
+            # inf is a valid "no limit"; NaN and negative budgets are not.
+            set_("max_minutes", check_float("max_minutes", self.max_minutes, lo=0.0, finite=False))
+        if not isinstance(self.progress, (bool, np.bool_)):
+            raise TypeError(f"progress must be a bool, got {self.progress!r}")
+        set_("progress", bool(self.progress))
 
 
 @struct.dataclass
@@ -306,7 +347,7 @@ def _static_config(config: TrainConfig) -> TrainConfig:
         config,
         max_minutes=None,
         checkpoint_every=0,
-        keep_checkpoints=0,
+        keep_checkpoints=1,
         log_every=1,
         progress=False,
     )
@@ -355,35 +396,42 @@ def save_checkpoint(
 
     The folder is a Hugging Face checkpoint (loadable with ``load_pretrained``
     or ``transformers``) plus ``train_state.safetensors``. It is written under a
-    temporary name and renamed when complete. Older checkpoints beyond the
-    newest ``keep`` are then deleted.
+    temporary name, flushed to disk and renamed when complete
+    (:func:`specjax.atomic.replace_folder`); re-saving the same step replaces
+    the old folder only once the new one is complete. Older checkpoints beyond
+    the newest ``keep`` are then deleted.
 
     Returns:
         The path of the new checkpoint folder.
+
+    Raises:
+        FloatingPointError: a parameter is NaN or infinite; nothing is written,
+            so the previous checkpoint stays the newest.
+        OSError: writing failed; earlier checkpoints are untouched.
     """
-    from specjax.models.hf import save_pretrained
+    from specjax.models.hf import _write_pretrained
 
     checkpoint_dir = Path(checkpoint_dir)
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
     step = int(state.step)
+    # One device reduction: a NaN weight must never become the checkpoint a
+    # resume or an export picks up.
+    finite = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state.params)]
+    if finite and not bool(jnp.all(jnp.stack(finite))):
+        raise FloatingPointError(
+            f"parameters after step {step} are not finite; checkpoint not saved"
+        )
     final = checkpoint_dir / f"{_CKPT_PREFIX}{step:08d}"
-    # Not tempfile.mkdtemp: its 0700 mode would stick to the renamed folder.
-    tmp = checkpoint_dir / f".tmp-{final.name}-{os.getpid()}-{time.time_ns()}"
-    tmp.mkdir()
-    try:
-        save_pretrained(model.replace(params=state.params), tmp)
+
+    def write(tmp: Path) -> None:
+        _write_pretrained(model.replace(params=state.params), tmp)
         arrays = {f"opt_state/{k}": v for k, v in _flatten_named(state.opt_state).items()}
         arrays["step"] = np.asarray(step, np.int64)
         arrays["key"] = np.asarray(jax.random.key_data(state.key))
         arrays["losses"] = np.asarray(losses[:step], np.float32)
         metadata = {"train_config": json.dumps(_trajectory_config(config), sort_keys=True)}
         save_file(arrays, str(tmp / TRAIN_STATE_FILE), metadata=metadata)
-        if final.exists():  # re-saving the same step (e.g. resumed, then stopped at once)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    atomic.replace_folder(final, write)
     if keep is not None:
         for old in list_checkpoints(checkpoint_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
@@ -422,6 +470,9 @@ def load_checkpoint(
 
     path = Path(path)
     arrays = load_file(str(path / TRAIN_STATE_FILE))
+    missing = [k for k in ("step", "key", "losses") if k not in arrays]
+    if missing:
+        raise ValueError(f"cannot resume {path}: {TRAIN_STATE_FILE} lacks {missing}")
     with open(path / TRAIN_STATE_FILE, "rb") as f:
         header_len = int.from_bytes(f.read(8), "little")
         metadata = json.loads(f.read(header_len)).get("__metadata__", {})
@@ -446,6 +497,67 @@ def load_checkpoint(
 
 # ---------------------------------------------------------------------------
 # The loop.
+
+
+def _newest_checkpoint_note(checkpoint_dir) -> str:
+    if checkpoint_dir is None:
+        return ""
+    ckpts = list_checkpoints(checkpoint_dir)
+    return f" (newest checkpoint: {ckpts[-1]})" if ckpts else " (no checkpoint was written)"
+
+
+def _check_inputs(model, tokens, config, teacher, checkpoint_dir) -> jax.Array:
+    """Everything :func:`train` can refuse before its first step; returns the token stream."""
+    if not isinstance(model, Model):
+        raise TypeError(f"model must be a specjax Model, got {type(model).__name__}")
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if teacher is not None:
+        if not isinstance(teacher, Model):
+            raise TypeError(
+                f"teacher must be a specjax Model or None, got {type(teacher).__name__}"
+            )
+        if teacher.vocab_size != model.vocab_size:
+            raise ValueError(
+                f"teacher has a vocabulary of {teacher.vocab_size} tokens but the model has "
+                f"{model.vocab_size}; distillation compares the two distributions token by "
+                "token, so both must share one vocabulary (tokenizer)"
+            )
+    for who, m in (("model", model), ("teacher", teacher)):
+        if m is not None and config.seq_len > m.config.max_position_embeddings:
+            raise ValueError(
+                f"seq_len={config.seq_len} is beyond the {who}'s context "
+                f"(max_position_embeddings={m.config.max_position_embeddings})"
+            )
+    v = model.vocab_size
+    if isinstance(tokens, (list, tuple)) and not tokens:
+        raise ValueError(f"tokens is empty; need more than seq_len={config.seq_len} ids")
+    if isinstance(tokens, jax.Array):
+        # Checked on device: copying a large stream to the host just to check it is waste.
+        if not jnp.issubdtype(tokens.dtype, jnp.integer) or tokens.ndim != 1:
+            raise TypeError(
+                f"tokens must be a 1-D integer array, got {tokens.dtype}{list(tokens.shape)}"
+            )
+        if tokens.size:
+            lo, hi = (int(x) for x in jax.device_get((tokens.min(), tokens.max())))
+            if lo < 0 or hi >= v:
+                raise ValueError(
+                    f"tokens holds {lo if lo < 0 else hi}, outside the vocabulary [0, {v - 1}]"
+                )
+        tokens_N = tokens.astype(jnp.int32)
+    else:
+        # Refused rather than cast: a float would be truncated, a negative id would
+        # wrap to the end of the embedding table, an id >= V would be clamped.
+        tokens_N = jnp.asarray(check_int_array("tokens", tokens, lo=0, hi=v - 1, ndim=1))
+    if tokens_N.shape[0] <= config.seq_len:
+        raise ValueError(
+            f"tokens holds {tokens_N.shape[0]} ids, too few for one window of "
+            f"seq_len={config.seq_len} (need more than seq_len)"
+        )
+    if checkpoint_dir is not None and Path(checkpoint_dir).exists():
+        if not Path(checkpoint_dir).is_dir():
+            raise ValueError(f"checkpoint_dir {checkpoint_dir} is a file, not a folder")
+    return tokens_N
 
 
 def train(
@@ -477,9 +589,21 @@ def train(
 
     Returns:
         A :class:`TrainResult`.
+
+    Raises:
+        TypeError, ValueError: before the first step (and before anything is
+            written), naming the argument: ``model``, ``config`` or ``teacher``
+            of the wrong type; ``tokens`` that are not a 1-D integer array, hold
+            an id outside ``[0, V)`` or are too short for ``seq_len``;
+            ``config.seq_len`` beyond the model's ``max_position_embeddings``;
+            a teacher with another vocabulary size; a ``checkpoint_dir`` that is a
+            file, holds another run (without ``resume``) or a run with another
+            config (with ``resume``).
+        FloatingPointError: a step's loss or gradient norm is NaN or infinite.
+            It names the first such step; no checkpoint at or after it is
+            written, so the newest checkpoint is the last good one.
     """
-    if teacher is not None and teacher.vocab_size != model.vocab_size:
-        raise ValueError(f"teacher vocab {teacher.vocab_size} != student vocab {model.vocab_size}")
+    tokens_N = _check_inputs(model, tokens, config, teacher, checkpoint_dir)
     state, losses = init_train_state(model, config), []
     ckpts = [] if checkpoint_dir is None else list_checkpoints(checkpoint_dir)
     if ckpts and not resume:
@@ -491,7 +615,6 @@ def train(
         )
     if ckpts:
         state, losses = load_checkpoint(ckpts[-1], model, config)
-    tokens_N = jnp.asarray(tokens, jnp.int32)
 
     # Static parts only (params=None), so that the compiled step is cached
     # across calls that share architecture and trajectory settings.
@@ -506,7 +629,7 @@ def train(
     start = int(state.step)
     deadline = None if config.max_minutes is None else time.monotonic() + 60 * config.max_minutes
     tokens_per_step = config.batch_size * config.seq_len
-    pending: list[jax.Array] = []  # device losses not yet fetched
+    pending: list[tuple[jax.Array, jax.Array]] = []  # (loss, grad norm) not yet fetched
     bar = tqdm(
         total=config.steps, initial=start, disable=not config.progress, unit="step", smoothing=0.1
     )
@@ -516,15 +639,27 @@ def train(
     stopped_early = False
 
     def flush():
-        losses.extend(float(x) for x in jax.device_get(pending))
+        # Every flush precedes any checkpoint, so a bad step is caught before it is saved.
+        fetched = jax.device_get(pending)
         pending.clear()
+        for loss, grad_norm in fetched:
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                bad_step = len(losses) + 1
+                raise FloatingPointError(
+                    f"training stopped at step {bad_step}: the loss or its gradient is not finite "
+                    f"(loss {float(loss)}, gradient norm {float(grad_norm)}); no checkpoint of "
+                    "this or a later step was saved"
+                    + _newest_checkpoint_note(checkpoint_dir)
+                    + ". Lower learning_rate, or check the data and the initial weights"
+                )
+            losses.append(float(loss))
 
     try:
         step = start
         while step < config.steps:
             state, metrics = step_fn(state, tokens_N, teacher_params)
             step += 1
-            pending.append(metrics["loss"])
+            pending.append((metrics["loss"], metrics["grad_norm"]))
             if callback is not None:
                 callback(step, metrics)
             if t_first is None:

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 
+from specjax.validation import check_float, check_int
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+# Sizes that must be positive integers; a zero would otherwise surface as a
+# misleading shape error (or a division by zero) far from its cause.
+_POSITIVE_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "max_position_embeddings",
+)
 
 _LLAMA3_ROPE_KEYS = (
     "factor",
@@ -87,6 +101,18 @@ class ModelConfig:
                 f"model_type={self.model_type!r} is not supported; "
                 f"expected one of {SUPPORTED_MODEL_TYPES}"
             )
+        # Normalised to Python ints/floats as well as checked, so that numpy
+        # scalars do not reach config.json (json cannot write them).
+        for name in _POSITIVE_SIZES:
+            set_(name, check_int(name, getattr(self, name), lo=1))
+        for name in ("head_dim", "sliding_window"):
+            if getattr(self, name) is not None:
+                set_(name, check_int(name, getattr(self, name), lo=1))
+        for name in ("bos_token_id", "eos_token_id"):
+            if getattr(self, name) is not None:
+                set_(name, check_int(name, getattr(self, name), lo=0))
+        set_("rms_norm_eps", check_float("rms_norm_eps", self.rms_norm_eps, lo=0, lo_open=True))
+        set_("rope_theta", check_float("rope_theta", self.rope_theta, lo=0, lo_open=True))
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise ValueError(
@@ -106,8 +132,6 @@ class ModelConfig:
             set_("o_proj_bias", self.attention_bias and self.model_type in ("llama", "qwen3"))
         if self.qk_norm is None:
             set_("qk_norm", self.model_type == "qwen3")
-        if self.sliding_window is not None and self.sliding_window < 1:
-            raise ValueError(f"sliding_window={self.sliding_window} must be None or >= 1")
         if isinstance(self.rope_scaling, dict):
             set_("rope_scaling", tuple(sorted(self.rope_scaling.items())))
         if self.rope_scaling is not None:
@@ -120,7 +144,11 @@ class ModelConfig:
             missing = [k for k in _LLAMA3_ROPE_KEYS if k not in scaling]
             if missing:
                 raise ValueError(f"rope_scaling is missing {missing}")
-        eos_ids = tuple(int(i) for i in self.eos_token_ids)
+        if isinstance(self.eos_token_ids, (str, bytes)) or not hasattr(
+            self.eos_token_ids, "__iter__"
+        ):
+            raise TypeError(f"eos_token_ids must be a sequence of ints, got {self.eos_token_ids!r}")
+        eos_ids = tuple(check_int("eos_token_ids", i, lo=0) for i in self.eos_token_ids)
         if not eos_ids and self.eos_token_id is not None:
             eos_ids = (int(self.eos_token_id),)
         if eos_ids and self.eos_token_id is None:

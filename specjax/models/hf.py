@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import jax
@@ -31,10 +32,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax import atomic
 from specjax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
 from specjax.models.llama import Model, Transformer
+from specjax.validation import check_int
 
-__all__ = ["config_from_hf", "config_to_hf", "load_pretrained", "save_pretrained"]
+__all__ = [
+    "check_save_target",
+    "config_from_hf",
+    "config_to_hf",
+    "load_pretrained",
+    "save_pretrained",
+]
 
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -91,6 +100,15 @@ _SAFETENSORS = "model.safetensors"
 _INDEX = "model.safetensors.index.json"
 _SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
 
+# safetensors dtype codes of the floating types a weight may be stored in; an
+# integer or bool tensor where a weight is expected is refused, never cast.
+_FLOAT_STORAGE = frozenset({"F16", "BF16", "F32", "F64"})
+
+# What save_pretrained writes. A folder holding only these (and a config.json of
+# the same model_type) is a checkpoint of the same family, which a save may
+# replace whole; anything else in it would be lost, so needs overwrite=True.
+_CHECKPOINT_FILES = frozenset({"config.json", _SAFETENSORS, _INDEX, "tokenizer.json"})
+
 _DTYPE_NAMES = {
     np.dtype(jnp.float32): "float32",
     np.dtype(jnp.bfloat16): "bfloat16",
@@ -116,6 +134,10 @@ def config_from_hf(hf: dict) -> ModelConfig:
         ValueError: naming the field, for an unknown ``model_type`` or any
             setting the decoder would not compute exactly as transformers does.
     """
+    if not isinstance(hf, dict):
+        raise ValueError(
+            f"config.json must hold a JSON object (field: value), got a {type(hf).__name__}"
+        )
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
@@ -127,6 +149,11 @@ def config_from_hf(hf: dict) -> ModelConfig:
     for field in _REQUIRED_FIELDS:
         if hf.get(field) is None:
             raise ValueError(f"config.json has no {field}")
+    # Sizes first, under their config.json names: ModelConfig would name its own
+    # fields (num_heads), and a zero would otherwise surface as a shape error.
+    for field in (*_REQUIRED_FIELDS, "num_key_value_heads", "head_dim", "max_position_embeddings"):
+        if hf.get(field) is not None:
+            check_int(f"config.json {field}", hf[field], lo=1)
 
     act = hf.get("hidden_act", "silu")
     if act not in ("silu", "swish"):
@@ -325,12 +352,31 @@ def _abstract_model(config: ModelConfig, dtype):
     return nnx.split(module)
 
 
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+
+
 def _weight_files(folder: Path) -> tuple[list[str], dict[str, str] | None]:
     """The safetensors files to read and, when sharded, the index's weight map."""
     if (folder / _INDEX).is_file():
-        index = json.loads((folder / _INDEX).read_text())
-        weight_map = index["weight_map"]
-        return sorted(set(weight_map.values())), weight_map
+        index = _read_json(folder / _INDEX)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+        ):
+            raise ValueError(
+                f"{folder / _INDEX} has no weight_map object (tensor name -> shard file), "
+                f"got {type(weight_map).__name__}"
+            )
+        shards = sorted(set(weight_map.values()))
+        # The index names files inside this folder; a path could point anywhere.
+        bad = [f for f in shards if Path(f).name != f or not f.endswith(".safetensors")]
+        if bad:
+            raise ValueError(f"{folder / _INDEX} weight_map names {bad[0]!r}, not a shard file")
+        return shards, weight_map
     if (folder / _SAFETENSORS).is_file():
         return [_SAFETENSORS], None
     pickles = sorted(p.name for p in folder.iterdir() if p.name.endswith(_PICKLE_SUFFIXES))
@@ -354,27 +400,40 @@ def load_pretrained(path: str | os.PathLike, dtype=jnp.float32) -> Model:
             present, is loaded into ``Model.tokenizer``. Pickle formats
             (``.bin``, ``.pt``, ``.pth``) are refused, never opened.
         dtype: parameter dtype (the checkpoint's tensors are cast to it);
-            float32 by default, bfloat16 supported. Logits are float32 either way.
+            float32 by default, bfloat16 supported; must be a floating dtype.
+            Logits are float32 either way.
 
     Returns:
         The :class:`Model`. ``config.eos_token_id`` is the first end-of-sequence
         id and ``config.eos_token_ids`` all of them when config.json lists several.
 
     Raises:
-        ValueError: unsupported ``model_type`` or config field, a pickle-only
-            folder, or a missing, unexpected or mis-shaped tensor (named, with
-            both shapes).
+        FileNotFoundError: no ``config.json`` or no weights.
+        TypeError: ``dtype`` is not a floating dtype.
+        ValueError: a ``config.json`` or index that is not the expected JSON object,
+            an unsupported ``model_type`` or config field (a non-positive size
+            included), a pickle-only folder, or a missing, unexpected, mis-shaped
+            or non-floating tensor (named, with both shapes or its dtype).
     """
     from safetensors import safe_open
 
+    _check_float_dtype(dtype)
     folder = Path(path)
     config_path = folder / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{folder} has no config.json (expected a Hugging Face folder)")
-    try:
-        hf_config = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{config_path} is not valid JSON: {e}") from e
+        hint = ""
+        displaced = atomic.find_displaced(folder)
+        if not folder.exists() and displaced:
+            hint = f"; a save into it was interrupted, the previous checkpoint is {displaced[-1]}"
+        raise FileNotFoundError(
+            f"{folder} has no config.json (expected a Hugging Face folder){hint}"
+        )
+    hf_config = _read_json(config_path)
+    if not isinstance(hf_config, dict):
+        raise ValueError(
+            f"{config_path} must hold a JSON object (field: value), "
+            f"got a {type(hf_config).__name__}"
+        )
     config = config_from_hf(hf_config)
     files, weight_map = _weight_files(folder)
 
@@ -424,10 +483,17 @@ def load_pretrained(path: str | os.PathLike, dtype=jnp.float32) -> Model:
             want = tuple(var.get_value().shape)
             is_kernel = p[-1] == "kernel"
             want_hf = want[::-1] if is_kernel else want
-            found = tuple(handles[located[name]].get_slice(name).get_shape())
+            stored = handles[located[name]].get_slice(name)
+            found = tuple(stored.get_shape())
             if found != want_hf:
                 raise ValueError(
                     f"tensor {name} has shape {found}, expected {want_hf} from config.json"
+                )
+            if stored.get_dtype() not in _FLOAT_STORAGE:
+                # Casting integers to float would load a model that computes garbage.
+                raise ValueError(
+                    f"tensor {name} is stored as {stored.get_dtype()}, expected a floating "
+                    f"dtype ({', '.join(sorted(_FLOAT_STORAGE))})"
                 )
             array = handles[located[name]].get_tensor(name)
             if is_kernel:
@@ -448,9 +514,27 @@ def load_pretrained(path: str | os.PathLike, dtype=jnp.float32) -> Model:
     return Model(graphdef=graphdef, params=params, config=config, tokenizer=tokenizer)
 
 
+def _check_float_dtype(dtype):
+    try:
+        np_dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"dtype must be a floating dtype such as jnp.float32, got {dtype!r}"
+        ) from None
+    if not jnp.issubdtype(np_dtype, jnp.floating):
+        raise TypeError(
+            f"dtype must be a floating dtype such as jnp.float32 or jnp.bfloat16, got {np_dtype}"
+        )
+    return np_dtype
+
+
 def _parse_size(size: int | str) -> int:
-    if isinstance(size, int):
+    if isinstance(size, int) and not isinstance(size, bool):
+        if size < 1:
+            raise ValueError(f"max_shard_size={size} must be a positive number of bytes")
         return size
+    if not isinstance(size, str):
+        raise TypeError(f"max_shard_size must be an int or a string like '5GB', got {size!r}")
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)\s*", size.upper())
     if not match:
         raise ValueError(f"max_shard_size={size!r} is not like 5GB, 500MB or 100KiB")
@@ -459,33 +543,92 @@ def _parse_size(size: int | str) -> int:
     return int(number * base ** "BKMGT".index(unit[0]))
 
 
-def save_pretrained(
-    model: Model, path: str | os.PathLike, *, max_shard_size: int | str = "5GB"
-) -> None:
-    """Writes ``model`` as a Hugging Face checkpoint folder.
+def _folder_contents(folder: Path, keep: Iterable[str]) -> tuple[str | None, list[str]]:
+    """The ``model_type`` of the checkpoint in ``folder`` (or ``None``) and its foreign entries.
 
-    ``config.json`` (with ``architectures``, ``model_type`` and ``dtype`` /
-    ``torch_dtype``), the weights as ``model.safetensors`` (or, above
-    ``max_shard_size``, shards plus ``model.safetensors.index.json``), and
-    ``tokenizer.json`` when ``model.tokenizer`` is set. Stale weight files of an
-    earlier save in the same folder are removed, so a reader cannot pick them up.
-    ``transformers.AutoModelForCausalLM.from_pretrained(path)`` loads the result
-    and computes the same logits.
+    Foreign entries are those a save would delete: anything but the files
+    :func:`save_pretrained` writes and the names in ``keep``.
+    """
+    names = sorted(p.name for p in folder.iterdir())
+    keep = set(keep)
+    foreign = [n for n in names if n not in _CHECKPOINT_FILES and not _SHARD.match(n)]
+    foreign = [n for n in foreign if n not in keep]
+    model_type = None
+    config = folder / "config.json"
+    if config.is_file():
+        try:
+            hf = json.loads(config.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            hf = None
+        if isinstance(hf, dict) and isinstance(hf.get("model_type"), str):
+            model_type = hf["model_type"]
+    return model_type, foreign
+
+
+def check_save_target(
+    path: str | os.PathLike, model_type: str, *, overwrite: bool = False, keep: Iterable[str] = ()
+) -> None:
+    """Refuses a ``path`` that :func:`save_pretrained` must not replace.
+
+    ``path`` may be missing, an empty folder, or a checkpoint of the same family
+    (``config.json`` with this ``model_type``, and no files but the ones a save
+    writes, plus the names in ``keep``). Anything else (a file, a checkpoint of
+    another family, a folder with other files or without ``config.json``) would
+    lose data when replaced whole, so it needs ``overwrite=True``; a file, the
+    working directory or a file-system root are refused even then.
 
     Raises:
-        ValueError: if the config has no exact transformers counterpart (e.g. a
-            Qwen2 without q/k/v bias), naming the field.
+        ValueError: naming ``path`` and what it holds.
     """
-    from safetensors.numpy import save_file
+    folder = Path(path).resolve()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"path {folder} is a file, not a folder; a checkpoint is a folder")
+    if folder.parent == folder or Path.cwd().resolve().is_relative_to(folder):
+        raise ValueError(
+            f"path {folder} is a file-system root or holds the working directory; "
+            "refusing to replace it"
+        )
+    if not folder.exists() or overwrite:
+        return
+    existing, foreign = _folder_contents(folder, keep)
+    names = [p.name for p in folder.iterdir()]
+    has_checkpoint_files = any(n in _CHECKPOINT_FILES or _SHARD.match(n) for n in names)
+    if not foreign and (existing == model_type or not has_checkpoint_files):
+        # A checkpoint of this family, or empty but for `keep` entries (a
+        # training run that has not exported a model yet).
+        return
+    parts = []
+    if existing is not None:
+        other = "" if existing == model_type else f" (the model being saved is a {model_type})"
+        parts.append(f"a {existing} checkpoint{other}")
+    elif (folder / "config.json").exists():
+        parts.append("a config.json without a model_type")
+    elif has_checkpoint_files:
+        parts.append("weight files without a config.json")
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        parts.append(f"other files ({shown})")
+    raise ValueError(
+        f"path {folder} holds {' and '.join(parts)}, which saving would delete (a save "
+        "replaces the folder whole); pass overwrite=True to replace it, or choose another folder"
+    )
 
-    folder = Path(path)
-    hf_config = config_to_hf(model.config, model.dtype)
+
+def _host_tensors(model: Model) -> dict[str, np.ndarray]:
     tensors = {}
     for p, var in nnx.to_flat_state(model.params):
         array = np.asarray(jax.device_get(var.get_value()))
         tensors[_hf_name(p)] = np.ascontiguousarray(array.T if p[-1] == "kernel" else array)
+    return tensors
 
+
+def _write_pretrained(model: Model, folder: Path, max_shard_size: int | str = "5GB") -> None:
+    """Writes the checkpoint files into the existing, empty ``folder`` (not atomic)."""
+    from safetensors.numpy import save_file
+
+    hf_config = config_to_hf(model.config, model.dtype)
     limit = _parse_size(max_shard_size)
+    tensors = _host_tensors(model)
     shards: list[dict[str, np.ndarray]] = [{}]
     shard_bytes = 0
     for name, array in tensors.items():
@@ -495,10 +638,6 @@ def save_pretrained(
         shards[-1][name] = array
         shard_bytes += array.nbytes
 
-    folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.iterdir():
-        if old.name in (_SAFETENSORS, _INDEX) or _SHARD.match(old.name):
-            old.unlink()
     metadata = {"format": "pt"}  # transformers refuses safetensors files without it
     if len(shards) == 1:
         save_file(shards[0], str(folder / _SAFETENSORS), metadata=metadata)
@@ -514,3 +653,55 @@ def save_pretrained(
     (folder / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
     if model.tokenizer is not None:
         model.tokenizer.save(str(folder / "tokenizer.json"))
+
+
+def save_pretrained(
+    model: Model,
+    path: str | os.PathLike,
+    *,
+    max_shard_size: int | str = "5GB",
+    overwrite: bool = False,
+    keep: Iterable[str] = (),
+) -> None:
+    """Writes ``model`` as a Hugging Face checkpoint folder, atomically.
+
+    ``config.json`` (with ``architectures``, ``model_type`` and ``dtype`` /
+    ``torch_dtype``), the weights as ``model.safetensors`` (or, above
+    ``max_shard_size``, shards plus ``model.safetensors.index.json``), and
+    ``tokenizer.json`` when ``model.tokenizer`` is set.
+    ``transformers.AutoModelForCausalLM.from_pretrained(path)`` loads the result
+    and computes the same logits.
+
+    The folder is written under a temporary name next to ``path``, flushed to
+    disk and renamed into place (see :func:`specjax.atomic.replace_folder`); an
+    existing folder is replaced whole, so no stale file of an earlier save
+    remains. A failure at any point (a full disk, a permission error) leaves
+    the old folder loadable and unchanged.
+
+    Args:
+        model: the model to write.
+        path: the checkpoint folder. It may be missing, empty, or a checkpoint of
+            the same ``model_type`` holding only files a save writes; anything
+            else is refused unless ``overwrite`` is set.
+        max_shard_size: largest shard, as bytes or a string like ``"5GB"``.
+        overwrite: replace ``path`` whole whatever it holds (a checkpoint of
+            another family, other files).
+        keep: names of entries of an existing ``path`` to carry over into the new
+            folder instead of deleting them (e.g. a training run's ``checkpoints``).
+
+    Raises:
+        ValueError: if the config has no exact transformers counterpart (e.g. a
+            Qwen2 without q/k/v bias), naming the field; or ``path`` is a file or
+            holds something other than a checkpoint of this family (without
+            ``overwrite``).
+        OSError: writing failed; the old folder, if any, is intact.
+    """
+    # Everything that can be refused is refused before the disk is touched.
+    config_to_hf(model.config, model.dtype)
+    _parse_size(max_shard_size)
+    keep = tuple(keep)
+    folder = Path(path).resolve()
+    check_save_target(folder, model.config.model_type, overwrite=overwrite, keep=keep)
+    atomic.replace_folder(
+        folder, lambda tmp: _write_pretrained(model, tmp, max_shard_size), keep=keep
+    )

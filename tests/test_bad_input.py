@@ -1,0 +1,549 @@
+"""Bad input, as a new user would give it: one clear error that names the argument.
+
+Organised by entry point. Every case asserts the exception type and that the
+message names the argument (or, for the CLI, the flag). Cases that could lose
+data assert that the old checkpoint still loads and still computes the same
+logits. Tests run as root, so a full disk (ENOSPC) and a permission error
+(EACCES) are simulated by stubbing the write or the rename part-way through.
+"""
+
+import errno
+import json
+import math
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import safetensors.numpy
+from safetensors.numpy import load_file, save_file
+
+from specjax import cli, train
+from specjax import tokenizer as tokenizer_lib
+from specjax.models import ModelConfig, load_pretrained, save_pretrained
+from specjax.testing import tiny_config, tiny_model
+
+V = 64
+TOKENS_BT = jnp.asarray(np.arange(12, dtype=np.int32).reshape(2, 6) * 5 % V)
+
+
+def logits_of(model) -> np.ndarray:
+    return np.asarray(jax.jit(train.forward)(model, TOKENS_BT))
+
+
+def assert_same_logits(folder, model) -> None:
+    np.testing.assert_array_equal(logits_of(load_pretrained(folder)), logits_of(model))
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model(seed=0, vocab_size=V)
+
+
+@pytest.fixture(scope="module")
+def llama_other():
+    return tiny_model(seed=1, vocab_size=V)
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return tiny_model(seed=2, vocab_size=V, model_type="qwen3")
+
+
+def leftovers(parent, keep) -> list[str]:
+    """Entries next to the checkpoint that a save should not have left behind."""
+    return sorted(set(os.listdir(parent)) - set(keep))
+
+
+# --- save_pretrained / load_pretrained ---
+
+
+def test_save_refuses_a_folder_holding_another_checkpoint(tmp_path, llama, qwen3):
+    folder = tmp_path / "ckpt"
+    save_pretrained(qwen3, folder)
+    (folder / "README.md").write_text("my notes")
+    with pytest.raises(ValueError, match=r"qwen3 checkpoint.*overwrite=True"):
+        save_pretrained(llama, folder)
+    assert (folder / "README.md").read_text() == "my notes"
+    assert_same_logits(folder, qwen3)
+
+    save_pretrained(llama, folder, overwrite=True)
+    assert sorted(os.listdir(folder)) == ["config.json", "model.safetensors"]  # README gone
+    assert_same_logits(folder, llama)
+    assert leftovers(tmp_path, ["ckpt"]) == []
+
+
+@pytest.mark.parametrize(
+    "contents, what",
+    [
+        ({"notes.txt": "x"}, "no config.json|other files"),
+        ({"config.json": "[1, 2]"}, "config.json without a model_type"),
+        ({"model.safetensors": "x"}, "weight files without a config.json"),
+    ],
+)
+def test_save_refuses_a_folder_that_is_not_a_checkpoint(tmp_path, llama, contents, what):
+    for name, text in contents.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=rf"path .*({what}).*overwrite"):
+        save_pretrained(llama, tmp_path)
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == contents
+
+
+def test_save_refuses_a_same_family_checkpoint_with_other_files(tmp_path, llama, llama_other):
+    save_pretrained(llama, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "README.md").write_text("card")
+    with pytest.raises(ValueError, match=r"other files \(README\.md\).*overwrite=True"):
+        save_pretrained(llama_other, tmp_path / "ckpt")
+    assert_same_logits(tmp_path / "ckpt", llama)
+
+
+def test_save_over_the_same_family_replaces_it_whole(tmp_path, llama, llama_other):
+    folder = tmp_path / "ckpt"
+    save_pretrained(llama, folder, max_shard_size="20KB")
+    assert (folder / "model.safetensors.index.json").exists()
+    save_pretrained(llama_other, folder)  # unsharded now: no stale shard or index remains
+    assert sorted(os.listdir(folder)) == ["config.json", "model.safetensors"]
+    assert_same_logits(folder, llama_other)
+    assert leftovers(tmp_path, ["ckpt"]) == []
+
+
+def test_save_to_a_file_is_refused(tmp_path, llama):
+    (tmp_path / "model").write_text("not a folder")
+    with pytest.raises(ValueError, match="path .* is a file"):
+        save_pretrained(llama, tmp_path / "model", overwrite=True)
+    assert (tmp_path / "model").read_text() == "not a folder"
+
+
+def _failing_save_file(fail_on_call: int, code: int):
+    """``save_file`` that writes half a file and raises ``OSError(code)`` on one call."""
+    real = safetensors.numpy.save_file
+    calls = []
+
+    def stub(tensors, filename, metadata=None):
+        calls.append(filename)
+        if len(calls) == fail_on_call:
+            with open(filename, "wb") as f:
+                f.write(b"\x00" * 100)  # part of the file reached the disk
+            raise OSError(code, os.strerror(code), filename)
+        return real(tensors, filename, metadata=metadata)
+
+    return stub
+
+
+def _failing_replace(fail_on_call: int, code: int):
+    """``os.replace`` that raises ``OSError(code)`` on one call and renames otherwise."""
+    real = os.replace
+    calls = []
+
+    def stub(src, dst, *args, **kwargs):
+        calls.append((src, dst))
+        if len(calls) == fail_on_call:
+            raise OSError(code, os.strerror(code), str(src))
+        return real(src, dst, *args, **kwargs)
+
+    return stub
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES], ids=["full_disk", "permission"])
+@pytest.mark.parametrize(
+    "stage",
+    ["first_shard", "second_shard", "rename_old_away", "rename_new_in"],
+)
+def test_failed_save_leaves_the_old_checkpoint_loadable(
+    tmp_path, monkeypatch, llama, llama_other, code, stage
+):
+    folder = tmp_path / "ckpt"
+    save_pretrained(llama, folder, max_shard_size="20KB")
+    before = sorted(os.listdir(folder))
+    if stage.endswith("shard"):
+        fail = 1 if stage == "first_shard" else 2
+        monkeypatch.setattr(safetensors.numpy, "save_file", _failing_save_file(fail, code))
+    else:
+        fail = 1 if stage == "rename_old_away" else 2
+        monkeypatch.setattr(os, "replace", _failing_replace(fail, code))
+    with pytest.raises(OSError) as info:
+        save_pretrained(llama_other, folder, max_shard_size="20KB")
+    assert info.value.errno == code
+    monkeypatch.undo()
+    assert sorted(os.listdir(folder)) == before
+    assert_same_logits(folder, llama)
+    assert leftovers(tmp_path, ["ckpt"]) == []  # the temporary folder is cleaned up
+
+
+def test_failed_first_save_leaves_nothing(tmp_path, monkeypatch, llama):
+    monkeypatch.setattr(safetensors.numpy, "save_file", _failing_save_file(1, errno.ENOSPC))
+    with pytest.raises(OSError, match="No space left"):
+        save_pretrained(llama, tmp_path / "new")
+    assert os.listdir(tmp_path) == []
+
+
+def test_config_json_holding_a_list(tmp_path, llama):
+    save_pretrained(llama, tmp_path)
+    (tmp_path / "config.json").write_text("[1, 2, 3]")
+    with pytest.raises(ValueError, match="config.json must hold a JSON object.*list"):
+        load_pretrained(tmp_path)
+
+
+def test_index_without_weight_map(tmp_path, llama):
+    save_pretrained(llama, tmp_path, max_shard_size="20KB")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}}))
+    with pytest.raises(ValueError, match="weight_map"):
+        load_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_attention_heads", 0),
+        ("hidden_size", 0),
+        ("vocab_size", -1),
+        ("num_hidden_layers", 0),
+        ("num_key_value_heads", 0),
+        ("intermediate_size", 2.5),
+    ],
+)
+def test_non_positive_sizes_in_config_json_are_named(tmp_path, llama, field, value):
+    save_pretrained(llama, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises((ValueError, TypeError), match=f"config.json {field}"):
+        load_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("num_heads", 0), ("num_kv_heads", 0), ("vocab_size", 0), ("head_dim", -2),
+     ("max_position_embeddings", 0), ("rms_norm_eps", 0.0), ("rope_theta", math.nan)],
+)  # fmt: skip
+def test_model_config_names_a_bad_size(field, value):
+    with pytest.raises(ValueError, match=field):
+        tiny_config(**{field: value})
+
+
+def test_model_config_refuses_a_float_size():
+    with pytest.raises(TypeError, match="hidden_size"):
+        ModelConfig(hidden_size=64.0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, np.bool_, "not a dtype"])
+def test_load_pretrained_needs_a_floating_dtype(tmp_path, llama, dtype):
+    save_pretrained(llama, tmp_path)
+    with pytest.raises(TypeError, match="dtype must be a floating dtype"):
+        load_pretrained(tmp_path, dtype=dtype)
+
+
+def test_integer_tensor_is_refused_not_cast(tmp_path, llama):
+    save_pretrained(llama, tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    name = "model.layers.0.mlp.up_proj.weight"
+    tensors[name] = tensors[name].astype(np.int32)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"{name} is stored as I32"):
+        load_pretrained(tmp_path)
+
+
+# --- train ---
+
+SEQ = 16
+TRAIN_TOKENS = np.random.default_rng(0).integers(0, V, 512).astype(np.int32)
+
+
+def small_config(**kw):
+    base = dict(steps=2, batch_size=2, seq_len=SEQ, warmup_steps=0, progress=False, log_every=1)
+    return train.TrainConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "field, value, error",
+    [
+        ("learning_rate", math.nan, ValueError),
+        ("learning_rate", math.inf, ValueError),
+        ("learning_rate", 0.0, ValueError),
+        ("learning_rate", -1e-3, ValueError),
+        ("learning_rate", "1e-3", TypeError),
+        ("batch_size", 0, ValueError),
+        ("seq_len", 0, ValueError),
+        ("steps", 0, ValueError),
+        ("steps", 2.5, TypeError),
+        ("seed", 10**30, ValueError),
+        ("b2", 1.0, ValueError),
+        ("eps", 0.0, ValueError),
+        ("grad_clip", 0.0, ValueError),
+        ("warmup_steps", -1, ValueError),
+        ("max_minutes", -1.0, ValueError),
+        ("keep_checkpoints", 0, ValueError),
+        ("kl_weight", math.nan, ValueError),
+    ],
+)
+def test_train_config_refuses_garbage(field, value, error):
+    with pytest.raises(error, match=field):
+        small_config(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "tokens, error, fragment",
+    [
+        (np.append(TRAIN_TOKENS, V), ValueError, f"tokens holds {V}"),
+        (np.append(TRAIN_TOKENS, -1), ValueError, "tokens holds -1"),
+        (list(TRAIN_TOKENS) + [2**32 + 5], ValueError, "tokens holds 4294967301"),
+        (jnp.asarray(np.append(TRAIN_TOKENS, V + 3)), ValueError, f"tokens holds {V + 3}"),
+        (TRAIN_TOKENS.astype(np.float32), TypeError, "tokens must hold integers"),
+        (TRAIN_TOKENS.reshape(2, -1), ValueError, "tokens must have rank 1"),
+        (TRAIN_TOKENS[:SEQ], ValueError, "tokens holds 16 ids, too few .*seq_len"),
+    ],
+    ids=["id_V", "negative", "beyond_int32", "device_array", "floats", "2d", "too_short"],
+)
+def test_train_refuses_bad_tokens_before_anything_is_saved(
+    tmp_path, llama, tokens, error, fragment
+):
+    with pytest.raises(error, match=fragment):
+        train.train(llama, tokens, small_config(), checkpoint_dir=tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_train_refuses_seq_len_beyond_the_context(tmp_path):
+    model = tiny_model(vocab_size=V, max_position_embeddings=8)
+    with pytest.raises(ValueError, match="seq_len=16 is beyond the model's context"):
+        train.train(model, TRAIN_TOKENS, small_config(), checkpoint_dir=tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+
+
+def test_train_refuses_a_teacher_with_another_vocabulary(llama):
+    teacher = tiny_model(seed=3, vocab_size=V + 8)
+    with pytest.raises(ValueError, match=f"teacher has a vocabulary of {V + 8}"):
+        train.train(llama, TRAIN_TOKENS, small_config(), teacher=teacher)
+
+
+def test_train_refuses_wrong_argument_types(llama):
+    with pytest.raises(TypeError, match="config must be a TrainConfig"):
+        train.train(llama, TRAIN_TOKENS, {"steps": 2})
+    with pytest.raises(TypeError, match="teacher must be a specjax Model"):
+        train.train(llama, TRAIN_TOKENS, small_config(), teacher="target")
+
+
+def test_train_refuses_a_file_as_checkpoint_dir(tmp_path, llama):
+    (tmp_path / "ckpt").write_text("x")
+    with pytest.raises(ValueError, match="checkpoint_dir .* is a file"):
+        train.train(llama, TRAIN_TOKENS, small_config(), checkpoint_dir=tmp_path / "ckpt")
+
+
+def test_nan_weights_stop_at_step_1_and_save_nothing(tmp_path, llama):
+    params = jax.tree.map(lambda p: p.at[(0,) * p.ndim].set(jnp.nan), llama.params)
+    broken = llama.replace(params=params)
+    with pytest.raises(FloatingPointError, match="step 1.*no checkpoint"):
+        train.train(broken, TRAIN_TOKENS, small_config(), checkpoint_dir=tmp_path)
+    assert train.list_checkpoints(tmp_path) == []
+    state = train.init_train_state(broken, small_config())
+    with pytest.raises(FloatingPointError, match="not finite; checkpoint not saved"):
+        train.save_checkpoint(tmp_path, broken, state, small_config(), [])
+    assert os.listdir(tmp_path) == []
+
+
+def test_divergence_keeps_the_last_good_checkpoint(tmp_path, llama):
+    # lr 1e30: step 1 is finite but leaves weights near 1e30, so step 2 overflows.
+    config = small_config(steps=4, learning_rate=1e30, checkpoint_every=1)
+    with pytest.raises(FloatingPointError, match="step 2.*step_00000001"):
+        train.train(llama, TRAIN_TOKENS, config, checkpoint_dir=tmp_path)
+    assert [p.name for p in train.list_checkpoints(tmp_path)] == ["step_00000001"]
+
+
+def test_failed_checkpoint_resave_keeps_the_old_one(tmp_path, monkeypatch, llama):
+    config = small_config(steps=1)
+    result = train.train(llama, TRAIN_TOKENS, config, checkpoint_dir=tmp_path)
+    (ckpt,) = train.list_checkpoints(tmp_path)
+    state, losses = train.load_checkpoint(ckpt, llama, config)
+    monkeypatch.setattr(safetensors.numpy, "save_file", _failing_save_file(1, errno.ENOSPC))
+    with pytest.raises(OSError, match="No space left"):
+        train.save_checkpoint(tmp_path, llama, state, config, losses)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == [ckpt.name]
+    assert_same_logits(ckpt, result.model)
+    assert train.load_checkpoint(ckpt, llama, config)[1] == result.losses
+
+
+# --- CLI ---
+
+CLI_SMALL = ["--steps", "2", "--batch-size", "2", "--seq-len", str(SEQ), "--vocab-size", "280",
+             "--size", "tiny", "--checkpoint-every", "0"]  # fmt: skip
+
+
+def run_cli(capsys, *args) -> tuple[int, list[str]]:
+    """``specjax.cli.main`` in-process: the exit status and the ``specjax`` stderr lines."""
+    capsys.readouterr()
+    rc = cli.main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    # tqdm may draw a progress bar before a late error; the error is its own line.
+    return rc, [line for line in err.splitlines() if line.startswith("specjax")]
+
+
+def assert_one_line_error(rc, lines, *fragments, status=2):
+    assert rc == status, lines
+    assert len(lines) == 1 and "error:" in lines[0], lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("def add(a, b):\n    return a + b\n" * 40 + "the quick brown fox\n" * 40)
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus):
+    """The output folder of one successful `specjax train` (copy it before changing it)."""
+    out = tmp_path_factory.mktemp("trained") / "model"
+    assert cli.main(["train", str(corpus), "--out", str(out), *CLI_SMALL]) == 0
+    return out
+
+
+def copy_of(trained, tmp_path):
+    shutil.copytree(trained, tmp_path / "model")
+    return tmp_path / "model"
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--steps", "0"], "--steps"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--seq-len", "0"], "--seq-len"),
+        (["--lr", "nan"], "--lr"),
+        (["--lr", "0"], "--lr"),
+        (["--lr", "-1"], "--lr"),
+        (["--seed", str(10**30)], "--seed"),
+        (["--vocab-size", "100"], "--vocab-size"),
+        (["--max-minutes", "-1"], "--max-minutes"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every"),
+        (["--steps", "abc"], "--steps"),
+        (["--resume", "--overwrite"], "--overwrite"),
+    ],
+)
+def test_cli_bad_flags_fail_before_training(capsys, tmp_path, corpus, flags, fragment):
+    rc, lines = run_cli(capsys, "train", corpus, "--out", tmp_path / "out", *CLI_SMALL, *flags)
+    assert_one_line_error(rc, lines, fragment)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_out_is_a_file(capsys, tmp_path, corpus):
+    (tmp_path / "out").write_text("keep me")
+    rc, lines = run_cli(capsys, "train", corpus, "--out", tmp_path / "out", *CLI_SMALL)
+    assert_one_line_error(rc, lines, "--out", "is a file")
+    assert (tmp_path / "out").read_text() == "keep me"
+
+
+def test_cli_never_replaces_a_model_without_overwrite(capsys, tmp_path, corpus, trained):
+    out = copy_of(trained, tmp_path)
+    model = load_pretrained(out)
+    rc, lines = run_cli(capsys, "train", corpus, "--out", out, *CLI_SMALL, "--seed", "1")
+    assert_one_line_error(rc, lines, "--out", "--overwrite", "--resume")
+    assert_same_logits(out, model)
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x")
+    notes = tmp_path / "notes"
+    rc, lines = run_cli(capsys, "train", corpus, "--out", notes, *CLI_SMALL, "--resume")
+    assert_one_line_error(rc, lines, "--out", "not the output of a training run")
+    assert os.listdir(tmp_path / "notes") == ["todo.txt"]
+
+
+def test_cli_overwrite_replaces_the_model_whole(capsys, tmp_path, corpus, trained):
+    out = copy_of(trained, tmp_path)
+    old = load_pretrained(out)
+    (out / "README.md").write_text("stale")
+    rc, _ = run_cli(capsys, "train", corpus, "--out", out, *CLI_SMALL, "--seed", "1", "--overwrite")
+    assert rc == 0
+    assert sorted(os.listdir(out)) == ["checkpoints", "config.json", "model.safetensors",
+                                       "tokenizer.json"]  # fmt: skip
+    assert not np.array_equal(logits_of(load_pretrained(out)), logits_of(old))
+    assert leftovers(tmp_path, ["model"]) == []
+
+
+def test_cli_full_disk_keeps_the_old_model(capsys, tmp_path, monkeypatch, corpus, trained):
+    out = copy_of(trained, tmp_path)
+    old = load_pretrained(out)
+    monkeypatch.setattr(safetensors.numpy, "save_file", _failing_save_file(1, errno.ENOSPC))
+    rc, lines = run_cli(capsys, "train", corpus, "--out", out, *CLI_SMALL, "--overwrite")
+    assert_one_line_error(rc, lines, "No space left", status=1)
+    monkeypatch.undo()
+    assert_same_logits(out, old)
+
+
+def test_cli_resume_with_a_changed_config(capsys, tmp_path, corpus, trained):
+    out = copy_of(trained, tmp_path)
+    model = load_pretrained(out)
+    rc, lines = run_cli(capsys, "train", corpus, "--out", out, *CLI_SMALL, "--resume", "--lr", ".5")
+    assert_one_line_error(rc, lines, "learning_rate")
+    other_vocab = [a if a != "280" else "270" for a in CLI_SMALL]
+    rc, lines = run_cli(capsys, "train", corpus, "--out", out, *other_vocab, "--resume")
+    assert_one_line_error(rc, lines, "--resume", "tokenizer")
+    assert_same_logits(out, model)
+
+
+def test_cli_diverging_run_saves_no_model(capsys, tmp_path, corpus):
+    out = tmp_path / "out"
+    rc, lines = run_cli(capsys, "train", corpus, "--out", out, *CLI_SMALL, "--lr", "1e30")
+    assert_one_line_error(rc, lines, "step 2", "--lr")
+    assert not (out / "config.json").exists()
+
+
+def test_cli_distill_from_a_teacher_with_another_vocabulary(capsys, tmp_path, corpus, trained):
+    tok = load_pretrained(trained).tokenizer
+    teacher = tiny_model(vocab_size=tok.get_vocab_size() - 7).replace(tokenizer=tok)
+    save_pretrained(teacher, tmp_path / "teacher")
+    rc, lines = run_cli(
+        capsys, "distill", corpus, "--target", tmp_path / "teacher", "--out", tmp_path / "d",
+        *CLI_SMALL,
+    )  # fmt: skip
+    assert_one_line_error(rc, lines, "--target", "vocabulary")
+    assert not (tmp_path / "d").exists()
+
+
+def test_cli_bad_target_folder(capsys, tmp_path, corpus):
+    (tmp_path / "teacher").mkdir()
+    (tmp_path / "teacher" / "config.json").write_text("[]")
+    rc, lines = run_cli(
+        capsys, "distill", corpus, "--target", tmp_path / "teacher", "--out", tmp_path / "d",
+        *CLI_SMALL,
+    )  # fmt: skip
+    assert_one_line_error(rc, lines, "--target", "JSON object")
+
+
+# --- tokenizer ---
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tokenizer_lib.train_tokenizer(["hello world, hello specjax\n" * 20], 300)
+
+
+@pytest.mark.parametrize("text", ["some text", b"some bytes"])
+def test_train_tokenizer_refuses_a_bare_string(text):
+    with pytest.raises(TypeError, match="list of texts"):
+        tokenizer_lib.train_tokenizer(text, 400)
+
+
+def test_train_tokenizer_refuses_other_items():
+    with pytest.raises(TypeError, match=r"texts_or_files\[1\] must be a str"):
+        tokenizer_lib.train_tokenizer(["fine", 123], 400)
+    with pytest.raises(TypeError, match="vocab_size"):
+        tokenizer_lib.train_tokenizer(["fine"], 400.0)
+
+
+@pytest.mark.parametrize("bad", [10**6, -1, 2**32 + 5])
+def test_decode_refuses_ids_outside_the_vocabulary(tok, bad):
+    with pytest.raises(ValueError, match=f"ids holds {bad}.*vocabulary"):
+        tokenizer_lib.decode(tok, [1, 2, bad])
+
+
+def test_decode_refuses_floats_and_accepts_empty(tok):
+    with pytest.raises(TypeError, match="ids must hold integers"):
+        tokenizer_lib.decode(tok, [1.0, 2.0])
+    assert tokenizer_lib.decode(tok, []) == ""
+    ids = tokenizer_lib.encode(tok, "hello world")
+    assert tokenizer_lib.decode(tok, np.asarray(ids)) == "hello world"
