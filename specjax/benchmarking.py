@@ -133,6 +133,11 @@ def _drafter_at_context(drafter, batch_size: int, context: int, cache_len: int):
     return lengths, seq, init(drafter, seq[:, :context], lengths)
 
 
+def _draft_keys(key, i, batch_size: int, gamma: int):
+    """Keys ``[B, γ]`` for the i-th proposal, as the decoder passes them."""
+    return jax.random.split(jax.random.fold_in(key, i), (batch_size, gamma))
+
+
 def draft_cost(
     drafter,
     batch_size: int,
@@ -150,7 +155,8 @@ def draft_cost(
     # As in forward_costs: `inner` proposals in one loop, each fed the last.
     def run(d, key, state, seq, lengths, sampling):
         def body(i, seq):
-            tokens = d.propose(jax.random.fold_in(key, i), state, seq, lengths, sampling).tokens
+            keys = _draft_keys(key, i, batch_size, d.num_draft)
+            tokens = d.propose(keys, state, seq, lengths, sampling).tokens
             return seq.at[:, : tokens.shape[1]].set(tokens)
 
         return jax.lax.fori_loop(0, inner, body, seq)
@@ -190,7 +196,8 @@ def interleaved_cost(
     def run(m, d, key, carry, sampling):
         def body(i, carry):
             seq, target_cache, state = carry
-            proposal = d.propose(jax.random.fold_in(key, i), state, seq, lengths, sampling)
+            keys = _draft_keys(key, i, batch_size, gamma)
+            proposal = d.propose(keys, state, seq, lengths, sampling)
             tokens = jnp.concatenate([seq[:, :1], proposal.tokens], axis=1)
             logits, target_cache = m(tokens, positions, target_cache)
             tokens = jnp.minimum(tokens, jnp.argmax(logits, -1).astype(jnp.int32))

@@ -1,27 +1,75 @@
-"""Plain and speculative decoding, each one jitted ``lax.while_loop`` on device.
+"""Decoding: one on-device loop for plain and speculative decoding, closed or open.
 
-Both loops keep one invariant: a row's cache holds every token of the row
-except the newest one, which is "pending" and fed at the start of the next
-step. Slot ``s`` of the token buffer and of every cache holds position ``s``,
-so rolling a cache back is only a change of per-row lengths.
+Plain decoding is speculative decoding's degenerate case: the null drafter
+(`~specjax.drafters.NoDraft`, γ = 0) proposes nothing, and each step emits the
+target's own sample. Both therefore run the same ``lax.while_loop`` body.
+
+The loop keeps one invariant: a row's cache holds every token of the row except the
+newest one, which is "pending" and fed at the start of the next step. Slot ``s`` of
+the token buffer and of every cache holds position ``s``, so rolling a cache back is
+only a change of per-row lengths.
+
+Two ways to run it:
+
+* closed: `generate` and `speculative_generate` run prefill, the loop to the end and
+  the output gather as one jitted program (callable inside a user's ``jax.jit``);
+* open, in the style of gemma and tunix: `init` builds a `DecodeState`, `step` runs a
+  jitted chunk of the same loop (the state is donated), `result` reads the output at
+  any point, and `stream` yields the new tokens chunk by chunk.
+
+All randomness is keyed by row seed and position (`specjax.noise`), so a row's output
+does not depend on the rest of the batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.drafters import Drafter, prefill
-from specjax.sampling import SamplingConfig, check_sampling_config, probs_from_logits, sample
-from specjax.verify import rejection_sample, rejection_sample_onehot
+from specjax import noise
+from specjax.drafters import Drafter, DraftModel, NoDraft, prefill
+from specjax.sampling import SamplingConfig, per_row, probs_from_logits
+from specjax.validation import (
+    INT32_MAX,
+    as_prng_key,
+    check_fits_memory,
+    check_int,
+    check_int_array,
+    is_concrete,
+)
+from specjax.verify import coupled_verify, rejection_sample, rejection_sample_onehot
+
+__all__ = [
+    "CACHE_BUCKET",
+    "PROMPT_BUCKET",
+    "DecodeState",
+    "GenerationResult",
+    "GenerationStats",
+    "check_drafter",
+    "generate",
+    "init",
+    "pad_prompts",
+    "resolve_cache_len",
+    "result",
+    "speculative_generate",
+    "step",
+    "stream",
+]
 
 # Default cache lengths are rounded up to this multiple, so that nearby values
 # of max_new_tokens (or prompt lengths) share one compiled program.
 CACHE_BUCKET = 64
+# Prompt widths are padded up to this multiple, for the same reason; the padding is
+# written to cache slots that are overwritten before they are read.
+PROMPT_BUCKET = 16
+# eos ids are padded with -1 (never a token) to a multiple of this, so that None, one
+# id and a few ids are one compiled program.
+EOS_BUCKET = 8
+VERIFICATIONS = ("rejection", "coupled")
 
 
 @struct.dataclass
@@ -34,7 +82,7 @@ class GenerationStats:
         drafted: ``int32[B]`` tokens drafted for each row while it was active.
         accepted: ``int32[B]`` drafted tokens the verifier accepted per row.
         accepted_hist: ``int32[γ+1]`` how often 0..γ drafts were accepted in
-            one step (over active rows); empty for plain decoding.
+            one step (over active rows); one bin for plain decoding.
     """
 
     target_calls: jax.Array
@@ -51,23 +99,32 @@ class GenerationStats:
 
 @struct.dataclass
 class GenerationResult:
-    """Output of :func:`generate` and :func:`speculative_generate`.
+    """Output of :func:`generate`, :func:`speculative_generate` and :func:`result`.
 
     Attributes:
-        tokens: ``int32[B, N]`` generated tokens (N = ``max_new_tokens``); slots
-            at or after a row's length hold ``-1``.
+        tokens: ``int32[B, N]`` generated tokens (N = the largest ``max_new_tokens``,
+            or fewer when the cache cannot hold that many); slots at or after a
+            row's length hold ``-1``.
         lengths: ``int32[B]`` tokens generated per row, EOS included.
         from_draft: ``bool[B, N]`` which tokens were accepted drafts (the rest
             came from the target: corrections and bonus tokens).
+        logprobs: ``float32[B, N]`` the target's log-probability of each token under
+            the processed distribution it was sampled from (0 for greedy rows, whose
+            distribution is one-hot); ``0`` after a row's length.
         truncated: ``bool[B]`` rows stopped because their cache was full before
             reaching EOS or ``max_new_tokens``.
+        invalid: ``bool[B]`` rows stopped because the target's logits were NaN or all
+            ``-inf`` at the next position (a broken model or input); nothing is
+            emitted for that position.
         stats: :class:`GenerationStats`.
     """
 
     tokens: jax.Array
     lengths: jax.Array
     from_draft: jax.Array
+    logprobs: jax.Array
     truncated: jax.Array
+    invalid: jax.Array
     stats: GenerationStats
 
     @property
@@ -83,43 +140,69 @@ class GenerationResult:
 
 @struct.dataclass(kw_only=True)
 class DecodeState:
-    """The whole carry of the decode loop.
+    """Everything needed to continue decoding: the loop's carry plus its models.
+
+    Build it with :func:`init`, advance it with :func:`step`, read it with
+    :func:`result`. `step` donates the state's buffers: use the state it returns,
+    not the one passed in.
 
     Attributes:
+        target: the target model (model contract).
+        drafter: the `Drafter`; `~specjax.drafters.NoDraft` for plain decoding.
+        verification: ``"rejection"`` or ``"coupled"`` (static).
         seq: ``int32[B, S]`` prompt then generated tokens; slot == position.
         seq_lengths: ``int32[B]`` valid tokens per row (prompt + generated).
         prompt_lengths: ``int32[B]``.
         from_draft: ``bool[B, S]`` slot holds an accepted draft token.
+        logprobs: ``float32[B, S]`` log-probability of each generated token.
         done: ``bool[B]`` row has stopped.
         truncated: ``bool[B]`` row stopped on a full cache.
-        target_cache: the target's :class:`~specjax.models.KVCache`.
+        invalid: ``bool[B]`` row stopped on a NaN or empty target distribution.
+        target_cache: the target's cache.
         drafter_state: whatever the drafter carries (e.g. its cache).
-        key: PRNG key, split every step.
+        row_keys: ``key[B]`` ``fold_in(key, seed_b)``: each row's own randomness.
+        sampling: `SamplingConfig` with ``[B]`` leaves.
+        max_new_tokens: ``int32[B]`` each row's token budget.
+        eos_ids: ``int32[K]`` ids that end a row (``-1`` pads).
         stats: :class:`GenerationStats`.
     """
 
+    target: object
+    drafter: object
+    verification: str = struct.field(pytree_node=False)
     seq: jax.Array
     seq_lengths: jax.Array
     prompt_lengths: jax.Array
     from_draft: jax.Array
+    logprobs: jax.Array
     done: jax.Array
     truncated: jax.Array
+    invalid: jax.Array
     target_cache: object
     drafter_state: object
-    key: jax.Array
+    row_keys: jax.Array
+    sampling: SamplingConfig
+    max_new_tokens: jax.Array
+    eos_ids: jax.Array
     stats: GenerationStats
 
     @property
     def num_generated(self) -> jax.Array:
+        """``int32[B]`` tokens generated so far per row."""
         return self.seq_lengths - self.prompt_lengths
+
+    @property
+    def lookahead(self) -> int:
+        """Slots one step may write past a row's length (γ + 1)."""
+        return self.drafter.num_draft + 1
 
 
 # ----------------------------------------------------------------------------
 # Input handling (host side, before anything is compiled).
 
 
-def _is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def pad_prompts(prompts) -> tuple[jax.Array, jax.Array]:
@@ -130,19 +213,17 @@ def pad_prompts(prompts) -> tuple[jax.Array, jax.Array]:
             sequence of token-id sequences of possibly different lengths.
 
     Raises:
-        ValueError / TypeError naming ``prompts`` on empty or malformed input.
+        ValueError / TypeError naming ``prompts`` on empty or malformed input, or on
+        ids that do not fit in int32 (they are refused, never wrapped).
     """
     if isinstance(prompts, (jax.Array, np.ndarray)):
-        if prompts.ndim != 2:
-            raise ValueError(f"prompts must be [batch, length], got shape {prompts.shape}")
-        if not jnp.issubdtype(prompts.dtype, jnp.integer):
-            raise TypeError(f"prompts must hold integer token ids, got dtype {prompts.dtype}")
-        b, p = prompts.shape
+        arr = check_int_array("prompts", prompts, ndim=2)
+        b, p = arr.shape
         if b < 1 or p < 1:
             raise ValueError(
-                f"prompts must have at least one row and one token, got {prompts.shape}"
+                f"prompts must have at least one row and one token, got shape {list(arr.shape)}"
             )
-        return jnp.asarray(prompts, jnp.int32), jnp.full((b,), p, jnp.int32)
+        return jnp.asarray(arr, jnp.int32), jnp.full((b,), p, jnp.int32)
     if not isinstance(prompts, Sequence) or isinstance(prompts, (str, bytes)):
         raise TypeError(
             "prompts must be an int array [B, P] or a list of token-id lists, "
@@ -152,12 +233,9 @@ def pad_prompts(prompts) -> tuple[jax.Array, jax.Array]:
         raise ValueError("prompts is empty: need at least one prompt")
     rows = []
     for i, row in enumerate(prompts):
-        arr = np.asarray(row)
-        if arr.ndim != 1 or arr.size == 0:
+        if isinstance(row, (str, bytes)) or np.ndim(row) != 1 or len(row) == 0:
             raise ValueError(f"prompts[{i}] must be a non-empty list of token ids, got {row!r:.60}")
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise TypeError(f"prompts[{i}] must hold integer token ids, got dtype {arr.dtype}")
-        rows.append(arr)
+        rows.append(check_int_array(f"prompts[{i}]", row, ndim=1))
     lengths = np.array([len(r) for r in rows], np.int32)
     padded = np.zeros((len(rows), lengths.max()), np.int32)
     for i, r in enumerate(rows):
@@ -165,9 +243,11 @@ def pad_prompts(prompts) -> tuple[jax.Array, jax.Array]:
     return jnp.asarray(padded), jnp.asarray(lengths)
 
 
-def _check_tokens_in_vocab(prompts_BP, vocab_size: int):
-    if _is_concrete(prompts_BP):
-        lo, hi = int(jnp.min(prompts_BP)), int(jnp.max(prompts_BP))
+def _check_tokens_in_vocab(prompts_BP, lengths_B, vocab_size: int):
+    if is_concrete(prompts_BP):
+        prompts, lengths = np.asarray(prompts_BP), np.asarray(lengths_B)
+        real = np.arange(prompts.shape[1])[None] < lengths[:, None]
+        lo, hi = int(prompts[real].min()), int(prompts[real].max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(
                 f"prompts hold token ids in [{lo}, {hi}], outside the model's vocabulary "
@@ -178,164 +258,516 @@ def _check_tokens_in_vocab(prompts_BP, vocab_size: int):
 def resolve_cache_len(cache_len, max_prompt_len: int, max_new_tokens, lookahead: int) -> int:
     """The static cache length a decoder uses: ``cache_len`` checked, or the default.
 
-    The default is ``max_prompt_len + max_new_tokens + lookahead`` rounded up to a
+    The default is ``max_prompt_len + max(max_new_tokens) + lookahead`` rounded up to a
     multiple of ``CACHE_BUCKET`` (``lookahead`` is 1 for plain decoding, γ + 1 for
     speculative decoding).
     """
     if cache_len is None:
-        if not _is_concrete(max_new_tokens):
+        if not is_concrete(max_new_tokens):
             raise ValueError(
                 "cache_len must be given explicitly when max_new_tokens is traced "
                 "(it fixes the static cache shape)"
             )
-        needed = max_prompt_len + int(max_new_tokens) + lookahead
-        return -(-needed // CACHE_BUCKET) * CACHE_BUCKET
-    if not isinstance(cache_len, (int, np.integer)) or cache_len < 1:
-        raise ValueError(f"cache_len must be a positive int, got {cache_len!r}")
+        needed = max_prompt_len + int(np.max(max_new_tokens)) + lookahead
+        return _round_up(needed, CACHE_BUCKET)
+    cache_len = check_int("cache_len", cache_len, lo=1)
     if max_prompt_len + lookahead > cache_len:
         raise ValueError(
             f"the longest prompt ({max_prompt_len} tokens) plus the {lookahead} slots one "
             f"step needs does not fit in cache_len={cache_len}"
         )
-    return int(cache_len)
+    return cache_len
 
 
-def _check_max_new_tokens(max_new_tokens):
-    if _is_concrete(max_new_tokens):
-        if jnp.ndim(max_new_tokens) != 0 or int(max_new_tokens) < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+def _check_max_new_tokens(max_new_tokens, batch_size: int):
+    """``int32[B]`` budgets from an int or a ``[B]`` array; traced values pass unchecked."""
+    if not is_concrete(max_new_tokens):
+        value = jnp.asarray(max_new_tokens)
+        if not jnp.issubdtype(value.dtype, jnp.integer) or value.shape not in ((), (batch_size,)):
+            raise ValueError(
+                f"max_new_tokens must be an int or int[{batch_size}], got a traced "
+                f"{value.dtype}{list(value.shape)}"
+            )
+        return jnp.broadcast_to(value.astype(jnp.int32), (batch_size,))
+    if np.ndim(max_new_tokens) == 0:
+        value = np.full((batch_size,), check_int("max_new_tokens", max_new_tokens, lo=1))
+    else:
+        value = check_int_array("max_new_tokens", max_new_tokens, lo=1, ndim=1)
+        if value.shape != (batch_size,):
+            raise ValueError(
+                f"max_new_tokens must be an int or one per prompt, [{batch_size}]; got shape "
+                f"{list(value.shape)}"
+            )
+    return value.astype(np.int32)
 
 
-def _prepare(model, prompts, max_new_tokens, sampling, eos_id, cache_len, lookahead):
-    """Validates the inputs of a decoder on the host, before anything compiles.
+def _eos_array(eos_id, vocab_size: int) -> jax.Array:
+    """``int32[K]`` ids, K a multiple of ``EOS_BUCKET``, padded with ``-1`` (never a token)."""
+    if eos_id is None:
+        ids = np.zeros((0,), np.int32)
+    elif np.ndim(eos_id) == 0 and not isinstance(eos_id, (jax.Array, np.ndarray)):
+        ids = np.array([check_int("eos_id", eos_id, lo=0, hi=vocab_size - 1)], np.int32)
+    else:
+        ids = np.reshape(check_int_array("eos_id", eos_id, lo=0, hi=vocab_size - 1), -1)
+        if np.ndim(eos_id) > 1:
+            raise ValueError(
+                f"eos_id must be an int or a list of ids [K], got shape {list(np.shape(eos_id))}"
+            )
+    width = max(EOS_BUCKET, _round_up(len(ids), EOS_BUCKET))
+    return jnp.asarray(np.pad(ids, (0, width - len(ids)), constant_values=-1))
+
+
+def _check_seeds(seeds, batch_size: int) -> jax.Array:
+    if seeds is None:
+        return jnp.arange(batch_size, dtype=jnp.int32)
+    if is_concrete(seeds) and np.ndim(seeds) == 0:
+        raise ValueError(
+            f"seeds must hold one int per prompt, [{batch_size}], got the scalar {seeds!r}"
+        )
+    value = check_int_array("seeds", seeds, lo=0, ndim=1)
+    if value.shape != (batch_size,):
+        raise ValueError(
+            f"seeds must hold one int per prompt, [{batch_size}]; got shape {list(value.shape)}"
+        )
+    return jnp.asarray(value, jnp.int32)
+
+
+def _check_model(name: str, model) -> int:
+    """The model contract's static members, checked; returns V."""
+    missing = [m for m in ("vocab_size", "init_cache") if not hasattr(model, m)]
+    if missing or not callable(model):
+        raise TypeError(
+            f"{name} must follow the model contract (callable, with vocab_size and "
+            f"init_cache), e.g. a specjax.Model; got {type(model).__name__}"
+        )
+    return check_int(f"{name}.vocab_size", model.vocab_size, lo=1)
+
+
+def check_drafter(target, drafter: Drafter):
+    """Raises ValueError/TypeError if ``drafter`` cannot serve ``target``."""
+    if not isinstance(drafter, Drafter):
+        raise TypeError(f"drafter must be a specjax Drafter, got {type(drafter).__name__}")
+    gamma = drafter.num_draft
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)):
+        raise ValueError(f"drafter.num_draft (γ) must be an integer >= 1, got {gamma!r}")
+    if gamma < 1 and not isinstance(drafter, NoDraft):
+        raise ValueError(f"drafter.num_draft (γ) must be an integer >= 1, got {gamma!r}")
+    if isinstance(drafter, DraftModel):
+        _check_model("drafter.model", drafter.model)
+    if drafter.vocab_size is not None and drafter.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"drafter vocabulary size {drafter.vocab_size} differs from the target's "
+            f"{target.vocab_size}: speculative decoding needs one shared vocabulary"
+        )
+
+
+def _cache_bytes(model, batch_size: int, cache_len: int) -> int:
+    shapes = jax.eval_shape(lambda: model.init_cache(batch_size, cache_len))
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+
+
+def _prepare(
+    key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
+    verification,
+):  # fmt: skip
+    """Validates a decoder's inputs on the host, before anything compiles.
 
     Returns:
-        ``((prompts_BP, prompt_lengths_B, max_new_tokens, sampling, eos_id), cache_len)``:
-        the traced arguments of the jitted loop, and its static cache length.
+        ``(traced, static, width)``: the traced arguments of `_init_state`, its static
+        keyword arguments, and the output width N.
     """
+    key = as_prng_key("key", key)
+    vocab = _check_model("target", target)
+    check_drafter(target, drafter)
+    if verification not in VERIFICATIONS:
+        raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
     sampling = SamplingConfig() if sampling is None else sampling
-    check_sampling_config(sampling)
-    _check_max_new_tokens(max_new_tokens)
     prompts_BP, lengths_B = pad_prompts(prompts)
-    _check_tokens_in_vocab(prompts_BP, model.vocab_size)
-    cache_len = resolve_cache_len(cache_len, prompts_BP.shape[1], max_new_tokens, lookahead)
-    max_new = jnp.asarray(max_new_tokens, jnp.int32)
-    return (prompts_BP, lengths_B, max_new, sampling, _eos_array(eos_id)), cache_len
-
-
-def _eos_array(eos_id) -> jax.Array:
-    # -1 never matches a token, so "no EOS" is the same compiled program.
-    return jnp.asarray(-1 if eos_id is None else eos_id, jnp.int32)
-
-
-def _finish(state: DecodeState, num_out: int) -> GenerationResult:
-    """Gathers each row's generated slots into ``[B, num_out]`` (padded with -1)."""
-    lengths = state.num_generated
-    idx = state.prompt_lengths[:, None] + jnp.arange(num_out)[None]
-    valid = jnp.arange(num_out)[None] < lengths[:, None]
-    idx = jnp.minimum(idx, state.seq.shape[1] - 1)
-    tokens = jnp.where(valid, jnp.take_along_axis(state.seq, idx, axis=1), -1)
-    from_draft = valid & jnp.take_along_axis(state.from_draft, idx, axis=1)
-    return GenerationResult(
-        tokens=tokens,
-        lengths=lengths,
-        from_draft=from_draft,
-        truncated=state.truncated,
-        stats=state.stats,
+    b, p = prompts_BP.shape
+    _check_tokens_in_vocab(prompts_BP, lengths_B, vocab)
+    context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    if isinstance(context, int) and p > context:
+        raise ValueError(
+            f"prompts: the longest prompt has {p} tokens, beyond the target's context of "
+            f"{context} (config.max_position_embeddings)"
+        )
+    max_new_B = _check_max_new_tokens(max_new_tokens, b)
+    sampling_B = per_row(sampling, b)
+    lookahead = drafter.num_draft + 1
+    resolved = resolve_cache_len(cache_len, p, max_new_B, lookahead)
+    if resolved > INT32_MAX // 2:
+        raise ValueError(f"cache_len={resolved} does not fit in int32 positions")
+    nbytes = _cache_bytes(target, b, resolved) + b * resolved * 9  # + seq, logprobs, flags
+    if isinstance(drafter, DraftModel):
+        nbytes += _cache_bytes(drafter.model, b, resolved)
+    name = (
+        "cache_len" if cache_len is not None else "max_new_tokens (through the default cache_len)"
     )
+    check_fits_memory(name, nbytes, f"caches of {resolved} slots for {b} rows")
+    # Bucket the prompt width like the cache, capped by the cache itself.
+    width = min(_round_up(p, PROMPT_BUCKET), resolved)
+    prompts_BP = jnp.pad(prompts_BP, [(0, 0), (0, width - p)])
+    traced = (
+        key, target, drafter, prompts_BP, lengths_B, jnp.asarray(max_new_B), sampling_B,
+        _eos_array(eos_id, vocab), _check_seeds(seeds, b),
+    )  # fmt: skip
+    static = dict(cache_len=resolved, verification=verification)
+    # From host values (inside a user's jit the arrays above are already traced).
+    host_lengths = np.asarray(lengths_B) if is_concrete(lengths_B) else np.full((b,), p)
+    return traced, static, _output_width(max_new_B, host_lengths, resolved)
 
 
-def _initial_state(key, target, prompts_BP, prompt_lengths_B, cache_len, drafter_state, hist_len):
+# ----------------------------------------------------------------------------
+# The loop, as pure functions.
+
+
+def _init_state(
+    key, target, drafter, prompts_BP, prompt_lengths_B, max_new_B, sampling, eos_K, seeds_B,
+    *, cache_len, verification,
+) -> DecodeState:  # fmt: skip
     b, p = prompts_BP.shape
     _, target_cache = prefill(target, prompts_BP, prompt_lengths_B, cache_len)
-    seq = jnp.zeros((b, cache_len), jnp.int32).at[:, :p].set(prompts_BP)
+    drafter_state = drafter.init(prompts_BP, prompt_lengths_B, cache_len)
     zeros = jnp.zeros((b,), jnp.int32)
+    gamma = drafter.num_draft
+    # A traced budget <= 0 gives the row no tokens (the host refuses concrete ones).
+    no_budget = max_new_B <= 0
+    no_room = prompt_lengths_B + gamma + 1 > cache_len
     return DecodeState(
-        seq=seq,
+        target=target,
+        drafter=drafter,
+        verification=verification,
+        seq=jnp.zeros((b, cache_len), jnp.int32).at[:, :p].set(prompts_BP[:, :cache_len]),
         seq_lengths=prompt_lengths_B,
         prompt_lengths=prompt_lengths_B,
         from_draft=jnp.zeros((b, cache_len), bool),
-        done=jnp.zeros((b,), bool),
-        truncated=jnp.zeros((b,), bool),
+        logprobs=jnp.zeros((b, cache_len), jnp.float32),
+        done=no_budget | no_room,
+        truncated=no_room & ~no_budget,
+        invalid=jnp.zeros((b,), bool),
         target_cache=target_cache,
         drafter_state=drafter_state,
-        key=key,
+        row_keys=noise.row_keys(key, seeds_B),
+        sampling=sampling,
+        max_new_tokens=max_new_B,
+        eos_ids=eos_K,
         stats=GenerationStats(
             target_calls=jnp.zeros((), jnp.int32),
             row_target_calls=zeros,
             drafted=zeros,
             accepted=zeros,
-            accepted_hist=jnp.zeros((hist_len,), jnp.int32),
+            accepted_hist=jnp.zeros((gamma + 1,), jnp.int32),
         ),
     )
 
 
-def _write_block(state, block_BT, num_emit_B, num_from_draft_B):
-    """Writes ``block[b, :num_emit[b]]`` at each row's own end of sequence."""
-    b, t = block_BT.shape
+def _check_proposal(proposal, batch: int, gamma: int, vocab: int):
+    """Trace-time check of the drafter's output shapes (a clear error, not a RoPE one)."""
+    tokens = proposal.tokens
+    if tuple(tokens.shape) != (batch, gamma) or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(
+            f"drafter.propose must return integer tokens [B, γ] = [{batch}, {gamma}], got "
+            f"{tokens.dtype}{list(tokens.shape)}"
+        )
+    if proposal.probs is not None and tuple(proposal.probs.shape) != (batch, gamma, vocab):
+        raise ValueError(
+            f"drafter.propose must return probs [B, γ, V] = [{batch}, {gamma}, {vocab}] or "
+            f"None, got {list(proposal.probs.shape)}"
+        )
+
+
+def _write(buffer_BS, values_BT, start_B, count_B):
+    """``buffer[b, start[b] + t] = values[b, t]`` for ``t < count[b]``; nothing else changes."""
+    b, t = values_BT.shape
     rows = jnp.arange(b)[:, None]
-    slots = state.seq_lengths[:, None] + jnp.arange(t)[None]
-    keep = jnp.arange(t)[None] < num_emit_B[:, None]
-    safe = jnp.minimum(slots, state.seq.shape[1] - 1)
-    new_tok = jnp.where(keep, block_BT, state.seq[rows, safe])
-    new_flag = jnp.where(
-        keep, jnp.arange(t)[None] < num_from_draft_B[:, None], state.from_draft[rows, safe]
-    )
+    slots = start_B[:, None] + jnp.arange(t)[None]
+    keep = jnp.arange(t)[None] < count_B[:, None]
+    old = buffer_BS[rows, jnp.minimum(slots, buffer_BS.shape[1] - 1)]
     # mode="drop": a slot past the end of the buffer is never written (or clamped).
+    return buffer_BS.at[rows, slots].set(jnp.where(keep, values_BT, old), mode="drop")
+
+
+def _num_leading_true(flags_BT):
+    return jnp.sum(jnp.cumprod(flags_BT.astype(jnp.int32), axis=1), axis=1, dtype=jnp.int32)
+
+
+def _body(state: DecodeState) -> DecodeState:
+    target, drafter = state.target, state.drafter
+    gamma = drafter.num_draft
+    b = state.seq.shape[0]
+    rows = jnp.arange(b)
+    lengths = state.seq_lengths
+    offsets = jnp.arange(gamma + 1)
+
+    # Input position i (the pending token, then the drafts) scores the token at
+    # position lengths + i: that position's keys decide it.
+    positions_BG1 = (lengths - 1)[:, None] + offsets[None]
+    keys_BG1 = noise.position_keys(state.row_keys, positions_BG1 + 1)
+    draft_stream = noise.SAMPLE if state.verification == "coupled" else noise.DRAFT
+    draft_keys_BG = noise.stream(keys_BG1[:, :gamma], draft_stream)
+    proposal = drafter.propose(
+        draft_keys_BG, state.drafter_state, state.seq, lengths, state.sampling
+    )
+    _check_proposal(proposal, b, gamma, target.vocab_size)
+    draft_tokens_BG = proposal.tokens.astype(jnp.int32)
+
+    # Score the pending token and the γ drafts in one target call.
+    pending_B = state.seq[rows, lengths - 1]
+    tokens_in = jnp.concatenate([pending_B[:, None], draft_tokens_BG], axis=1)
+    logits_BG1V, target_cache = target(tokens_in, positions_BG1, state.target_cache)
+    target_probs = probs_from_logits(logits_BG1V, state.sampling)
+    if state.verification == "coupled":
+        block_BG1, num_accepted = coupled_verify(keys_BG1, draft_tokens_BG, target_probs)
+    elif proposal.probs is None:
+        block_BG1, num_accepted = rejection_sample_onehot(keys_BG1, draft_tokens_BG, target_probs)
+    else:
+        block_BG1, num_accepted = rejection_sample(
+            keys_BG1, draft_tokens_BG, proposal.probs, target_probs
+        )
+
+    # A position whose logits are NaN or all -inf has no distribution: emit nothing
+    # from it on, and flag the row when it is the next position.
+    usable_BG1 = ~jnp.any(jnp.isnan(logits_BG1V), -1) & jnp.any(logits_BG1V > -jnp.inf, -1)
+    num_usable = _num_leading_true(usable_BG1)
+
+    # Emit accepted drafts + the correction/bonus token, cut after EOS and
+    # at the row's token budget; finished rows emit nothing.
+    active = ~state.done
+    is_eos_BG1 = jnp.any(block_BG1[..., None] == state.eos_ids[None, None], axis=-1)
+    is_eos_BG1 &= offsets[None] <= num_accepted[:, None]
+    eos_cut = jnp.where(jnp.any(is_eos_BG1, axis=1), jnp.argmax(is_eos_BG1, axis=1) + 1, gamma + 1)
+    budget = state.max_new_tokens - state.num_generated
+    num_emit = jnp.minimum(jnp.minimum(num_accepted + 1, eos_cut), jnp.minimum(budget, num_usable))
+    num_emit = jnp.where(active, jnp.maximum(num_emit, 0), 0)
+    block_BG1 = jnp.maximum(block_BG1, 0)
+    logprobs_BG1 = jnp.log(jnp.take_along_axis(target_probs, block_BG1[..., None], -1)[..., 0])
+
+    new_lengths = lengths + num_emit
+    active_i = active.astype(jnp.int32)
+    accepted_one_hot = jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active_i[:, None]
+    stats = state.stats
+    state = state.replace(
+        seq=_write(state.seq, block_BG1, lengths, num_emit),
+        from_draft=_write(
+            state.from_draft, offsets[None] < num_accepted[:, None], lengths, num_emit
+        ),
+        logprobs=_write(state.logprobs, logprobs_BG1, lengths, num_emit),
+        seq_lengths=new_lengths,
+        target_cache=target_cache.rollback(new_lengths - 1),
+        drafter_state=drafter.update(proposal.state, new_lengths),
+        stats=stats.replace(
+            target_calls=stats.target_calls + 1,
+            row_target_calls=stats.row_target_calls + active_i,
+            drafted=stats.drafted + gamma * active_i,
+            accepted=stats.accepted + num_accepted * active_i,
+            accepted_hist=stats.accepted_hist + jnp.sum(accepted_one_hot, axis=0),
+        ),
+    )
+
+    emitted_BG1 = offsets[None] < num_emit[:, None]
+    hit_eos = jnp.any(emitted_BG1 & is_eos_BG1, axis=1)
+    finished = hit_eos | (state.num_generated >= state.max_new_tokens)
+    invalid = active & (num_usable == 0)
+    cache_full = new_lengths + gamma + 1 > state.seq.shape[1]
     return state.replace(
-        seq=state.seq.at[rows, slots].set(new_tok, mode="drop"),
-        from_draft=state.from_draft.at[rows, slots].set(new_flag, mode="drop"),
+        done=state.done | (active & (finished | cache_full | invalid)),
+        truncated=state.truncated | (active & cache_full & ~finished & ~invalid),
+        invalid=state.invalid | invalid,
     )
 
 
-def _stop(state, new_tokens_BT, num_emit_B, active_B, max_new_tokens, eos_id, lookahead):
-    """Updates done/truncated after ``num_emit`` tokens were appended per row."""
-    emitted = jnp.arange(new_tokens_BT.shape[1])[None] < num_emit_B[:, None]
-    hit_eos = jnp.any(emitted & (new_tokens_BT == eos_id), axis=1)
-    budget_spent = state.num_generated >= max_new_tokens
-    finished = hit_eos | budget_spent
-    cache_full = state.seq_lengths + lookahead > state.seq.shape[1]
-    return state.replace(
-        done=state.done | (active_B & (finished | cache_full)),
-        truncated=state.truncated | (active_B & cache_full & ~finished),
+def _run(state: DecodeState, num_steps=None) -> DecodeState:
+    """Runs the loop until every row is done, or for at most ``num_steps`` iterations."""
+    if num_steps is None:
+        cond = lambda s: ~jnp.all(s.done)
+    else:
+        limit = state.stats.target_calls + jnp.maximum(jnp.asarray(num_steps, jnp.int32), 0)
+        cond = lambda s: ~jnp.all(s.done) & (s.stats.target_calls < limit)
+    return jax.lax.while_loop(cond, _body, state)
+
+
+def _result(state: DecodeState) -> GenerationResult:
+    """Gathers each row's generated slots into ``[B, S]`` (padded with -1).
+
+    The full width keeps the output shape static per cache length, so that budgets of
+    any size share the compiled program; `_output_width` then says how much of it to
+    keep.
+    """
+    width = state.seq.shape[1]
+    lengths = state.num_generated
+    idx = state.prompt_lengths[:, None] + jnp.arange(width)[None]
+    valid = jnp.arange(width)[None] < lengths[:, None]
+    idx = jnp.minimum(idx, width - 1)
+    gather = lambda buffer: jnp.take_along_axis(buffer, idx, axis=1)
+    return GenerationResult(
+        tokens=jnp.where(valid, gather(state.seq), -1),
+        lengths=lengths,
+        from_draft=valid & gather(state.from_draft),
+        logprobs=jnp.where(valid, gather(state.logprobs), 0.0),
+        truncated=state.truncated,
+        invalid=state.invalid,
+        stats=state.stats,
     )
+
+
+def _output_width(max_new_B, prompt_lengths_B, cache_len: int) -> int:
+    """N: the largest budget, or the most a row can hold, whichever is smaller.
+
+    Never a ``[B, 10**9]`` buffer for a 64-slot cache. With traced budgets or prompt
+    lengths (inside a user's jit) it is the cache length.
+    """
+    if not (is_concrete(max_new_B) and is_concrete(prompt_lengths_B)):
+        return cache_len
+    room = cache_len - int(np.min(prompt_lengths_B))
+    return max(0, min(int(np.max(max_new_B)), room))
+
+
+def _trim(out: GenerationResult, width: int) -> GenerationResult:
+    return out.replace(
+        tokens=out.tokens[:, :width],
+        from_draft=out.from_draft[:, :width],
+        logprobs=out.logprobs[:, :width],
+    )
+
+
+_STATIC = ("cache_len", "verification")
+_decode_jit = jax.jit(lambda *a, **k: _result(_run(_init_state(*a, **k))), static_argnames=_STATIC)
+_init_jit = jax.jit(_init_state, static_argnames=_STATIC)
+_result_jit = jax.jit(_result)
+
+
+def _decode(traced, static, width: int) -> GenerationResult:
+    return _trim(_decode_jit(*traced, **static), width)
+
+
+def _step_loop(models, loop_state: DecodeState, num_steps) -> DecodeState:
+    target, drafter = models
+    out = _run(loop_state.replace(target=target, drafter=drafter), num_steps)
+    return out.replace(target=None, drafter=None)
+
+
+# The loop state is donated (its caches and buffers are updated in place, so a chunk
+# needs no second copy of them: without donation peak memory doubles); the models are
+# not, since the caller still holds them.
+_step_jit = jax.jit(_step_loop, donate_argnums=(1,))
 
 
 # ----------------------------------------------------------------------------
-# Plain autoregressive decoding.
+# The open loop.
 
 
-def _generate_loop(
-    key, model, prompts_BP, prompt_lengths_B, max_new_tokens, sampling, eos_id, cache_len
-):
-    b = prompts_BP.shape[0]
-    rows = jnp.arange(b)
-    state = _initial_state(key, model, prompts_BP, prompt_lengths_B, cache_len, (), 0)
+def init(
+    key: jax.Array,
+    target,
+    prompts,
+    *,
+    drafter: Drafter | None = None,
+    max_new_tokens,
+    sampling: SamplingConfig | None = None,
+    eos_id=None,
+    seeds=None,
+    cache_len: int | None = None,
+    verification: str = "rejection",
+) -> DecodeState:
+    """Prefills the prompts and returns the `DecodeState` that `step` advances.
 
-    def body(state: DecodeState) -> DecodeState:
-        key, step_key = jax.random.split(state.key)
-        last = state.seq_lengths - 1
-        logits, cache = model(state.seq[rows, last][:, None], last[:, None], state.target_cache)
-        token = sample(step_key, probs_from_logits(logits[:, 0], sampling))
-        active = ~state.done
-        num_emit = active.astype(jnp.int32)
-        state = _write_block(state, token[:, None], num_emit, jnp.zeros_like(num_emit))
-        stats = state.stats
-        state = state.replace(
-            seq_lengths=state.seq_lengths + num_emit,
-            target_cache=cache.rollback(state.seq_lengths + num_emit - 1),
-            key=key,
-            stats=stats.replace(
-                target_calls=stats.target_calls + 1,
-                row_target_calls=stats.row_target_calls + num_emit,
-            ),
+    Takes the arguments of `speculative_generate` (``drafter=None`` decodes plainly)
+    and validates them the same way, before anything compiles.
+
+    Example:
+        >>> import jax, specjax
+        >>> model = specjax.testing.tiny_model(seed=0)
+        >>> state = specjax.decode.init(jax.random.key(0), model, [[1, 2, 3]], max_new_tokens=8)
+        >>> state = specjax.decode.step(state, 3)   # three steps
+        >>> state = specjax.decode.step(state, 100)  # the rest (stops when done)
+        >>> specjax.decode.result(state).tokens.shape
+        (1, 8)
+    """
+    drafter = NoDraft() if drafter is None else drafter
+    traced, static, width = _prepare(
+        key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
+        verification,
+    )  # fmt: skip
+    return _init_jit(*traced, **static)
+
+
+def step(state: DecodeState, num_steps=1) -> DecodeState:
+    """Runs up to ``num_steps`` iterations of the decode loop (fewer if every row is done).
+
+    One jitted chunk of the same ``lax.while_loop`` that `generate` runs, with no host
+    sync inside. ``num_steps`` is traced, so chunks of any size share one compiled
+    program. The state's buffers are donated: use the returned state.
+
+    Args:
+        state: from `init` or a previous `step`.
+        num_steps: iterations to run (an int >= 0; each emits 1 to γ+1 tokens per
+            active row).
+
+    Returns:
+        the advanced `DecodeState`.
+    """
+    if not isinstance(state, DecodeState):
+        raise TypeError(
+            f"state must be a DecodeState from specjax.decode.init, got {type(state).__name__}"
         )
-        return _stop(state, token[:, None], num_emit, active, max_new_tokens, eos_id, 1)
+    if is_concrete(num_steps):
+        num_steps = check_int("num_steps", num_steps, lo=0)
+    models = (state.target, state.drafter)
+    out = _step_jit(models, state.replace(target=None, drafter=None), jnp.int32(num_steps))
+    return out.replace(target=state.target, drafter=state.drafter)
 
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+
+def result(state: DecodeState) -> GenerationResult:
+    """The output so far: every row's generated tokens, lengths, flags and stats.
+
+    ``tokens`` has width ``max(max_new_tokens)`` (or what the cache can hold).
+    """
+    width = _output_width(state.max_new_tokens, state.prompt_lengths, state.seq.shape[1])
+    return _trim(_result_jit(state), width)
 
 
-_generate_jit = jax.jit(_generate_loop, static_argnames=("cache_len",))
+def stream(
+    state: DecodeState, steps_per_chunk: int = 4
+) -> Iterator[tuple[DecodeState, list[list[int]]]]:
+    """Runs `step` chunk by chunk until every row is done, yielding the new tokens.
+
+    Each iteration syncs with the host once (to read the new tokens), between chunks,
+    never inside one.
+
+    Args:
+        state: from `init`; it is donated to the first chunk.
+        steps_per_chunk: loop iterations per chunk.
+
+    Yields:
+        ``(state, new_tokens)``: the state after the chunk, and per row the list of
+        token ids generated in it (possibly empty). Use the last yielded state (e.g.
+        with `result`); earlier ones are donated to the next chunk.
+
+    Example:
+        >>> import jax, specjax
+        >>> model = specjax.testing.tiny_model(seed=0)
+        >>> state = specjax.decode.init(jax.random.key(0), model, [[1, 2]], max_new_tokens=6)
+        >>> chunks = [new for _, new in specjax.decode.stream(state, steps_per_chunk=2)]
+        >>> sum(len(new[0]) for new in chunks)
+        6
+    """
+    steps_per_chunk = check_int("steps_per_chunk", steps_per_chunk, lo=1)
+    seen = np.asarray(state.num_generated)
+    while True:
+        state = step(state, steps_per_chunk)
+        seq, prompt_lengths, lengths, done = jax.device_get(
+            (state.seq, state.prompt_lengths, state.seq_lengths, state.done)
+        )
+        starts = prompt_lengths + seen
+        new = [row[s:e].tolist() for row, s, e in zip(seq, starts, lengths, strict=True)]
+        seen = lengths - prompt_lengths
+        yield state, new
+        if done.all():
+            return
+
+
+# ----------------------------------------------------------------------------
+# The closed loop.
 
 
 def generate(
@@ -345,28 +777,38 @@ def generate(
     *,
     max_new_tokens,
     sampling: SamplingConfig | None = None,
-    eos_id: int | None = None,
+    eos_id=None,
+    seeds=None,
     cache_len: int | None = None,
 ) -> GenerationResult:
     """Plain autoregressive decoding: prefill, then one ``lax.while_loop``.
 
-    The baseline speculative decoding must match. Compiles once per
-    (model, batch size, prompt width, ``cache_len``); temperature, top-k/p,
-    ``max_new_tokens`` (within one cache bucket), ``eos_id`` and the prompt
-    contents are traced.
+    The baseline speculative decoding must match. It is the same loop as
+    `speculative_generate` with the null drafter (γ = 0): each step emits the
+    target's sample at the row's next position t, drawn with
+    ``fold_in(fold_in(key, seeds[b]), t)``. A row's tokens therefore depend on its
+    key, seed and prompt only, not on the rest of the batch, and coupled speculative
+    decoding reproduces them token for token.
+
+    Compiles once per (model, batch size, prompt width bucket of 16, ``cache_len``):
+    temperature, top-k/p, min-p (scalars or per row), ``max_new_tokens`` (within one
+    cache bucket), ``eos_id`` (up to 8 ids), seeds and the prompt contents are traced.
 
     Args:
-        key: PRNG key (unused at temperature 0, but always required).
+        key: one PRNG key (unused at temperature 0, but always required).
         model: a model following the contract (e.g. :class:`specjax.Model`).
         prompts: ``int[B, P]`` or a list of token-id lists (ragged).
-        max_new_tokens: tokens to generate per row (>= 1), EOS included.
-        sampling: :class:`SamplingConfig`; default samples at temperature 1.
-        eos_id: optional token that ends a row (it is emitted).
+        max_new_tokens: tokens to generate per row (>= 1), EOS included: an int, or
+            ``int[B]`` for one budget per row.
+        sampling: :class:`SamplingConfig`, each setting a scalar or ``[B]``; default
+            samples at temperature 1.
+        eos_id: optional id, or ``[K]`` ids, that end a row (it is emitted).
+        seeds: optional ``int[B]`` per-row seeds (default: the row index).
         cache_len: static cache length S; default ``P + max_new_tokens + 1``
             rounded up to a multiple of 64.
 
     Returns:
-        :class:`GenerationResult` with ``tokens int32[B, max_new_tokens]``.
+        :class:`GenerationResult` with ``tokens int32[B, max(max_new_tokens)]``.
 
     Example:
         >>> import jax, specjax
@@ -376,99 +818,11 @@ def generate(
         >>> out.tokens.shape
         (1, 5)
     """
-    args, cache_len = _prepare(model, prompts, max_new_tokens, sampling, eos_id, cache_len, 1)
-    state = _generate_jit(key, model, *args, cache_len=cache_len)
-    return _finish(state, _output_width(max_new_tokens, cache_len))
-
-
-def _output_width(max_new_tokens, cache_len):
-    return int(max_new_tokens) if _is_concrete(max_new_tokens) else cache_len
-
-
-# ----------------------------------------------------------------------------
-# Speculative decoding.
-
-
-def _speculative_loop(
-    key, target, drafter, prompts_BP, prompt_lengths_B, max_new_tokens, sampling, eos_id, cache_len
-):
-    gamma = drafter.num_draft
-    b = prompts_BP.shape[0]
-    rows = jnp.arange(b)
-    lookahead = gamma + 1  # slots one step may write past a row's length
-    drafter_state = drafter.init(prompts_BP, prompt_lengths_B, cache_len)
-    state = _initial_state(
-        key, target, prompts_BP, prompt_lengths_B, cache_len, drafter_state, gamma + 1
-    )
-
-    def body(state: DecodeState) -> DecodeState:
-        key, draft_key, verify_key = jax.random.split(state.key, 3)
-        lengths = state.seq_lengths
-        proposal = drafter.propose(draft_key, state.drafter_state, state.seq, lengths, sampling)
-
-        # Score the pending token and the γ drafts in one target call.
-        pending = state.seq[rows, lengths - 1]
-        tokens_in = jnp.concatenate([pending[:, None], proposal.tokens], axis=1)
-        positions = (lengths - 1)[:, None] + jnp.arange(gamma + 1)[None]
-        logits, target_cache = target(tokens_in, positions, state.target_cache)
-        target_probs = probs_from_logits(logits, sampling)
-        if proposal.probs is None:
-            block, num_accepted = rejection_sample_onehot(verify_key, proposal.tokens, target_probs)
-        else:
-            block, num_accepted = rejection_sample(
-                verify_key, proposal.tokens, proposal.probs, target_probs
-            )
-
-        # Emit accepted drafts + the correction/bonus token, cut after EOS and
-        # at the row's token budget; finished rows emit nothing.
-        active = ~state.done
-        t = jnp.arange(gamma + 1)[None]
-        is_eos = (block == eos_id) & (t <= num_accepted[:, None])
-        eos_cut = jnp.where(jnp.any(is_eos, axis=1), jnp.argmax(is_eos, axis=1) + 1, gamma + 1)
-        budget = max_new_tokens - state.num_generated
-        num_emit = jnp.minimum(jnp.minimum(num_accepted + 1, eos_cut), budget)
-        num_emit = jnp.where(active, num_emit, 0)
-        state = _write_block(state, jnp.maximum(block, 0), num_emit, num_accepted)
-
-        new_lengths = lengths + num_emit
-        active_i = active.astype(jnp.int32)
-        accepted_one_hot = (
-            jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active_i[:, None]
-        )
-        stats = state.stats
-        state = state.replace(
-            seq_lengths=new_lengths,
-            target_cache=target_cache.rollback(new_lengths - 1),
-            drafter_state=drafter.update(proposal.state, new_lengths),
-            key=key,
-            stats=stats.replace(
-                target_calls=stats.target_calls + 1,
-                row_target_calls=stats.row_target_calls + active_i,
-                drafted=stats.drafted + gamma * active_i,
-                accepted=stats.accepted + num_accepted * active_i,
-                accepted_hist=stats.accepted_hist + jnp.sum(accepted_one_hot, axis=0),
-            ),
-        )
-        return _stop(state, block, num_emit, active, max_new_tokens, eos_id, lookahead)
-
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-
-
-_speculative_jit = jax.jit(_speculative_loop, static_argnames=("cache_len",))
-
-
-def check_drafter(target, drafter: Drafter):
-    """Raises ValueError if ``drafter`` cannot serve ``target``."""
-    if not isinstance(drafter, Drafter):
-        raise TypeError(f"drafter must be a specjax Drafter, got {type(drafter).__name__}")
-    gamma = drafter.num_draft
-    if not isinstance(gamma, (int, np.integer)) or gamma < 1:
-        raise ValueError(f"drafter.num_draft (γ) must be an integer >= 1, got {gamma!r}")
-    if drafter.vocab_size is not None and drafter.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"drafter vocabulary size {drafter.vocab_size} differs from the target's "
-            f"{target.vocab_size}: speculative decoding needs one shared vocabulary"
-        )
+    traced, static, width = _prepare(
+        key, model, NoDraft(), prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
+        "rejection",
+    )  # fmt: skip
+    return _decode(traced, static, width)
 
 
 def speculative_generate(
@@ -479,36 +833,52 @@ def speculative_generate(
     *,
     max_new_tokens,
     sampling: SamplingConfig | None = None,
-    eos_id: int | None = None,
+    eos_id=None,
+    seeds=None,
     cache_len: int | None = None,
+    verification: str = "rejection",
 ) -> GenerationResult:
     """Speculative decoding in one jitted ``lax.while_loop``, exact in distribution.
 
     Every step the drafter proposes γ tokens per row, the target scores the
-    row's pending token and the γ drafts in one forward, and rejection sampling
-    (greedy matching at temperature 0) keeps a prefix per row plus one target
-    token. Rows accept different numbers of tokens and stop independently; the
-    loop ends when every row is done. There is no host round trip inside.
+    row's pending token and the γ drafts in one forward, and the verifier keeps a
+    prefix per row plus one target token. Rows accept different numbers of tokens
+    and stop independently; the loop ends when every row is done. There is no host
+    round trip inside.
 
-    The output has exactly the distribution of :func:`generate` with the same
-    target and ``sampling`` (token for token at temperature 0); only the keys
-    are consumed differently, so the two do not give the same sample for one key.
+    Verification:
+
+    * ``"rejection"`` (default): speculative rejection sampling, accepting a draft
+      with probability ``min(1, p/q)``; the acceptance rate is ``1 - TV(p, q)``, the
+      most any exact verifier gets. The output has exactly the distribution of
+      :func:`generate` (token for token at temperature 0), but not the same sample
+      for one key: the drafter and γ decide how each position's randomness is used.
+    * ``"coupled"``: the drafter draws with the same noise the target samples each
+      position with, and a draft is accepted iff it equals the target's sample. The
+      output then *equals* :func:`generate`'s for the same key and seeds, token for
+      token, at any sampling setting and with any drafter; acceptance falls to the
+      coupling probability (at least ``(1 - TV) / (1 + TV)`` for a flat race).
 
     Args:
-        key: PRNG key.
+        key: one PRNG key.
         target: the target model (model contract).
         drafter: a :class:`~specjax.drafters.Drafter` (e.g. ``DraftModel``,
             ``PromptLookup``) with the target's vocabulary.
         prompts: ``int[B, P]`` or a list of token-id lists (ragged).
-        max_new_tokens: tokens to generate per row (>= 1), EOS included.
-        sampling: :class:`SamplingConfig` applied identically to target and draft.
-        eos_id: optional token that ends a row; drafts after it are discarded.
+        max_new_tokens: tokens to generate per row (>= 1), EOS included: an int or
+            ``int[B]``.
+        sampling: :class:`SamplingConfig` applied identically to target and draft,
+            each setting a scalar or ``[B]``.
+        eos_id: optional id, or ``[K]`` ids, that end a row; drafts after it are
+            discarded.
+        seeds: optional ``int[B]`` per-row seeds (default: the row index).
         cache_len: static cache length S; default ``P + max_new_tokens + γ + 1``
             rounded up to a multiple of 64. A row that would overflow it stops
             and is flagged in ``truncated``.
+        verification: ``"rejection"`` or ``"coupled"``.
 
     Returns:
-        :class:`GenerationResult` with ``tokens int32[B, max_new_tokens]``.
+        :class:`GenerationResult` with ``tokens int32[B, max(max_new_tokens)]``.
 
     Example:
         >>> import jax, specjax
@@ -519,10 +889,8 @@ def speculative_generate(
         >>> out.tokens.shape
         (1, 6)
     """
-    check_drafter(target, drafter)
-    lookahead = drafter.num_draft + 1
-    args, cache_len = _prepare(
-        target, prompts, max_new_tokens, sampling, eos_id, cache_len, lookahead
-    )
-    state = _speculative_jit(key, target, drafter, *args, cache_len=cache_len)
-    return _finish(state, _output_width(max_new_tokens, cache_len))
+    traced, static, width = _prepare(
+        key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
+        verification,
+    )  # fmt: skip
+    return _decode(traced, static, width)

@@ -4,13 +4,21 @@ A drafter is a small frozen pytree (``flax.struct.dataclass``) with three pure
 functions. The decoder calls them inside its ``lax.while_loop``:
 
 * ``init(prompts_BS, seq_lengths_B, cache_len) -> state`` once, after the prompt;
-* ``propose(key, state, seq_BS, seq_lengths_B, sampling) -> Proposal`` each step;
+* ``propose(keys_BG, state, seq_BS, seq_lengths_B, sampling) -> Proposal`` each step;
 * ``update(state, seq_lengths_B) -> state`` after verification, with each row's
   new length (this is where a draft model rolls its KV cache back).
 
 ``seq_BS`` is the decoder's token buffer: slot ``s`` of row ``b`` holds the
 token at position ``s``; only ``s < seq_lengths_B[b]`` is valid. The last valid
 token of each row has not been fed to any model yet.
+
+``keys_BG`` holds one PRNG key per row and drafted position: draft ``i`` of row
+``b`` (position ``seq_lengths_B[b] + i``) must be drawn with ``keys_BG[b, i]``,
+e.g. ``specjax.sample(keys_BG[:, i], q_BV)``, and with nothing else. The decoder
+derives them from the position (`specjax.noise`), so drafts are reproducible per
+row; in coupled verification they are the very keys the target samples that
+position with, which is what makes a good drafter's tokens match. A deterministic
+drafter ignores them. ``sampling`` has one value per row in each leaf (``[B]``).
 
 The static shape parameters (``num_draft`` = γ) are non-pytree fields, so they
 are part of the compiled program; everything else is an array leaf.
@@ -65,13 +73,25 @@ class Drafter(abc.ABC):
     @abc.abstractmethod
     def propose(
         self,
-        key: jax.Array,
+        keys_BG: jax.Array,
         state,
         seq_BS: jax.Array,
         seq_lengths_B: jax.Array,
         sampling: SamplingConfig,
     ) -> Proposal:
-        """Proposes ``num_draft`` tokens per row continuing ``seq_BS[b, :seq_lengths_B[b]]``."""
+        """Proposes ``num_draft`` tokens per row continuing ``seq_BS[b, :seq_lengths_B[b]]``.
+
+        Args:
+            keys_BG: PRNG keys ``[B, γ]``; draft ``i`` of row ``b`` is drawn with
+                ``keys_BG[b, i]`` only.
+            state: the drafter's state.
+            seq_BS: ``int32[B, S]`` the token buffer (slot == position).
+            seq_lengths_B: ``int32[B]`` valid tokens per row.
+            sampling: the rows' `SamplingConfig`, each leaf ``[B]``.
+
+        Returns:
+            a `Proposal` with ``tokens int32[B, γ]``.
+        """
 
     @abc.abstractmethod
     def update(self, state, seq_lengths_B: jax.Array):
@@ -122,7 +142,7 @@ class DraftModel(Drafter):
         _, cache = prefill(self.model, prompts_BS, seq_lengths_B, cache_len)
         return cache
 
-    def propose(self, key, state: KVCache, seq_BS, seq_lengths_B, sampling):
+    def propose(self, keys_BG, state: KVCache, seq_BS, seq_lengths_B, sampling):
         b = seq_BS.shape[0]
         rows = jnp.arange(b)
         last = seq_lengths_B - 1
@@ -134,24 +154,23 @@ class DraftModel(Drafter):
         tokens_B2 = jnp.stack([seq_BS[rows, prev], seq_BS[rows, last]], axis=1)
         positions_B2 = jnp.stack([prev, last], axis=1)
         logits, cache = self.model(tokens_B2, positions_B2, state)
-        keys = jax.random.split(key, self.num_draft)
 
-        def draw(step_key, logits_BV):
+        def draw(keys_B, logits_BV):
             probs = probs_from_logits(logits_BV, sampling)
-            return sample(step_key, probs), probs
+            return sample(keys_B, probs), probs
 
-        token, probs = draw(keys[0], logits[:, -1])
+        token, probs = draw(keys_BG[:, 0], logits[:, -1])
 
-        def step(carry, step_key):
+        def step(carry, keys_B):
             token_B, position_B, cache = carry
             logits, cache = self.model(token_B[:, None], position_B[:, None], cache)
-            next_token, probs = draw(step_key, logits[:, 0])
+            next_token, probs = draw(keys_B, logits[:, 0])
             return (next_token, position_B + 1, cache), (next_token, probs)
 
         # Unrolled: γ is small and static, and the inner while loop's carry
         # copies cost ~10% of a proposal on CPU (0.37 -> 0.335 ms, bundled draft, γ=4).
         (_, _, cache), (tokens_rest, probs_rest) = jax.lax.scan(
-            step, (token, last + 1, cache), keys[1:], unroll=True
+            step, (token, last + 1, cache), jnp.moveaxis(keys_BG[:, 1:], 1, 0), unroll=True
         )
         tokens = jnp.concatenate([token[:, None], jnp.moveaxis(tokens_rest, 0, 1)], axis=1)
         probs = jnp.concatenate([probs[:, None], jnp.moveaxis(probs_rest, 0, 1)], axis=1)
@@ -186,8 +205,8 @@ class PromptLookup(Drafter):
     def init(self, prompts_BS, seq_lengths_B, cache_len):
         return ()
 
-    def propose(self, key, state, seq_BS, seq_lengths_B, sampling):
-        del key, sampling  # deterministic drafter
+    def propose(self, keys_BG, state, seq_BS, seq_lengths_B, sampling):
+        del keys_BG, sampling  # deterministic drafter
         b, s = seq_BS.shape
         slots = jnp.arange(s)
         lengths = seq_lengths_B[:, None]
@@ -212,6 +231,32 @@ class PromptLookup(Drafter):
         idx = jnp.minimum(start[:, None] + jnp.arange(self.num_draft)[None], last[:, None])
         tokens = jnp.take_along_axis(seq_BS, idx, axis=1)
         return Proposal(tokens=tokens.astype(jnp.int32), probs=None, state=state)
+
+    def update(self, state, seq_lengths_B):
+        return state
+
+
+@struct.dataclass
+class NoDraft(Drafter):
+    """The null drafter (γ = 0): with it, speculative decoding *is* plain decoding.
+
+    Each step then scores only the pending token and emits the target's own sample,
+    drawn with the same position-keyed noise that speculative decoding uses for its
+    bonus tokens. `specjax.generate` runs the one decode loop with this drafter.
+    """
+
+    num_draft: int = struct.field(pytree_node=False, default=0)
+
+    @property
+    def vocab_size(self) -> None:
+        return None
+
+    def init(self, prompts_BS, seq_lengths_B, cache_len):
+        return ()
+
+    def propose(self, keys_BG, state, seq_BS, seq_lengths_B, sampling):
+        tokens = jnp.zeros((seq_BS.shape[0], 0), jnp.int32)
+        return Proposal(tokens=tokens, probs=None, state=state)
 
     def update(self, state, seq_lengths_B):
         return state

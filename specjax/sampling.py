@@ -3,13 +3,18 @@
 The same two functions serve the drafter and the target, so that speculative decoding
 compares like with like:
 
-* `probs_from_logits` turns logits ``[..., V]`` into float32 probabilities after
+* `probs_from_logits` turns logits ``[B, ..., V]`` into float32 probabilities after
   temperature, top-k, top-p and min-p (in that order), or into a one-hot of the argmax
   when the temperature is zero.
-* `sample` draws one token per row of a ``[..., V]`` array of non-negative weights.
+* `sample` draws one token per row of a ``[..., V]`` array of non-negative weights by
+  an exponential race, ``argmax_i w_i / E_i`` with ``E_i ~ Exp(1)``, from one key or
+  from one key per row.
 
-Every knob of `SamplingConfig` is an array leaf, so a jitted decoder is compiled once and
-serves any temperature or truncation, including a different one per row.
+Every knob of `SamplingConfig` is an array leaf, a scalar or one value per row
+(``[B]``), so a jitted decoder is compiled once and serves any temperature or
+truncation, greedy and sampled rows in one batch. Leaves are read along the
+*leading* axis of the logits: ``[B]`` settings apply to row b of the target's
+``[B, γ+1, V]`` logits and of the draft's ``[B, V]`` logits alike.
 
 Top-k and top-p need a threshold (the k-th largest probability, or the probability at
 which the sorted cumulative mass reaches ``top_p``). Sorting 128k entries per position is
@@ -27,11 +32,15 @@ import numpy as np
 from flax import struct
 from jax import lax
 
+from specjax import noise
+from specjax.validation import INT32_MAX, is_concrete
+
 __all__ = [
     "SamplingConfig",
     "apply_sampling",
     "check_sampling_config",
     "greedy_tokens",
+    "per_row",
     "probs_from_logits",
     "sample",
 ]
@@ -40,31 +49,36 @@ __all__ = [
 _PROB_BITS_UPPER = 0x3F800001
 # Bisection halves [0, 0x3F800001) to width 1 in ceil(log2(0x3F800001)) = 30 steps.
 _BISECTION_STEPS = 30
-# Above this vocabulary size `sample` draws a block, then a token inside it, which needs
-# ~2*sqrt(V) Gumbel draws per row instead of V (random bits dominate flat sampling).
+# Above this vocabulary size `sample` races blocks, then a token inside the chosen block,
+# which needs ~2*sqrt(V) exponential variates per row instead of V (random bits
+# dominate a flat race).
 _FLAT_SAMPLING_MAX_V = 2048
 _SAMPLING_BLOCK = 256
 
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p")
+_FIELDS = ("temperature", "top_k", "top_p", "min_p")
 
 
 def _is_host_value(value) -> bool:
-    return isinstance(value, (bool, int, float, np.ndarray, np.generic))
+    return isinstance(value, (bool, int, float, list, tuple, np.ndarray, np.generic))
 
 
 @struct.dataclass
 class SamplingConfig:
     """How logits become a token distribution. Every field is a traced array leaf.
 
-    Leaves are scalars or arrays broadcastable (numpy rules) to the logits' batch shape
-    ``logits.shape[:-1]``; e.g. ``temperature`` of shape ``[B, 1]`` gives each row of
-    ``[B, T, V]`` logits its own temperature. Python and numpy scalars are stored as 0-d
-    numpy arrays of a fixed dtype (float32, and int32 for ``top_k``), so
-    ``SamplingConfig(temperature=0.7)`` and ``SamplingConfig(temperature=jnp.float32(0.9))``
-    hit the same jit cache entry.
+    Each leaf is a scalar (every row) or an array ``[B]`` (one value per row), read
+    along the leading axis of the logits: with ``[B, γ+1, V]`` target logits and
+    ``[B, V]`` draft logits, row b gets ``temperature[b]`` in both. Any other shape is
+    refused by `check_sampling_config`, and by `probs_from_logits` at trace time, with
+    an error naming the field. Host values (Python numbers, lists, numpy arrays) are
+    stored as numpy arrays of a fixed dtype (float32, and int32 for ``top_k``), so
+    ``SamplingConfig(temperature=0.7)`` and ``SamplingConfig(temperature=np.float32(0.9))``
+    hit the same jit cache entry; the decoders also broadcast every leaf to ``[B]``, so
+    scalar and per-row settings share one compiled program.
 
-    Call `validate` (or `check_sampling_config`) on the host before jitting; traced values
-    cannot be checked and are used as given.
+    Call `validate` (or `check_sampling_config`) on the host before jitting; traced
+    values cannot be checked and are used as given.
 
     Attributes:
         temperature: logits are divided by it; ``<= 0`` (or NaN) means greedy.
@@ -87,31 +101,61 @@ class SamplingConfig:
         for name in _FLOAT_FIELDS:
             value = getattr(self, name)
             if _is_host_value(value):
-                object.__setattr__(self, name, np.asarray(value, dtype=np.float32))
+                arr = np.asarray(value)
+                if arr.dtype == object or not (
+                    np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+                ):
+                    raise TypeError(
+                        f"SamplingConfig.{name} must be a number or an array of numbers, "
+                        f"got {value!r:.60}"
+                    )
+                object.__setattr__(self, name, arr.astype(np.float32))
         if _is_host_value(self.top_k):
-            top_k = np.asarray(self.top_k)
-            if not np.issubdtype(top_k.dtype, np.integer) and not np.all(top_k == np.round(top_k)):
-                raise ValueError(f"SamplingConfig.top_k must be an integer, got {top_k!r}")
-            object.__setattr__(self, "top_k", top_k.astype(np.int32))
+            object.__setattr__(self, "top_k", _host_top_k(self.top_k))
 
     @classmethod
     def greedy(cls) -> SamplingConfig:
         """Argmax decoding (temperature 0)."""
         return cls(temperature=0.0)
 
-    def validate(self) -> SamplingConfig:
-        """Raises ValueError for out-of-range concrete values; returns ``self``."""
-        check_sampling_config(self)
+    def validate(self, batch_size: int | None = None) -> SamplingConfig:
+        """Raises ValueError for out-of-range concrete values or bad shapes; returns ``self``."""
+        check_sampling_config(self, batch_size)
         return self
 
 
-def check_sampling_config(config: SamplingConfig) -> None:
-    """Raises ValueError naming the first field with an out-of-range concrete value.
+def _host_top_k(value) -> np.ndarray:
+    """``top_k`` as int32, refusing non-integers and values beyond int32 (never wrapped)."""
+    arr = np.asarray(value)
+    if (
+        arr.dtype == object
+        or arr.dtype == np.bool_
+        or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating))
+    ):
+        raise TypeError(f"SamplingConfig.top_k must be an integer, got {value!r:.60}")
+    if np.issubdtype(arr.dtype, np.floating) and not np.all(arr == np.round(arr)):
+        raise ValueError(f"SamplingConfig.top_k must be an integer, got {value!r:.60}")
+    if arr.size and (np.max(arr) > INT32_MAX or np.min(arr) < -INT32_MAX):
+        raise ValueError(
+            f"SamplingConfig.top_k must fit in int32 (0 disables it), got {value!r:.60}"
+        )
+    return arr.astype(np.int32)
+
+
+def check_sampling_config(config: SamplingConfig, batch_size: int | None = None) -> None:
+    """Raises ValueError naming the first field with a bad shape or out-of-range value.
 
     Valid ranges: ``temperature >= 0``, ``top_k >= 0``, ``0 < top_p <= 1`` and
-    ``0 <= min_p < 1``. Traced fields (inside jit or vmap) are skipped silently, since
-    their values are unknown; call this on the host before jitting.
+    ``0 <= min_p < 1``. Valid shapes: a scalar, or ``[batch_size]`` when ``batch_size``
+    is given (any rank-1 shape otherwise). Shapes are checked for traced fields too;
+    traced values (inside jit or vmap) are not, since they are unknown: call this on the
+    host before jitting.
     """
+    if not isinstance(config, SamplingConfig):
+        raise TypeError(
+            f"sampling must be a specjax.SamplingConfig, got {type(config).__name__} "
+            "(e.g. SamplingConfig(temperature=0.7))"
+        )
     checks = {
         "temperature": (lambda v: v >= 0, "must be >= 0 (0 means greedy)"),
         "top_k": (lambda v: v >= 0, "must be >= 0 (0 disables top-k)"),
@@ -120,7 +164,14 @@ def check_sampling_config(config: SamplingConfig) -> None:
     }
     for name, (is_valid, requirement) in checks.items():
         value = getattr(config, name)
-        if isinstance(value, jax.core.Tracer):
+        shape = tuple(jnp.shape(value))
+        if len(shape) > 1 or (batch_size is not None and shape not in ((), (batch_size,))):
+            rows = f"[{batch_size}]" if batch_size is not None else "[B]"
+            raise ValueError(
+                f"SamplingConfig.{name} has shape {list(shape)}; each setting must be a "
+                f"scalar or one value per row, {rows}"
+            )
+        if not is_concrete(value):
             continue
         value = np.asarray(value)
         # Written as "all valid" rather than "any invalid" so that NaN fails.
@@ -129,6 +180,22 @@ def check_sampling_config(config: SamplingConfig) -> None:
         if name == "top_k" and not np.issubdtype(value.dtype, np.integer):
             if not np.all(value == np.round(value)):
                 raise ValueError(f"SamplingConfig.top_k must be an integer; got {value!r}")
+
+
+def per_row(config: SamplingConfig, batch_size: int) -> SamplingConfig:
+    """``config`` checked, with every leaf broadcast to ``[batch_size]``.
+
+    The decoders call this on the host, so that a scalar setting and a per-row array
+    are one jit signature: greedy and sampled rows share one compiled program.
+    """
+    check_sampling_config(config, batch_size)
+    dtypes = dict(temperature=jnp.float32, top_k=jnp.int32, top_p=jnp.float32, min_p=jnp.float32)
+    return SamplingConfig(
+        **{
+            name: jnp.broadcast_to(jnp.asarray(getattr(config, name), dtypes[name]), (batch_size,))
+            for name in _FIELDS
+        }
+    )
 
 
 def greedy_tokens(logits: jax.Array) -> jax.Array:
@@ -154,9 +221,24 @@ def _first_argmax(x: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(x == max_R1, ids, x.shape[-1] - 1), axis=-1)
 
 
-def _per_row(value, batch_shape: tuple[int, ...], dtype) -> jax.Array:
-    """A config leaf broadcast to ``batch_shape + (1,)`` (explicitly: rank promotion is off)."""
-    return jnp.broadcast_to(jnp.asarray(value).astype(dtype), batch_shape)[..., None]
+def _per_row(name: str, value, batch_shape: tuple[int, ...], dtype) -> jax.Array:
+    """A config leaf (scalar or ``[B]``) broadcast to ``batch_shape + (1,)`` by its leading axis.
+
+    ``[B]`` leaves meet ``batch_shape = (B, ...)`` along B, whatever else follows (γ+1
+    target positions, nothing for the draft): rank promotion's trailing alignment would
+    read them along the wrong axis.
+    """
+    value = jnp.asarray(value).astype(dtype)
+    if value.ndim == 0:
+        return jnp.broadcast_to(value, batch_shape)[..., None]
+    if value.ndim != 1 or not batch_shape or value.shape[0] != batch_shape[0]:
+        rows = f"[{batch_shape[0]}]" if batch_shape else "a scalar (the logits have no batch axis)"
+        raise ValueError(
+            f"SamplingConfig.{name} has shape {list(value.shape)}, but logits with batch shape "
+            f"{list(batch_shape)} need a scalar or {rows}: one value per row of the leading axis"
+        )
+    value = value.reshape(value.shape + (1,) * len(batch_shape))
+    return jnp.broadcast_to(value, batch_shape + (1,))
 
 
 def _bisect_threshold(predicate, lo_R1: jax.Array, hi_R1: jax.Array) -> jax.Array:
@@ -204,13 +286,16 @@ def _truncate(probs_RxV: jax.Array, top_k_R1, top_p_R1, min_p_R1) -> jax.Array:
 
     p_bits_R1 = lax.cond(jnp.any(top_p_R1 < 1), top_p_threshold, lambda: k_bits_R1)
 
-    keep_RxV = (bits_RxV >= p_bits_R1) & (probs_RxV >= min_p_R1 * max_prob_R1)
+    # The most probable token always survives (even a min_p > 1 given inside jit, where it
+    # is not checked), so the renormaliser is never 0 and no NaN comes out.
+    is_max_RxV = probs_RxV == max_prob_R1
+    keep_RxV = (bits_RxV >= p_bits_R1) & ((probs_RxV >= min_p_R1 * max_prob_R1) | is_max_RxV)
     kept_RxV = jnp.where(keep_RxV, probs_RxV, 0.0)
     return kept_RxV / jnp.sum(kept_RxV, axis=-1, keepdims=True)
 
 
 def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
-    """Float32 token probabilities ``[..., V]`` from logits ``[..., V]`` of any float dtype.
+    """Float32 token probabilities ``[B, ..., V]`` from logits ``[B, ..., V]`` of any float dtype.
 
     Steps, each on the previous step's (renormalised) output:
 
@@ -235,8 +320,9 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     distribution over all V tokens (its greedy one-hot is token 0).
 
     Args:
-        logits: ``[..., V]`` float array (bf16, f16, f32, ...).
-        config: a `SamplingConfig`; leaves broadcast to ``logits.shape[:-1]``.
+        logits: ``[B, ..., V]`` float array (bf16, f16, f32, ...).
+        config: a `SamplingConfig`; each leaf a scalar or ``[B]`` (one value per row of
+            the leading axis); any other shape raises ValueError naming the field.
 
     Returns:
         float32 ``[..., V]``, non-negative, each row summing to 1 up to rounding.
@@ -248,10 +334,10 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
             f"{logits.dtype}{list(logits.shape)}"
         )
     batch_shape = logits.shape[:-1]
-    temperature_R1 = _per_row(config.temperature, batch_shape, jnp.float32)
-    top_k_R1 = _per_row(config.top_k, batch_shape, jnp.int32)
-    top_p_R1 = _per_row(config.top_p, batch_shape, jnp.float32)
-    min_p_R1 = _per_row(config.min_p, batch_shape, jnp.float32)
+    temperature_R1 = _per_row("temperature", config.temperature, batch_shape, jnp.float32)
+    top_k_R1 = _per_row("top_k", config.top_k, batch_shape, jnp.int32)
+    top_p_R1 = _per_row("top_p", config.top_p, batch_shape, jnp.float32)
+    min_p_R1 = _per_row("min_p", config.min_p, batch_shape, jnp.float32)
 
     x_RxV = logits.astype(jnp.float32)
     x_RxV = jnp.where(jnp.isnan(x_RxV), -jnp.inf, x_RxV)
@@ -263,10 +349,12 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
 
     def sampled():
         max_R1 = jnp.max(x_RxV, axis=-1, keepdims=True)
-        # Shift before dividing so nothing overflows to +inf. The where() covers the
-        # degenerate rows: max == +inf (inf - inf is NaN) and max == -inf (all -inf).
+        # Shift before dividing so nothing overflows to +inf. The where()s cover the
+        # degenerate rows: max == +inf (inf - inf is NaN), max == -inf (all -inf), and
+        # -inf logits at temperature inf (-inf / inf is NaN).
         safe_temperature_R1 = jnp.where(greedy_R1, 1.0, temperature_R1)
-        z_RxV = jnp.where(x_RxV == max_R1, 0.0, (x_RxV - max_R1) / safe_temperature_R1)
+        shifted_RxV = jnp.where(x_RxV == -jnp.inf, -jnp.inf, (x_RxV - max_R1) / safe_temperature_R1)
+        z_RxV = jnp.where(x_RxV == max_R1, 0.0, shifted_RxV)
         e_RxV = jnp.exp(z_RxV)
         probs_RxV = e_RxV / jnp.sum(e_RxV, axis=-1, keepdims=True)
         return _truncate(probs_RxV, top_k_R1, top_p_R1, min_p_R1)
@@ -278,52 +366,90 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     return lax.switch(branch, [greedy, sampled, mixed])
 
 
-def _gumbel_argmax(key: jax.Array, weights_RxV: jax.Array) -> jax.Array:
-    """Index of ``max(log w + Gumbel)`` over the last axis; entries ``w <= 0`` never win."""
-    gumbel_RxV = jax.random.gumbel(key, weights_RxV.shape, jnp.float32)
-    scores_RxV = jnp.where(weights_RxV > 0, jnp.log(weights_RxV) + gumbel_RxV, -jnp.inf)
-    return _first_argmax(scores_RxV)
+def _race_argmax(noise_RxV: jax.Array, weights_RxV: jax.Array) -> jax.Array:
+    """``argmax_i w_i / E_i`` per row (an exponential race); entries ``w <= 0`` never win.
+
+    Weights are scaled by their row maximum first, so that ``w / E`` neither overflows
+    nor loses a small weight to an underflow that matters (the top token scores at least
+    ``1 / max E``).
+    """
+    positive_RxV = weights_RxV > 0
+    max_R1 = jnp.max(jnp.where(positive_RxV, weights_RxV, 0.0), axis=-1, keepdims=True)
+    scaled_RxV = weights_RxV / jnp.where(max_R1 > 0, max_R1, 1.0)
+    return _first_argmax(jnp.where(positive_RxV, scaled_RxV / noise_RxV, -1.0))
+
+
+def _row_keys_for(key: jax.Array, batch_shape: tuple[int, ...]) -> jax.Array:
+    """Keys ``[R]`` for the ``R = prod(batch_shape)`` rows: given per row, or folded from one."""
+    if key.shape == batch_shape:
+        return key.reshape(-1)
+    if key.shape == ():
+        # One key for all rows: row r uses fold_in(key, r), independent of the others.
+        num_rows = int(np.prod(batch_shape, dtype=np.int64))
+        return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(num_rows))
+    raise ValueError(
+        f"sample: key must be one key or one key per row, of shape {list(batch_shape)}; "
+        f"got keys of shape {list(key.shape)}"
+    )
 
 
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
     """Draws one token per row: ``[..., V]`` weights -> ``int32[...]``.
 
-    Token ``i`` is drawn with probability ``probs[i] / sum(probs)`` (Gumbel-max), so the
-    weights need not be normalised. Entries that are zero, negative or NaN are never
-    drawn; a row with no positive entry returns token 0. Denormal weights (below
-    1.2e-38) may count as zero: XLA on CPU flushes denormals to zero.
+    Token ``i`` is drawn with probability ``probs[i] / sum(probs)`` by an exponential
+    race, ``argmax_i probs[i] / E_i`` with ``E_i ~ Exp(1)`` drawn from 64 random bits
+    (`specjax.noise.exponential`), so the weights need not be normalised and tokens are
+    drawn at their rate down to float32 resolution: a token 1e-12 as likely as the top
+    one is drawn at rate 1e-12, not never (the Gumbel-max tail problem). Entries that
+    are zero, negative or NaN are never drawn; a row with no positive entry returns
+    token 0. Denormal weights (below 1.2e-38) may count as zero: XLA on CPU flushes
+    denormals to zero. Weights must be finite.
 
     For ``V > 2048`` the draw is two-stage, with the same distribution: a block of 256
-    tokens is drawn in proportion to its mass, then a token inside the block. This needs
-    ``V/256 + 256`` Gumbel variates per row instead of V.
+    tokens is raced in proportion to its mass, then a token inside the block. This needs
+    ``V/256 + 256`` variates per row instead of V.
+
+    The noise of a row is a function of that row's key only, so two calls with the same
+    key and the same V use the same noise: this is what coupled verification relies on.
 
     Args:
-        key: a PRNG key; all rows use (independent parts of) it.
+        key: one PRNG key (row ``r`` of the flattened batch uses ``fold_in(key, r)``), or
+            one key per row, of shape ``probs.shape[:-1]``.
         probs: ``[..., V]`` non-negative weights of any float dtype.
 
     Returns:
         int32 ``[...]`` token ids in ``[0, V)``.
     """
-    weights_RxV = jnp.asarray(probs).astype(jnp.float32)
-    vocab = weights_RxV.shape[-1]
+    weights = jnp.asarray(probs).astype(jnp.float32)
+    if weights.ndim < 1:
+        raise ValueError(f"sample: probs must be [..., V], got shape {list(weights.shape)}")
+    batch_shape, vocab = weights.shape[:-1], weights.shape[-1]
+    keys_R = _row_keys_for(jnp.asarray(key), batch_shape)
+    weights_RxV = weights.reshape(-1, vocab)
     if vocab <= _FLAT_SAMPLING_MAX_V:
-        return _gumbel_argmax(key, weights_RxV)
+        noise_RxV = jax.vmap(lambda k: noise.exponential(k, (vocab,)))(keys_R)
+        return _race_argmax(noise_RxV, weights_RxV).reshape(batch_shape)
 
-    # Rows are flattened to [R, V]: the block gather compiles much faster on rank 2.
-    batch_shape = weights_RxV.shape[:-1]
-    weights_RxV = weights_RxV.reshape(-1, vocab)
     num_blocks = -(-vocab // _SAMPLING_BLOCK)
     padded_RxV = jnp.pad(weights_RxV, [(0, 0), (0, num_blocks * _SAMPLING_BLOCK - vocab)])
     blocks_RxNxK = padded_RxV.reshape(-1, num_blocks, _SAMPLING_BLOCK)
     # Non-positive and NaN entries must not contribute mass to their block.
     blocks_RxNxK = jnp.where(blocks_RxNxK > 0, blocks_RxNxK, 0.0)
-    block_key, token_key = jax.random.split(key)
-    block_R = _gumbel_argmax(block_key, jnp.sum(blocks_RxNxK, axis=-1))
+
+    def row_noise(k):
+        block_key, token_key = jax.random.split(k)
+        return (
+            noise.exponential(block_key, (num_blocks,)),
+            noise.exponential(token_key, (_SAMPLING_BLOCK,)),
+        )
+
+    block_noise_RxN, token_noise_RxK = jax.vmap(row_noise)(keys_R)
+    block_R = _race_argmax(block_noise_RxN, jnp.sum(blocks_RxNxK, axis=-1))
     chosen_RxK = jnp.take_along_axis(blocks_RxNxK, block_R[:, None, None], axis=1)[:, 0]
-    tokens_R = block_R * _SAMPLING_BLOCK + _gumbel_argmax(token_key, chosen_RxK)
+    tokens_R = block_R * _SAMPLING_BLOCK + _race_argmax(token_noise_RxK, chosen_RxK)
     return tokens_R.reshape(batch_shape)
 
 
 def apply_sampling(key: jax.Array, logits: jax.Array, config: SamplingConfig) -> jax.Array:
-    """``sample(key, probs_from_logits(logits, config))``: logits ``[..., V]`` -> ``int32[...]``."""
+    """``sample(key, probs_from_logits(logits, config))``: ``[B, ..., V]`` -> ``int32[B, ...]``."""
     return sample(key, probs_from_logits(logits, config))

@@ -56,6 +56,16 @@ def tiny_model(
     return model
 
 
+def tiny_tokenizer(vocab_size: int = 64):
+    """A word-level ``tokenizers.Tokenizer`` over the words ``w0 .. w{V-1}`` (id i is ``wi``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return tok
+
+
 def perturbed(model, seed: int = 0):
     """``model`` with every parameter redrawn so that logits are O(1).
 

@@ -18,6 +18,20 @@ rows of length V per sequence are read, not the whole ``[γ+1, V]`` probabilitie
 A drafted token outside ``[0, V)`` can never be emitted: it is always rejected and
 position n is then sampled from the target's ``p_n`` (as if q put no mass on it), so
 the output still follows p.
+
+Coupled verification (`coupled_verify`) needs no q: the target's own sample at each
+position is drawn with that position's noise, the same noise the drafter was given,
+and a draft is accepted iff it equals the target's sample. The emitted tokens are then
+exactly the target's samples, token for token what plain decoding draws with the same
+keys.
+
+**Keys.** Every draw is keyed by position (`specjax.noise`): the core of each algorithm
+takes one key per scored position, ``[γ+1]``, and draws the acceptance uniform of
+position i from its `~specjax.noise.ACCEPT` stream and the token emitted at position i
+(correction, bonus, or coupled sample) from its `~specjax.noise.SAMPLE` stream. The
+public functions take either one key (row b, position i then uses
+``fold_in(fold_in(key, b), i)``) or those position keys directly, ``[B, γ+1]`` (what
+the decoders pass).
 """
 
 from __future__ import annotations
@@ -26,9 +40,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from specjax import noise
 from specjax.sampling import greedy_tokens, sample
 
 __all__ = [
+    "coupled_verify",
+    "coupled_verify_single",
     "greedy_verify",
     "greedy_verify_single",
     "rejection_sample",
@@ -108,13 +125,49 @@ def _layout(draft_tokens_G: jax.Array, num_accepted: jax.Array, last_token: jax.
     return tokens_G1, num_accepted
 
 
-def _row_keys(key: jax.Array, batch: int) -> jax.Array:
-    # fold_in by row index: a row's randomness is independent of the batch around it.
-    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch))
+def _as_keys(key) -> jax.Array:
+    """Typed keys from typed or raw (``uint32[..., 2]``) keys."""
+    key = jnp.asarray(key)
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key
+    if key.dtype == jnp.uint32 and key.ndim >= 1 and key.shape[-1] == 2:
+        return jax.random.wrap_key_data(key)
+    raise TypeError(f"key must be a PRNG key (jax.random.key), got {key.dtype}{list(key.shape)}")
 
 
-def _rejection_core(key, draft_tokens_G, target_GxV, draft_prob_at_G, draft_row):
-    """The algorithm, given ``q_i(x_i)`` and a function ``n -> q_n [V]`` (n < γ).
+def _fold_range(key: jax.Array, n: int) -> jax.Array:
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(n))
+
+
+def _sequence_keys(fn: str, key, num_positions: int) -> jax.Array:
+    """Position keys ``[γ+1]``: given, or ``fold_in(key, i)`` of one key."""
+    key = _as_keys(key)
+    if key.shape == (num_positions,):
+        return key
+    if key.shape == ():
+        return _fold_range(key, num_positions)
+    raise ValueError(
+        f"{fn}: key must be one key or one per position, [{num_positions}]; got keys of "
+        f"shape {list(key.shape)}"
+    )
+
+
+def _batch_keys(fn: str, key, batch: int, num_positions: int) -> jax.Array:
+    """Position keys ``[B, γ+1]``: given, or ``fold_in(fold_in(key, b), i)`` of one key."""
+    key = _as_keys(key)
+    if key.shape == (batch, num_positions):
+        return key
+    if key.shape == ():
+        # fold_in by row index: a row's randomness is independent of the batch around it.
+        return jax.vmap(_fold_range, in_axes=(0, None))(_fold_range(key, batch), num_positions)
+    raise ValueError(
+        f"{fn}: key must be one key or one per row and position, [{batch}, {num_positions}]; "
+        f"got keys of shape {list(key.shape)}"
+    )
+
+
+def _rejection_core(keys_G1, draft_tokens_G, target_GxV, draft_prob_at_G, draft_row):
+    """The algorithm, given position keys, ``q_i(x_i)`` and a function ``n -> q_n [V]`` (n < γ).
 
     Both public variants go through here, so that one-hot drafts give bit-identical
     results to explicit one-hot ``draft_probs``.
@@ -127,10 +180,13 @@ def _rejection_core(key, draft_tokens_G, target_GxV, draft_prob_at_G, draft_row)
     p_at_G = jnp.take_along_axis(target_GxV[:gamma], safe_tokens_G[:, None], axis=-1)[:, 0]
     p_at_G = p_at_G.astype(jnp.float32)
 
-    accept_key, resample_key = jax.random.split(key)
-    u_G = jax.random.uniform(accept_key, (gamma,), jnp.float32)
-    accepted_G = (u_G * draft_prob_at_G(safe_tokens_G) < p_at_G) & in_vocab_G
-    num_accepted = _num_leading_true(accepted_G)
+    if gamma == 0:
+        num_accepted = jnp.zeros((), jnp.int32)
+    else:
+        accept_keys_G = noise.stream(keys_G1[:gamma], noise.ACCEPT)
+        u_G = jax.vmap(lambda k: noise.uniform(k, ()))(accept_keys_G)
+        accepted_G = (u_G * draft_prob_at_G(safe_tokens_G) < p_at_G) & in_vocab_G
+        num_accepted = _num_leading_true(accepted_G)
 
     p_n_V = lax.dynamic_index_in_dim(target_GxV, num_accepted, keepdims=False)
     p_n_V = p_n_V.astype(jnp.float32)
@@ -145,7 +201,19 @@ def _rejection_core(key, draft_tokens_G, target_GxV, draft_prob_at_G, draft_row)
     # Zero residual mass happens when p_n == q_n (then a rejection has probability 0 for
     # exact inputs, but rounding can still produce one); p_n is the correct fallback.
     weights_V = jnp.where(jnp.any(residual_V > 0), residual_V, p_n_V)
-    return _layout(draft_tokens_G, num_accepted, sample(resample_key, weights_V))
+    # The emitted position's SAMPLE stream: the bonus token then uses exactly the noise
+    # plain decoding would use at that position, and a correction uses noise that nothing
+    # kept so far has seen (see specjax.noise on why reuse is exact).
+    sample_key = noise.stream(keys_G1[num_accepted], noise.SAMPLE)
+    return _layout(draft_tokens_G, num_accepted, sample(sample_key, weights_V))
+
+
+def _coupled_core(keys_G1, draft_tokens_G, target_G1xV):
+    """Accept drafts while they equal the target's own sample at their position."""
+    gamma = draft_tokens_G.shape[0]
+    samples_G1 = sample(noise.stream(keys_G1, noise.SAMPLE), target_G1xV)
+    num_accepted = _num_leading_true(draft_tokens_G == samples_G1[:gamma])
+    return _layout(draft_tokens_G, num_accepted, samples_G1[num_accepted])
 
 
 # --------------------------------------------------------------------------------------
@@ -210,7 +278,7 @@ def rejection_sample_single(
     All arithmetic is float32.
 
     Args:
-        key: PRNG key for this sequence.
+        key: PRNG key for this sequence, or one key per position ``[γ+1]``.
         draft_tokens: int ``[γ]``, drawn from ``draft_probs``.
         draft_probs: float ``[γ, V]`` the draft distributions q.
         target_probs: float ``[γ+1, V]`` the target distributions p.
@@ -231,18 +299,20 @@ def rejection_sample_single(
     def draft_row(i, _):
         return lax.dynamic_index_in_dim(draft_probs, i, keepdims=False).astype(jnp.float32)
 
+    keys_G1 = _sequence_keys(fn, key, target_probs.shape[0])
     return _rejection_core(
-        key, draft_tokens.astype(jnp.int32), target_probs, draft_prob_at_G, draft_row
+        keys_G1, draft_tokens.astype(jnp.int32), target_probs, draft_prob_at_G, draft_row
     )
 
 
 def rejection_sample(
     key: jax.Array, draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """Batched `rejection_sample_single`; row ``b`` uses ``jax.random.fold_in(key, b)``.
+    """Batched `rejection_sample_single`.
 
     Args:
-        key: one PRNG key for the batch.
+        key: one PRNG key for the batch (row b, position i uses
+            ``fold_in(fold_in(key, b), i)``), or position keys ``[B, γ+1]``.
         draft_tokens: int ``[B, γ]``.
         draft_probs: float ``[B, γ, V]``.
         target_probs: float ``[B, γ+1, V]``.
@@ -255,7 +325,7 @@ def rejection_sample(
     target_probs = jnp.asarray(target_probs)
     _check_dtypes(fn, draft_tokens, draft_probs=draft_probs, target_probs=target_probs)
     _check_shapes(fn, 1, draft_tokens, target_probs, "target_probs", draft_probs)
-    keys = _row_keys(key, draft_tokens.shape[0])
+    keys = _batch_keys(fn, key, *target_probs.shape[:2])
     return jax.vmap(rejection_sample_single)(keys, draft_tokens, draft_probs, target_probs)
 
 
@@ -273,7 +343,7 @@ def rejection_sample_onehot_single(
     `rejection_sample_single` given explicit one-hot ``draft_probs`` and the same key.
 
     Args:
-        key: PRNG key for this sequence.
+        key: PRNG key for this sequence, or one key per position ``[γ+1]``.
         draft_tokens: int ``[γ]`` from a deterministic drafter (n-gram, prompt lookup).
         target_probs: float ``[γ+1, V]``.
 
@@ -291,7 +361,7 @@ def rejection_sample_onehot_single(
         return (jnp.arange(vocab, dtype=jnp.int32) == token).astype(jnp.float32)
 
     return _rejection_core(
-        key,
+        _sequence_keys(fn, key, target_probs.shape[0]),
         draft_tokens.astype(jnp.int32),
         target_probs,
         draft_prob_at_G=lambda tokens_G: jnp.ones(tokens_G.shape, jnp.float32),
@@ -302,10 +372,11 @@ def rejection_sample_onehot_single(
 def rejection_sample_onehot(
     key: jax.Array, draft_tokens: jax.Array, target_probs: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """Batched `rejection_sample_onehot_single`; row ``b`` uses ``fold_in(key, b)``.
+    """Batched `rejection_sample_onehot_single`.
 
     Args:
-        key: one PRNG key for the batch.
+        key: one PRNG key for the batch (row b, position i uses
+            ``fold_in(fold_in(key, b), i)``), or position keys ``[B, γ+1]``.
         draft_tokens: int ``[B, γ]``.
         target_probs: float ``[B, γ+1, V]``.
 
@@ -316,5 +387,61 @@ def rejection_sample_onehot(
     draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
     _check_dtypes(fn, draft_tokens, target_probs=target_probs)
     _check_shapes(fn, 1, draft_tokens, target_probs, "target_probs")
-    keys = _row_keys(key, draft_tokens.shape[0])
+    keys = _batch_keys(fn, key, *target_probs.shape[:2])
     return jax.vmap(rejection_sample_onehot_single)(keys, draft_tokens, target_probs)
+
+
+# --------------------------------------------------------------------------------------
+# Coupled verification: drafter and target share each position's noise.
+
+
+def coupled_verify_single(
+    key: jax.Array, draft_tokens: jax.Array, target_probs: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Coupled verification of one sequence.
+
+    The target's token at position i is ``sample(stream(keys[i], SAMPLE), p_i)``; draft
+    i is accepted iff it equals that token (and every draft before it was accepted),
+    and the first mismatch (or the bonus position γ) emits the target's token. So the
+    output is the target's own samples, exact in distribution whatever drafted, and
+    equal to plain decoding's tokens for the same keys. A drafter that drew its token i
+    with the same noise (``sample(stream(keys[i], SAMPLE), q_i)``) is accepted with the
+    coupling probability of p_i and q_i, at least ``(1 - TV) / (1 + TV)`` for a flat
+    race (``V <= 2048``).
+
+    Args:
+        key: PRNG key for this sequence, or one key per position ``[γ+1]``.
+        draft_tokens: int ``[γ]``.
+        target_probs: float ``[γ+1, V]`` the target distributions p.
+
+    Returns:
+        ``(tokens int32[γ+1], num_accepted int32[])`` (see the module docstring).
+    """
+    fn = "coupled_verify_single"
+    draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
+    _check_dtypes(fn, draft_tokens, target_probs=target_probs)
+    _check_shapes(fn, 0, draft_tokens, target_probs, "target_probs")
+    keys_G1 = _sequence_keys(fn, key, target_probs.shape[0])
+    return _coupled_core(keys_G1, draft_tokens.astype(jnp.int32), target_probs)
+
+
+def coupled_verify(
+    key: jax.Array, draft_tokens: jax.Array, target_probs: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Batched `coupled_verify_single`.
+
+    Args:
+        key: one PRNG key for the batch (row b, position i uses
+            ``fold_in(fold_in(key, b), i)``), or position keys ``[B, γ+1]``.
+        draft_tokens: int ``[B, γ]``.
+        target_probs: float ``[B, γ+1, V]``.
+
+    Returns:
+        ``(tokens int32[B, γ+1], num_accepted int32[B])``.
+    """
+    fn = "coupled_verify"
+    draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
+    _check_dtypes(fn, draft_tokens, target_probs=target_probs)
+    _check_shapes(fn, 1, draft_tokens, target_probs, "target_probs")
+    keys = _batch_keys(fn, key, *target_probs.shape[:2])
+    return jax.vmap(coupled_verify_single)(keys, draft_tokens, target_probs)

@@ -55,18 +55,14 @@ def spec_str(x) -> str:
 
 
 def loop_states(target, drafter, prompts, sampling):
-    """The final DecodeState of both jitted loops, called exactly as the public API does.
+    """The final DecodeState of plain and speculative decoding, through the open loop.
 
-    Same arguments as generate()/speculative_generate() pass, so these calls
-    reuse the programs those compiled.
+    init/step run the same loop body as generate()/speculative_generate().
     """
-    prompts_BP, lengths_B = decode.pad_prompts(prompts)
-    common = (jnp.asarray(NEW_TOKENS, jnp.int32), sampling, decode._eos_array(None))
     key = jax.random.key(0)
-    plain = decode._generate_jit(key, target, prompts_BP, lengths_B, *common, cache_len=CACHE_LEN)
-    spec = decode._speculative_jit(
-        key, target, drafter, prompts_BP, lengths_B, *common, cache_len=CACHE_LEN
-    )
+    kw = dict(max_new_tokens=NEW_TOKENS, sampling=sampling, cache_len=CACHE_LEN)
+    plain = decode.step(decode.init(key, target, prompts, **kw), 10**6)
+    spec = decode.step(decode.init(key, target, prompts, drafter=drafter, **kw), 10**6)
     return plain, spec
 
 

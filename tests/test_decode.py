@@ -232,31 +232,68 @@ def test_same_key_same_output_and_user_jit(target):
     np.testing.assert_array_equal(user_fn(jax.random.key(5), target.params, prompts), a.tokens)
 
 
-def test_no_recompilation_for_traced_settings(target):
-    drafter = specjax.PromptLookup(ngram=2, num_draft=3)
-    prompts = [[1, 2, 3, 1, 2]]
+def test_no_recompilation_for_traced_settings(target, tmp_path):
+    """Values are traced: one program per (model, drafter, shapes) whatever the settings.
+
+    Covers temperature, top-k, top-p, min-p (scalars and per-row arrays), eos_id (None,
+    one id, a list), max_new_tokens (int and per row, within one cache bucket), seeds,
+    prompt widths within one bucket of 16, a new DraftModel around an equal model, and a
+    checkpoint loaded twice (its tokenizer compares by content).
+    """
+    from specjax.testing import tiny_tokenizer
+
+    tok = tiny_tokenizer(V)
+    specjax.save_pretrained(target.replace(tokenizer=tok), tmp_path / "m")
+    loaded = [specjax.load_pretrained(tmp_path / "m") for _ in range(2)]
     key = jax.random.key(0)
     kwargs = dict(cache_len=64)
-    specjax.speculative_generate(key, target, drafter, prompts, max_new_tokens=5, **kwargs)
-    before = decode._speculative_jit._cache_size()
-    for t, top_p, n in [(0.5, 0.9, 7), (0.0, 1.0, 20), (1.5, 0.5, 3)]:
-        sampling = specjax.SamplingConfig(temperature=t, top_p=top_p)
-        specjax.speculative_generate(
-            key, target, drafter, [[4, 5, 6, 4, 5]], max_new_tokens=n, sampling=sampling, **kwargs
-        )
-    assert decode._speculative_jit._cache_size() == before
-
-    specjax.generate(key, target, prompts, max_new_tokens=5, **kwargs)
-    before = decode._generate_jit._cache_size()
-    specjax.generate(
-        key,
-        target,
-        prompts,
-        max_new_tokens=9,
-        sampling=specjax.SamplingConfig(temperature=0.3),
-        **kwargs,
+    per_row = dict(
+        temperature=jnp.asarray([0.0, 0.7]),
+        top_k=np.asarray([0, 3], np.int32),
+        top_p=[1.0, 0.9],
+        min_p=jnp.asarray([0.0, 0.1]),
     )
-    assert decode._generate_jit._cache_size() == before
+    variants = [
+        dict(sampling=specjax.SamplingConfig(temperature=0.5, top_p=0.9), max_new_tokens=7),
+        dict(sampling=specjax.SamplingConfig(temperature=0.0), eos_id=3, max_new_tokens=20),
+        dict(sampling=specjax.SamplingConfig(top_k=5, min_p=0.2), eos_id=[3, 9, 11]),
+        dict(sampling=specjax.SamplingConfig(**per_row), max_new_tokens=[4, 9], seeds=[7, 1]),
+        dict(prompts=[[4, 5, 6, 4, 5, 6, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1]]),  # width 16
+    ]
+    drafters = {
+        "lookup": lambda model: specjax.PromptLookup(ngram=2, num_draft=3),
+        # A new DraftModel each call, around the other of the two loads.
+        "draft_model": lambda model: specjax.DraftModel(model, num_draft=2),
+        "plain": lambda model: None,
+    }
+
+    def run(make, model, prompts=([1, 2, 3, 1, 2], [3, 4]), max_new_tokens=5, **kw):
+        drafter = make(model)
+        kw.update(max_new_tokens=max_new_tokens, **kwargs)
+        if drafter is None:
+            return specjax.generate(key, model, list(prompts), **kw)
+        return specjax.speculative_generate(key, model, drafter, list(prompts), **kw)
+
+    for name, make in drafters.items():
+        run(make, loaded[0])
+        before = decode._decode_jit._cache_size()
+        for i, variant in enumerate(variants):
+            run(make, loaded[(i + 1) % 2], **variant)
+        assert decode._decode_jit._cache_size() == before, name
+
+
+def test_open_loop_step_compiles_once_for_any_chunk(target):
+    drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
+    sampling = specjax.SamplingConfig(temperature=jnp.asarray([1.0, 0.0, 0.6]))
+    prompts = _ragged_prompts(3, seed=4)
+    state = decode.init(
+        jax.random.key(2), target, prompts, drafter=drafter, max_new_tokens=20, sampling=sampling
+    )
+    state = decode.step(state, 1)
+    before = decode._step_jit._cache_size()
+    for n in (2, 5, 0, 3, 100):
+        state = decode.step(state, n)
+    assert decode._step_jit._cache_size() == before
 
 
 def test_stats_consistent(target):

@@ -8,11 +8,13 @@ cache is never module state; it goes in and comes out explicitly.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 
 import jax
 import jax.numpy as jnp
-from flax import nnx, struct
+from flax import nnx
 
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
@@ -245,7 +247,33 @@ class Transformer(nnx.Module):
         return logits.astype(jnp.float32), new_cache, hidden
 
 
-@struct.dataclass
+class _TokenizerKey:
+    """A tokenizer as static pytree metadata, equal to another iff their JSON is equal.
+
+    ``tokenizers.Tokenizer`` hashes by identity, so as plain static metadata it made
+    every load of the same checkpoint a new jit signature, and a new compile. The
+    content digest is computed once, when the `Model` is built.
+    """
+
+    __slots__ = ("digest", "tokenizer")
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        if tokenizer is None:
+            self.digest = None
+        elif hasattr(tokenizer, "to_str"):
+            self.digest = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
+        else:  # some other tokenizer object: fall back to identity
+            self.digest = id(tokenizer)
+
+    def __eq__(self, other):
+        return isinstance(other, _TokenizerKey) and self.digest == other.digest
+
+    def __hash__(self):
+        return hash(self.digest)
+
+
+@dataclasses.dataclass(frozen=True)
 class Model:
     """A decoder LM as a pytree: params are leaves, architecture is static.
 
@@ -257,13 +285,40 @@ class Model:
         graphdef: static NNX graph definition of :class:`Transformer`.
         params: the ``nnx.State`` of parameters (the only array leaves).
         config: the static :class:`ModelConfig`.
-        tokenizer: optional ``tokenizers.Tokenizer`` (static, not traced).
+        tokenizer: optional ``tokenizers.Tokenizer``. It is static metadata that
+            compares by content, so two loads of one checkpoint share compiled code.
     """
 
-    graphdef: nnx.GraphDef = struct.field(pytree_node=False)
+    graphdef: nnx.GraphDef
     params: nnx.State
-    config: ModelConfig = struct.field(pytree_node=False)
-    tokenizer: object = struct.field(pytree_node=False, default=None)
+    config: ModelConfig
+    tokenizer: object = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "_tokenizer_key", _TokenizerKey(self.tokenizer))
+
+    def replace(self, **changes) -> Model:
+        """A copy with ``changes`` applied (like ``flax.struct`` dataclasses)."""
+        return dataclasses.replace(self, **changes)
+
+    def _flatten(self):
+        children = ((jax.tree_util.GetAttrKey("params"), self.params),)
+        return children, (self.graphdef, self.config, self._tokenizer_key)
+
+    @classmethod
+    def _unflatten(cls, aux, children):
+        # Not through __init__: that would hash the tokenizer again on every unflatten.
+        graphdef, config, tokenizer_key = aux
+        model = object.__new__(cls)
+        for name, value in (
+            ("graphdef", graphdef),
+            ("params", children[0]),
+            ("config", config),
+            ("tokenizer", tokenizer_key.tokenizer),
+            ("_tokenizer_key", tokenizer_key),
+        ):
+            object.__setattr__(model, name, value)
+        return model
 
     @classmethod
     def random(cls, config: ModelConfig, *, seed: int = 0, dtype=jnp.float32) -> Model:
@@ -310,3 +365,6 @@ class Model:
         if return_hidden:
             return logits, cache, hidden
         return logits, cache
+
+
+jax.tree_util.register_pytree_with_keys(Model, Model._flatten, Model._unflatten)
