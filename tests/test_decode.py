@@ -10,9 +10,6 @@ import specjax
 from specjax import decode
 from specjax.drafters import Drafter, Proposal
 from specjax.testing import (
-    chi_square_pvalue,
-    exact_sequence_probs,
-    sequence_counts,
     tiny_model,
 )
 
@@ -124,86 +121,8 @@ def test_ragged_rows_equal_rows_alone(target):
 
 
 # ----------------------------------------------------------------------------
-# Exactness in distribution, end to end.
-#
-# V = 8 tiny models with scaled weights (peaked, context-dependent
-# distributions). The exact distribution of the first K generated tokens is
-# computed by enumeration; N samples come from N independent batch rows of one
-# call. Each test rejects at p < 1e-4 (its false-alarm rate); with the 13
-# sampling cases here the family-wise false-alarm rate is below 0.2%.
-# The seeds are fixed, so the outcome is deterministic.
-
-SMALL_V = 8
-N_SAMPLES = 20_000
-PROMPT = [1, 2, 3, 1, 2]
-SETTINGS = {
-    "t1": specjax.SamplingConfig(temperature=1.0),
-    "t0.6_topk3": specjax.SamplingConfig(temperature=0.6, top_k=3),
-    "t1.3_topp0.8": specjax.SamplingConfig(temperature=1.3, top_p=0.8),
-    "minp0.1": specjax.SamplingConfig(temperature=1.0, min_p=0.1),
-}
-FALSE_ALARM = 1e-4
-
-
-@pytest.fixture(scope="module")
-def small_pair():
-    target = tiny_model(seed=11, vocab_size=SMALL_V, init_scale=15.0)
-    draft = tiny_model(seed=12, vocab_size=SMALL_V, init_scale=15.0)
-    return target, draft
-
-
-def _sample_sequences(fn, num_tokens):
-    prompts = jnp.broadcast_to(jnp.asarray(PROMPT, jnp.int32), (N_SAMPLES, len(PROMPT)))
-    out = fn(prompts, num_tokens)
-    assert int(jnp.min(out.lengths)) == num_tokens
-    return np.asarray(out.tokens)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("drafter_name", ["plain", "draft_model", "lookup"])
-def test_sampling_exact_first_tokens(small_pair, setting, drafter_name):
-    target, draft = small_pair
-    sampling = SETTINGS[setting]
-    num_tokens = 3 if drafter_name == "draft_model" else 2
-    key = jax.random.key(2024)
-
-    def fn(prompts, k):
-        if drafter_name == "plain":
-            return specjax.generate(key, target, prompts, max_new_tokens=k, sampling=sampling)
-        drafter = (
-            specjax.DraftModel(draft, num_draft=2)
-            if drafter_name == "draft_model"
-            else specjax.PromptLookup(ngram=2, num_draft=2)
-        )
-        return specjax.speculative_generate(
-            key, target, drafter, prompts, max_new_tokens=k, sampling=sampling
-        )
-
-    tokens = _sample_sequences(fn, num_tokens)
-    exact = exact_sequence_probs(target, PROMPT, num_tokens, sampling)
-    p = chi_square_pvalue(sequence_counts(tokens, SMALL_V), exact)
-    assert p > FALSE_ALARM, f"{drafter_name}/{setting}: chi-square p = {p:.2e}"
-
-
-@pytest.mark.slow
-def test_exactness_test_has_power(small_pair):
-    """Negative control: the draft's own samples are rejected by the same test.
-
-    If this passed, the exactness tests above could not tell the draft's
-    distribution from the target's and would prove nothing.
-    """
-    target, draft = small_pair
-    sampling = SETTINGS["t1"]
-    key = jax.random.key(2024)
-    tokens = _sample_sequences(
-        lambda prompts, k: specjax.generate(
-            key, draft, prompts, max_new_tokens=k, sampling=sampling
-        ),
-        2,
-    )
-    exact = exact_sequence_probs(target, PROMPT, 2, sampling)
-    assert chi_square_pvalue(sequence_counts(tokens, SMALL_V), exact) < FALSE_ALARM
+# Exactness in distribution, end to end: tests/test_exact_per_row.py (every sampling
+# setting, per row, for every drafter and verification mode, with negative controls).
 
 
 # ----------------------------------------------------------------------------

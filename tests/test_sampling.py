@@ -365,3 +365,85 @@ def test_apply_sampling_is_sample_of_probs():
     logits = jax.random.normal(key, (6, 300))
     a, b = _both_ways(key, logits, SamplingConfig(temperature=0.8, top_p=0.9))
     np.testing.assert_array_equal(a, b)
+
+
+# --------------------------------------------------------------------------------------
+# The tail: tokens far below the top one are drawn at their rate.
+#
+# One head token of weight 1 and 2047 tail tokens of weight r = 5e-8 each (V = 2048,
+# the flat race). The exact probability of drawing any tail token is
+# 2047 r / (1 + 2047 r) = 1.02e-4; N = 400k draws expect 40.9 of them. The draws are
+# tested with an exact two-sided binomial test at FALSE_ALARM_TAIL = 1e-4.
+#
+# Power: the Gumbel-max sampler this replaced (float32 jax.random.gumbel, a 23-bit
+# uniform inside) cannot give a token's exponential clock a value below 1.2e-7, so a
+# tail token beats the head only when the head's clock exceeds 1.2e-7 / r = 2.4: it
+# draws the tail at about a quarter of the right rate. The negative control runs that
+# sampler on the same design, and the same test rejects it.
+#
+# The draws run in one subprocess (tests/tail_worker.py) with XLA's default CPU
+# optimisations: the suite turns them off to compile faster (conftest.py), which makes
+# this compute-bound test 5x slower. The worker returns the counts; the tests here
+# apply the statistics. Cost: 8e8 variates per sampler, about a minute in all.
+
+FALSE_ALARM_TAIL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def tail_counts():
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    worker = Path(__file__).with_name("tail_worker.py")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, str(worker)], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _tail_pvalue(counts, sampler) -> tuple[int, float]:
+    hits, n = counts[sampler], counts["draws"]
+    tail = counts["tail_tokens"] * counts["tail_weight"]
+    return hits, float(stats.binomtest(hits, n, tail / (1 + tail)).pvalue)
+
+
+@pytest.mark.slow
+def test_tiny_probabilities_are_drawn_at_their_rate(tail_counts):
+    hits, p = _tail_pvalue(tail_counts, "sample")
+    assert p > FALSE_ALARM_TAIL, f"{hits} tail draws, binomial p = {p:.2e}"
+
+
+@pytest.mark.slow
+def test_tail_control_the_gumbel_sampler_is_rejected(tail_counts):
+    hits, p = _tail_pvalue(tail_counts, "gumbel")
+    assert p < FALSE_ALARM_TAIL, f"{hits} tail draws, binomial p = {p:.2e}"
+
+
+def test_noise_uniform_range_and_resolution():
+    from specjax import noise
+
+    u = np.asarray(noise.uniform(jax.random.key(0), (2_000_000,)), np.float64)
+    assert (u > 0).all() and (u <= 1).all()
+    # Values below 2**-23 (impossible for a 23-bit uniform, except 0) occur at their rate:
+    # expected 0.24 per 2M draws, so use a coarser cell too: P(u < 2**-16) = 1.5e-5.
+    assert stats.binomtest(int((u < 2**-16).sum()), u.size, 2**-16).pvalue > 1e-4
+    assert stats.kstest(u[:200_000], "uniform").pvalue > 1e-4
+    e = np.asarray(noise.exponential(jax.random.key(1), (200_000,)), np.float64)
+    assert np.isfinite(e).all() and (e > 0).all()
+    assert stats.kstest(e, "expon").pvalue > 1e-4
+
+
+def test_sample_with_one_key_per_row_is_each_rows_own_draw():
+    keys = jax.random.split(jax.random.key(5), (3, 4))
+    probs = jax.nn.softmax(jax.random.normal(jax.random.key(6), (3, 4, 3000)), -1)
+    batched = sample(keys, probs)
+    for i in range(3):
+        for j in range(4):
+            assert int(batched[i, j]) == int(sample(keys[i, j], probs[i, j]))
+    with pytest.raises(ValueError, match=r"one key per row, of shape \[3, 4\]"):
+        sample(keys[:2], probs)
