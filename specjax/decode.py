@@ -395,14 +395,14 @@ def _prepare(
     sampling_B = per_row(sampling, b)
     lookahead = drafter.num_draft + 1
     resolved = resolve_cache_len(cache_len, p, max_new_B, lookahead)
-    if resolved > INT32_MAX // 2:
-        raise ValueError(f"cache_len={resolved} does not fit in int32 positions")
-    nbytes = _cache_bytes(target, b, resolved) + b * resolved * 9  # + seq, logprobs, flags
-    if isinstance(drafter, DraftModel):
-        nbytes += _cache_bytes(drafter.model, b, resolved)
     name = (
         "cache_len" if cache_len is not None else "max_new_tokens (through the default cache_len)"
     )
+    if resolved > INT32_MAX // 2:
+        raise ValueError(f"{name}: a cache of {resolved} slots does not fit int32 positions")
+    nbytes = _cache_bytes(target, b, resolved) + b * resolved * 9  # + seq, logprobs, flags
+    if isinstance(drafter, DraftModel):
+        nbytes += _cache_bytes(drafter.model, b, resolved)
     check_fits_memory(name, nbytes, f"caches of {resolved} slots for {b} rows")
     # Bucket the prompt width like the cache, capped by the cache itself.
     width = min(_round_up(p, PROMPT_BUCKET), resolved)

@@ -60,7 +60,9 @@ _FIELDS = ("temperature", "top_k", "top_p", "min_p")
 
 
 def _is_host_value(value) -> bool:
-    return isinstance(value, (bool, int, float, list, tuple, np.ndarray, np.generic))
+    # Not tuples: pytree utilities rebuild configs with other leaves (PartitionSpecs,
+    # None, sentinels), which must pass through __post_init__ untouched.
+    return isinstance(value, (bool, int, float, list, np.ndarray, np.generic))
 
 
 @struct.dataclass
@@ -164,6 +166,20 @@ def check_sampling_config(config: SamplingConfig, batch_size: int | None = None)
     }
     for name, (is_valid, requirement) in checks.items():
         value = getattr(config, name)
+        dtype = getattr(value, "dtype", None)
+        numeric = isinstance(value, (jax.Array, np.ndarray, np.generic, int, float)) and not (
+            isinstance(value, bool) or dtype == np.bool_
+        )
+        if not numeric or not (
+            dtype is None
+            or jnp.issubdtype(dtype, jnp.integer)
+            or jnp.issubdtype(dtype, jnp.floating)
+        ):
+            kind = "an integer" if name == "top_k" else "a number"
+            raise TypeError(
+                f"SamplingConfig.{name} must be {kind} or an array of one per row, "
+                f"got {value!r:.60}"
+            )
         shape = tuple(jnp.shape(value))
         if len(shape) > 1 or (batch_size is not None and shape not in ((), (batch_size,))):
             rows = f"[{batch_size}]" if batch_size is not None else "[B]"

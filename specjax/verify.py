@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from specjax import noise
@@ -103,6 +104,25 @@ def _check_shapes(
             raise _shape_error(fn, "vocabulary sizes V differ", **arrays)
     if target.shape[-1] < 1:
         raise _shape_error(fn, "vocabulary size V must be >= 1", **arrays)
+
+
+def _check_concrete_probs(fn: str, **arrays) -> None:
+    """Refuses NaN, negative and all-zero distributions when the values are on the host.
+
+    Traced values (under jit or vmap) cannot be checked; the decoders flag a target row
+    with no distribution instead (``GenerationResult.invalid``).
+    """
+    for name, x in arrays.items():
+        if isinstance(x, jax.core.Tracer) or x.size == 0:
+            continue
+        x = np.asarray(x, np.float32)
+        if np.isnan(x).any():
+            raise ValueError(f"{fn}: {name} holds NaN")
+        if (x < 0).any():
+            raise ValueError(f"{fn}: {name} holds negative probabilities (min {x.min():.3g})")
+        if (x.sum(-1) <= 0).any():
+            where = np.argwhere(x.sum(-1) <= 0)[0].tolist()
+            raise ValueError(f"{fn}: {name} has a row with no positive probability at {where}")
 
 
 # --------------------------------------------------------------------------------------
@@ -291,6 +311,7 @@ def rejection_sample_single(
     target_probs = jnp.asarray(target_probs)
     _check_dtypes(fn, draft_tokens, draft_probs=draft_probs, target_probs=target_probs)
     _check_shapes(fn, 0, draft_tokens, target_probs, "target_probs", draft_probs)
+    _check_concrete_probs(fn, draft_probs=draft_probs, target_probs=target_probs)
 
     def draft_prob_at_G(tokens_G):
         q_at_G = jnp.take_along_axis(draft_probs, tokens_G[:, None], axis=-1)[:, 0]
@@ -325,6 +346,7 @@ def rejection_sample(
     target_probs = jnp.asarray(target_probs)
     _check_dtypes(fn, draft_tokens, draft_probs=draft_probs, target_probs=target_probs)
     _check_shapes(fn, 1, draft_tokens, target_probs, "target_probs", draft_probs)
+    _check_concrete_probs(fn, draft_probs=draft_probs, target_probs=target_probs)
     keys = _batch_keys(fn, key, *target_probs.shape[:2])
     return jax.vmap(rejection_sample_single)(keys, draft_tokens, draft_probs, target_probs)
 
@@ -354,6 +376,7 @@ def rejection_sample_onehot_single(
     draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
     _check_dtypes(fn, draft_tokens, target_probs=target_probs)
     _check_shapes(fn, 0, draft_tokens, target_probs, "target_probs")
+    _check_concrete_probs(fn, target_probs=target_probs)
     vocab = target_probs.shape[-1]
 
     def one_hot_row(_, token):
@@ -387,6 +410,7 @@ def rejection_sample_onehot(
     draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
     _check_dtypes(fn, draft_tokens, target_probs=target_probs)
     _check_shapes(fn, 1, draft_tokens, target_probs, "target_probs")
+    _check_concrete_probs(fn, target_probs=target_probs)
     keys = _batch_keys(fn, key, *target_probs.shape[:2])
     return jax.vmap(rejection_sample_onehot_single)(keys, draft_tokens, target_probs)
 
@@ -421,6 +445,7 @@ def coupled_verify_single(
     draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
     _check_dtypes(fn, draft_tokens, target_probs=target_probs)
     _check_shapes(fn, 0, draft_tokens, target_probs, "target_probs")
+    _check_concrete_probs(fn, target_probs=target_probs)
     keys_G1 = _sequence_keys(fn, key, target_probs.shape[0])
     return _coupled_core(keys_G1, draft_tokens.astype(jnp.int32), target_probs)
 
@@ -443,5 +468,6 @@ def coupled_verify(
     draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
     _check_dtypes(fn, draft_tokens, target_probs=target_probs)
     _check_shapes(fn, 1, draft_tokens, target_probs, "target_probs")
+    _check_concrete_probs(fn, target_probs=target_probs)
     keys = _batch_keys(fn, key, *target_probs.shape[:2])
     return jax.vmap(coupled_verify_single)(keys, draft_tokens, target_probs)

@@ -547,3 +547,213 @@ def test_decode_refuses_floats_and_accepts_empty(tok):
     assert tokenizer_lib.decode(tok, []) == ""
     ids = tokenizer_lib.encode(tok, "hello world")
     assert tokenizer_lib.decode(tok, np.asarray(ids)) == "hello world"
+
+
+# --- generate / speculative_generate / decode.init ---
+# Every case is refused on the host, before anything compiles, in both decoders (and the
+# open loop's init, which shares the checks).
+
+import specjax  # noqa: E402
+from specjax import decode  # noqa: E402
+from specjax.sampling import SamplingConfig, probs_from_logits  # noqa: E402
+from specjax.verify import (  # noqa: E402
+    coupled_verify,
+    rejection_sample,
+    rejection_sample_onehot,
+)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(seed=0, vocab_size=V)
+
+
+def _decoders(target):
+    lookup = specjax.PromptLookup(num_draft=2)
+    return {
+        "generate": lambda key, prompts, **kw: specjax.generate(key, target, prompts, **kw),
+        "speculative": lambda key, prompts, **kw: specjax.speculative_generate(
+            key, target, lookup, prompts, **kw
+        ),
+        "init": lambda key, prompts, **kw: decode.init(key, target, prompts, **kw),
+    }
+
+
+DECODER_CASES = [
+    # (overrides, exception, message fragment)
+    (dict(prompts=[[1, 2, 2**32 + 5]]), ValueError, r"prompts\[0\] holds 4294967301"),
+    (dict(prompts=np.asarray([[1, 2, 2**32 + 5]], np.int64)), ValueError, "prompts holds"),
+    (dict(prompts=[[1, 2, -3]]), ValueError, r"prompts hold token ids in \[-3"),
+    (dict(prompts=[[1, 2, V]]), ValueError, "vocabulary"),
+    (dict(prompts=[[1.5, 2]]), TypeError, r"prompts\[0\] must hold integers"),
+    (dict(prompts="1 2 3"), TypeError, "prompts must be"),
+    (dict(prompts=[list(range(1, 40)) * 20]), ValueError, "context"),
+    (dict(max_new_tokens=2**30), ValueError, "max_new_tokens .*int32"),
+    (dict(max_new_tokens=5, cache_len=10**9), ValueError, "cache_len asks for"),
+    (dict(max_new_tokens=3.7), TypeError, "max_new_tokens must be an integer"),
+    (dict(max_new_tokens="5"), TypeError, "max_new_tokens must be an integer"),
+    (dict(max_new_tokens=None), TypeError, "max_new_tokens must be an integer"),
+    (dict(max_new_tokens=2**31), ValueError, "max_new_tokens must be in"),
+    (dict(max_new_tokens=True), TypeError, "max_new_tokens must be an integer, got a bool"),
+    (dict(cache_len=64.0), TypeError, "cache_len must be an integer"),
+    (dict(eos_id=2.7), TypeError, "eos_id must be an integer"),
+    (dict(eos_id=-5), ValueError, r"eos_id must be in \[0, 63\]"),
+    (dict(eos_id=V), ValueError, r"eos_id must be in \[0, 63\]"),
+    (dict(sampling=0.7), TypeError, "sampling must be a specjax.SamplingConfig"),
+    (dict(sampling={"temperature": 0.7}), TypeError, "sampling must be a specjax.SamplingConfig"),
+    (dict(seeds=[2**40]), ValueError, "seeds holds"),
+    (dict(key=0), TypeError, "key must be a PRNG key"),
+    (dict(key=None), TypeError, "key must be a PRNG key"),
+    (dict(key="jax.random.key(0)"), TypeError, "key must be a PRNG key"),
+    (dict(key=jax.random.split(jax.random.key(0), 2)), ValueError, "key must be a single"),
+    (dict(key=jnp.zeros((2,), jnp.float32)), TypeError, "key must be a PRNG key"),
+]
+
+
+@pytest.mark.parametrize("entry", ["generate", "speculative", "init"])
+@pytest.mark.parametrize("overrides, error, match", DECODER_CASES)
+def test_decoders_refuse_bad_arguments(target, entry, overrides, error, match):
+    args = dict(key=jax.random.key(0), prompts=[[1, 2, 3]], max_new_tokens=5) | overrides
+    fn = _decoders(target)[entry]
+    with pytest.raises(error, match=match):
+        fn(args.pop("key"), args.pop("prompts"), **args)
+
+
+def test_raw_uint32_keys_are_accepted(target):
+    greedy = SamplingConfig.greedy()
+    a = specjax.generate(jax.random.PRNGKey(0), target, [[1, 2]], max_new_tokens=4, sampling=greedy)
+    b = specjax.generate(jax.random.key(0), target, [[1, 2]], max_new_tokens=4, sampling=greedy)
+    assert a.to_lists() == b.to_lists()
+
+
+def test_output_width_follows_the_cache_not_the_budget(target):
+    """max_new_tokens beyond what a 64-slot cache holds: a [B, 61] result, not [B, 10**6]."""
+    out = specjax.generate(
+        jax.random.key(0), target, [[1, 2, 3]], max_new_tokens=10**6, cache_len=64
+    )
+    assert out.tokens.shape == (1, 61)
+    assert bool(out.truncated[0]) and int(out.lengths[0]) == 64 - 3
+
+
+@pytest.mark.parametrize(
+    "drafter, error, match",
+    [
+        (specjax.DraftModel(None), TypeError, "drafter.model must follow the model contract"),
+        ("lookup", TypeError, "drafter must be a specjax Drafter"),
+        (specjax.PromptLookup(num_draft=0), ValueError, "num_draft"),
+        (specjax.DraftModel(tiny_model(seed=1, vocab_size=V + 1)), ValueError, "vocabulary size"),
+    ],
+)
+def test_bad_drafters_are_refused(target, drafter, error, match):
+    with pytest.raises(error, match=match):
+        specjax.speculative_generate(jax.random.key(0), target, drafter, [[1]], max_new_tokens=3)
+
+
+@pytest.mark.parametrize("bad_target", [None, "model.safetensors", 3])
+def test_bad_targets_are_refused(bad_target):
+    with pytest.raises(TypeError, match="target must follow the model contract"):
+        specjax.generate(jax.random.key(0), bad_target, [[1]], max_new_tokens=3)
+
+
+def test_a_drafter_returning_the_wrong_shape_is_named(target):
+    from flax import struct
+
+    @struct.dataclass
+    class TooMany(specjax.Drafter):
+        num_draft: int = struct.field(pytree_node=False, default=2)
+
+        @property
+        def vocab_size(self):
+            return None
+
+        def init(self, prompts_BS, lengths_B, cache_len):
+            return ()
+
+        def propose(self, keys_BG, state, seq_BS, lengths_B, sampling):
+            tokens = jnp.zeros((seq_BS.shape[0], self.num_draft + 1), jnp.int32)
+            return specjax.Proposal(tokens=tokens, probs=None, state=state)
+
+        def update(self, state, lengths_B):
+            return state
+
+    with pytest.raises(ValueError, match=r"drafter.propose must return integer tokens \[B, γ\]"):
+        specjax.speculative_generate(jax.random.key(0), target, TooMany(), [[1]], max_new_tokens=3)
+
+
+@pytest.mark.parametrize("entry", ["generate", "speculative"])
+def test_a_nan_model_is_flagged_not_emitted(target, entry):
+    """NaN weights give NaN logits: each row stops with invalid=True and no tokens
+    (before, it emitted token 0 for ever)."""
+    broken = target.replace(params=jax.tree.map(lambda p: p * jnp.nan, target.params))
+    out = _decoders(broken)[entry](jax.random.key(0), [[1, 2], [3]], max_new_tokens=5)
+    assert out.invalid.tolist() == [True, True]
+    assert out.lengths.tolist() == [0, 0] and (np.asarray(out.tokens) == -1).all()
+
+
+def test_step_refuses_bad_arguments(target):
+    state = decode.init(jax.random.key(0), target, [[1, 2]], max_new_tokens=3)
+    with pytest.raises(ValueError, match="num_steps must be in"):
+        decode.step(state, -1)
+    with pytest.raises(TypeError, match="num_steps must be an integer"):
+        decode.step(state, 1.5)
+    with pytest.raises(TypeError, match="state must be a DecodeState"):
+        decode.step({"seq": 1}, 1)
+    with pytest.raises(ValueError, match="steps_per_chunk must be in"):
+        next(decode.stream(state, steps_per_chunk=0))
+
+
+# --- SamplingConfig / probs_from_logits ---
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(top_k=2**32 + 1), ValueError, "top_k must fit in int32"),
+        (dict(top_k=2.5), ValueError, "top_k must be an integer"),
+        (dict(top_k="3"), TypeError, "top_k must be an integer"),
+        (dict(temperature="hot"), TypeError, "temperature must be a number"),
+    ],
+)
+def test_sampling_config_refuses_bad_values(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        SamplingConfig(**kwargs).validate()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SamplingConfig(min_p=jnp.float32(1.5)),  # out of range, but traced-like: unchecked
+        SamplingConfig(temperature=jnp.float32(np.inf)),
+        SamplingConfig(top_p=jnp.float32(0.0)),
+        SamplingConfig(min_p=jnp.float32(np.nan), top_p=jnp.float32(np.nan)),
+    ],
+    ids=["min_p>1", "temperature_inf", "top_p_0", "nan_settings"],
+)
+def test_probs_from_logits_never_returns_nan_inside_jit(config):
+    """Inside a jit nothing is checked; the output is still a distribution."""
+    logits = jnp.asarray([[0.0, -jnp.inf, 1.0, 2.0], [-jnp.inf] * 4, [3.0, 3.0, -1.0, 0.0]])
+    probs = np.asarray(jax.jit(probs_from_logits)(logits, config))
+    assert np.isfinite(probs).all() and (probs >= 0).all()
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-6)
+
+
+# --- verification primitives ---
+
+_P = jnp.asarray([[[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]]])  # [B=1, γ+1=2, V=3]
+_Q = jnp.asarray([[[0.9, 0.2, -0.1]]])  # a negative probability
+_X = jnp.asarray([[2]], jnp.int32)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda k: rejection_sample(k, _X, _Q, _P), "draft_probs holds negative"),
+        (lambda k: rejection_sample(k, _X, jnp.abs(_Q), -_P), "target_probs holds negative"),
+        (lambda k: rejection_sample_onehot(k, _X, _P * jnp.nan), "target_probs holds NaN"),
+        (lambda k: coupled_verify(k, _X, _P.at[0, 1].set(0.0)), "no positive probability"),
+        (lambda k: rejection_sample(jax.random.split(k, 3), _X, jnp.abs(_Q), _P), "key must be"),
+    ],
+)
+def test_verify_primitives_refuse_bad_probabilities(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(jax.random.key(0))
