@@ -79,35 +79,58 @@ def _eos_id(tokenizer, model):
     return eos if eos is not None else model.config.eos_token_id
 
 
-def _pieces(tokenizer, ids):
-    """Text of each token, decoded incrementally so multi-byte characters survive."""
-    pieces, prev = [], ""
-    for i in range(len(ids)):
-        text = tokenizer.decode(ids[: i + 1], skip_special_tokens=False)
-        pieces.append(text[len(prev) :] if text.startswith(prev) else text)
-        prev = text
-    return pieces
+class _TextStream:
+    """Turns token ids into text as they arrive, keeping multi-byte characters whole.
+
+    A byte-level BPE can split one character over several tokens; until the last one
+    arrives the decoded text ends in U+FFFD, which is held back rather than printed.
+    """
+
+    def __init__(self, tokenizer, hide=(), color=False):
+        self.tokenizer, self.hide, self.color = tokenizer, set(hide), color
+        self.ids, self.printed = [], ""
+
+    def feed(self, ids, from_draft) -> str:
+        out = []
+        for token, drafted in zip(ids, from_draft, strict=True):
+            if token in self.hide:
+                continue
+            self.ids.append(token)
+            text = self.tokenizer.decode(self.ids, skip_special_tokens=False).rstrip("\ufffd")
+            if text.startswith(self.printed):
+                piece, self.printed = text[len(self.printed) :], text
+                out.append(f"{GREEN}{piece}{RESET}" if drafted and self.color and piece else piece)
+        return "".join(out)
+
+    def text(self) -> str:
+        return self.tokenizer.decode(self.ids, skip_special_tokens=False)
 
 
-def _render(tokenizer, ids, from_draft, color):
-    if not color:
-        return tokenizer.decode(ids, skip_special_tokens=False)
-    out = []
-    for piece, drafted in zip(_pieces(tokenizer, ids), from_draft, strict=True):
-        out.append(f"{GREEN}{piece}{RESET}" if drafted else piece)
-    return "".join(out)
+def _decode_open(key, target, drafter, prompts, max_new_tokens, kw, on_chunk=None):
+    """One run through the open loop: init, then one step to the end or chunks streamed.
 
-
-def _timed(fn, warmup):
-    """Runs ``warmup`` (compiles), then times ``fn``; returns (result, seconds, warm-up s)."""
+    Both ways run the same two compiled programs (init and step), so a streamed first
+    run also compiles what the timed runs use.
+    """
     import jax
 
+    from specjax import decode
+
+    state = decode.init(key, target, prompts, drafter=drafter, max_new_tokens=max_new_tokens, **kw)
+    if on_chunk is None:
+        # Every iteration emits at least one token per active row.
+        state = decode.step(state, max_new_tokens)
+    else:
+        for chunk_state, new in decode.stream(state, steps_per_chunk=4):
+            on_chunk(chunk_state, new)
+        state = chunk_state
+    return jax.block_until_ready(decode.result(state))
+
+
+def _timed(fn):
     start = time.perf_counter()
-    jax.block_until_ready(warmup())
-    compile_s = time.perf_counter() - start
-    start = time.perf_counter()
-    result = jax.block_until_ready(fn())
-    return result, time.perf_counter() - start, compile_s
+    result = fn()
+    return result, time.perf_counter() - start
 
 
 def cmd_generate(args) -> int:
@@ -145,24 +168,38 @@ def cmd_generate(args) -> int:
     key = jax.random.key(args.seed)
     cache_len = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
     kw = dict(sampling=sampling, eos_id=eos, cache_len=cache_len)
-
     if args.drafter == "none":
-        run = lambda n: specjax.generate(key, target, prompts, max_new_tokens=n, **kw)  # noqa: E731
+        drafter = None
+    elif args.drafter == "model":
+        drafter = specjax.DraftModel(draft, num_draft=args.gamma)
     else:
-        drafter = (
-            specjax.DraftModel(draft, num_draft=args.gamma)
-            if args.drafter == "model"
-            else specjax.PromptLookup(ngram=args.ngram, num_draft=args.gamma)
-        )
-        run = lambda n: specjax.speculative_generate(  # noqa: E731
-            key, target, drafter, prompts, max_new_tokens=n, **kw
-        )
-    # The untimed first run compiles; its first execution also pays one-time
-    # runtime set-up (measured at about 3x a steady run), so the figure shown
-    # is a second, steady-state run of the same program.
-    result, seconds, compile_s = _timed(
-        lambda: run(args.max_new_tokens), lambda: run(args.max_new_tokens)
+        drafter = specjax.PromptLookup(ngram=args.ngram, num_draft=args.gamma)
+    run = lambda d, on_chunk=None: _decode_open(  # noqa: E731
+        key, target, d, prompts, args.max_new_tokens, kw, on_chunk
     )
+
+    color = sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ
+    hide = () if eos is None else (eos,)
+    stream = args.batch == 1 and not args.json and not args.no_stream
+    if stream:
+        # The first run streams row 0 chunk by chunk (no host sync inside a chunk); it
+        # also compiles, so the speed below comes from a second, steady run.
+        text = _TextStream(tokenizer, hide, color)
+        print(args.prompt, end="", flush=True)
+
+        def show(state, new):
+            if new[0]:
+                end = len(ids) + int(state.num_generated[0])
+                flags = np.asarray(state.from_draft[0, end - len(new[0]) : end]).tolist()
+                print(text.feed(new[0], flags), end="", flush=True)
+
+        _, compile_s = _timed(lambda: run(drafter, show))
+        print(flush=True)
+    else:
+        _, compile_s = _timed(lambda: run(drafter))
+    # The first execution also pays one-time runtime set-up (measured at about 3x a
+    # steady run), so the figure shown is a second, steady run of the same programs.
+    result, seconds = _timed(lambda: run(drafter))
     rows = result.to_lists()
     from_draft = np.asarray(result.from_draft)
     total = int(np.sum(np.asarray(result.lengths)))
@@ -178,14 +215,8 @@ def cmd_generate(args) -> int:
         "target_calls": int(result.stats.target_calls),
     }
     if args.compare:
-        plain, plain_s, _ = _timed(
-            lambda: specjax.generate(
-                key, target, prompts, max_new_tokens=args.max_new_tokens, **kw
-            ),
-            lambda: specjax.generate(
-                key, target, prompts, max_new_tokens=args.max_new_tokens, **kw
-            ),
-        )
+        run(None)  # compiles plain decoding
+        plain, plain_s = _timed(lambda: run(None))
         plain_total = int(np.sum(np.asarray(plain.lengths)))
         summary["plain_tokens_per_second"] = plain_total / plain_s
         summary["speedup"] = summary["tokens_per_second"] / summary["plain_tokens_per_second"]
@@ -201,12 +232,14 @@ def cmd_generate(args) -> int:
         print(json.dumps(summary, indent=2))
         return 0
 
-    color = sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ
-    for b, row in enumerate(rows):
-        shown = row[:-1] if (eos is not None and row and row[-1] == eos) else row
-        if args.batch > 1:
-            print(f"--- sample {b}")
-        print(args.prompt + _render(tokenizer, shown, from_draft[b, : len(shown)], color))
+    if not stream:
+        for b, row in enumerate(rows):
+            shown = row[:-1] if (eos is not None and row and row[-1] == eos) else row
+            if args.batch > 1:
+                print(f"--- sample {b}")
+            rendered = _TextStream(tokenizer, (), color)
+            body = rendered.feed(shown, from_draft[b, : len(shown)].tolist())
+            print(args.prompt + body + rendered.text()[len(rendered.printed) :])
     line = (
         f"[{args.drafter}] {total} tokens in {seconds:.2f} s = "
         f"{summary['tokens_per_second']:.1f} tokens/s (first run incl. compile {compile_s:.1f} s)"
@@ -505,6 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compare", action="store_true", help="also run plain decoding; print speedup")
     g.add_argument("--json", action="store_true", help="print machine-readable JSON")
     g.add_argument("--no-color", action="store_true", help="do not colour accepted draft tokens")
+    g.add_argument(
+        "--no-stream", action="store_true", help="print the completion at the end, not as it grows"
+    )
     g.set_defaults(func=cmd_generate)
 
     for name, helptext in [
