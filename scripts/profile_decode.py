@@ -147,15 +147,13 @@ def step_ms(fn, repeats: int) -> tuple[float, float, int]:
 
 def compiled_shapes(method, target, drafter, prompts, args, sampling) -> dict[str, str]:
     """HLO instruction name -> output shape, from the decoder's compiled program."""
-    lookahead = 1 if method == "plain" else drafter.num_draft + 1
-    traced, cache_len = decode._prepare(
-        target, prompts, args.max_new_tokens, sampling, None, None, lookahead
-    )
+    drafter = specjax.NoDraft() if method == "plain" else drafter
     key = jax.random.key(args.seed)
-    if method == "plain":
-        lowered = decode._generate_jit.lower(key, target, *traced, cache_len=cache_len)
-    else:
-        lowered = decode._speculative_jit.lower(key, target, drafter, *traced, cache_len=cache_len)
+    traced, static, _ = decode._prepare(
+        key, target, drafter, prompts, args.max_new_tokens, sampling, None, None, None,
+        "rejection",
+    )  # fmt: skip
+    lowered = decode._decode_jit.lower(*traced, **static)
     return dict(re.findall(r"%([\w.\-]+) = (\S+\[[\d,]*\])", lowered.compile().as_text()))
 
 

@@ -1,13 +1,17 @@
 """specjax: on-device, batched, exact speculative decoding in JAX/Flax."""
 
+from specjax import decode as decode
+from specjax import noise as noise
 from specjax import sharding as sharding
 from specjax import testing as testing
+from specjax.decode import DecodeState as DecodeState
 from specjax.decode import GenerationResult as GenerationResult
 from specjax.decode import GenerationStats as GenerationStats
 from specjax.decode import generate as generate
 from specjax.decode import speculative_generate as speculative_generate
 from specjax.drafters import Drafter as Drafter
 from specjax.drafters import DraftModel as DraftModel
+from specjax.drafters import NoDraft as NoDraft
 from specjax.drafters import PromptLookup as PromptLookup
 from specjax.drafters import Proposal as Proposal
 from specjax.models import KVCache as KVCache
@@ -19,6 +23,7 @@ from specjax.pretrained import default_pair as default_pair
 from specjax.sampling import SamplingConfig as SamplingConfig
 from specjax.sampling import probs_from_logits as probs_from_logits
 from specjax.sampling import sample as sample
+from specjax.verify import coupled_verify as coupled_verify
 from specjax.verify import greedy_verify as greedy_verify
 from specjax.verify import rejection_sample as rejection_sample
 from specjax.verify import rejection_sample_onehot as rejection_sample_onehot

@@ -527,7 +527,8 @@ def _body(state: DecodeState) -> DecodeState:
 
     # A position whose logits are NaN or all -inf has no distribution: emit nothing
     # from it on, and flag the row when it is the next position.
-    usable_BG1 = ~jnp.any(jnp.isnan(logits_BG1V), -1) & jnp.any(logits_BG1V > -jnp.inf, -1)
+    # One reduction: max propagates NaN, and NaN > -inf is False.
+    usable_BG1 = jnp.max(logits_BG1V, axis=-1) > -jnp.inf
     num_usable = _num_leading_true(usable_BG1)
 
     # Emit accepted drafts + the correction/bonus token, cut after EOS and

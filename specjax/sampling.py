@@ -452,14 +452,9 @@ def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
     # Non-positive and NaN entries must not contribute mass to their block.
     blocks_RxNxK = jnp.where(blocks_RxNxK > 0, blocks_RxNxK, 0.0)
 
-    def row_noise(k):
-        block_key, token_key = jax.random.split(k)
-        return (
-            noise.exponential(block_key, (num_blocks,)),
-            noise.exponential(token_key, (_SAMPLING_BLOCK,)),
-        )
-
-    block_noise_RxN, token_noise_RxK = jax.vmap(row_noise)(keys_R)
+    # One draw per row serves both stages (independent variates, one random-bits call).
+    noise_RxNK = jax.vmap(lambda k: noise.exponential(k, (num_blocks + _SAMPLING_BLOCK,)))(keys_R)
+    block_noise_RxN, token_noise_RxK = noise_RxNK[:, :num_blocks], noise_RxNK[:, num_blocks:]
     block_R = _race_argmax(block_noise_RxN, jnp.sum(blocks_RxNxK, axis=-1))
     chosen_RxK = jnp.take_along_axis(blocks_RxNxK, block_R[:, None, None], axis=1)[:, 0]
     tokens_R = block_R * _SAMPLING_BLOCK + _race_argmax(token_noise_RxK, chosen_RxK)

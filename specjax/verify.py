@@ -125,6 +125,15 @@ def _check_concrete_probs(fn: str, **arrays) -> None:
             raise ValueError(f"{fn}: {name} has a row with no positive probability at {where}")
 
 
+def _checked_onehot_args(fn: str, batch_dims: int, draft_tokens, target_probs):
+    """``(draft_tokens, target_probs)`` as arrays, checked, for verifiers that need no q."""
+    draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
+    _check_dtypes(fn, draft_tokens, target_probs=target_probs)
+    _check_shapes(fn, batch_dims, draft_tokens, target_probs, "target_probs")
+    _check_concrete_probs(fn, target_probs=target_probs)
+    return draft_tokens, target_probs
+
+
 # --------------------------------------------------------------------------------------
 # Shared pieces.
 
@@ -373,10 +382,7 @@ def rejection_sample_onehot_single(
         ``(tokens int32[γ+1], num_accepted int32[])``.
     """
     fn = "rejection_sample_onehot_single"
-    draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
-    _check_dtypes(fn, draft_tokens, target_probs=target_probs)
-    _check_shapes(fn, 0, draft_tokens, target_probs, "target_probs")
-    _check_concrete_probs(fn, target_probs=target_probs)
+    draft_tokens, target_probs = _checked_onehot_args(fn, 0, draft_tokens, target_probs)
     vocab = target_probs.shape[-1]
 
     def one_hot_row(_, token):
@@ -407,10 +413,7 @@ def rejection_sample_onehot(
         ``(tokens int32[B, γ+1], num_accepted int32[B])``.
     """
     fn = "rejection_sample_onehot"
-    draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
-    _check_dtypes(fn, draft_tokens, target_probs=target_probs)
-    _check_shapes(fn, 1, draft_tokens, target_probs, "target_probs")
-    _check_concrete_probs(fn, target_probs=target_probs)
+    draft_tokens, target_probs = _checked_onehot_args(fn, 1, draft_tokens, target_probs)
     keys = _batch_keys(fn, key, *target_probs.shape[:2])
     return jax.vmap(rejection_sample_onehot_single)(keys, draft_tokens, target_probs)
 
@@ -442,10 +445,7 @@ def coupled_verify_single(
         ``(tokens int32[γ+1], num_accepted int32[])`` (see the module docstring).
     """
     fn = "coupled_verify_single"
-    draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
-    _check_dtypes(fn, draft_tokens, target_probs=target_probs)
-    _check_shapes(fn, 0, draft_tokens, target_probs, "target_probs")
-    _check_concrete_probs(fn, target_probs=target_probs)
+    draft_tokens, target_probs = _checked_onehot_args(fn, 0, draft_tokens, target_probs)
     keys_G1 = _sequence_keys(fn, key, target_probs.shape[0])
     return _coupled_core(keys_G1, draft_tokens.astype(jnp.int32), target_probs)
 
@@ -465,9 +465,6 @@ def coupled_verify(
         ``(tokens int32[B, γ+1], num_accepted int32[B])``.
     """
     fn = "coupled_verify"
-    draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
-    _check_dtypes(fn, draft_tokens, target_probs=target_probs)
-    _check_shapes(fn, 1, draft_tokens, target_probs, "target_probs")
-    _check_concrete_probs(fn, target_probs=target_probs)
+    draft_tokens, target_probs = _checked_onehot_args(fn, 1, draft_tokens, target_probs)
     keys = _batch_keys(fn, key, *target_probs.shape[:2])
     return jax.vmap(coupled_verify_single)(keys, draft_tokens, target_probs)

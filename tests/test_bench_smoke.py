@@ -59,6 +59,17 @@ def test_profile_script_quick_run_prints_ops_and_breakdown():
     assert "loop machinery (trivial models, min)" in out
 
 
+@pytest.mark.slow
+def test_reproducible_script_quick_run(tmp_path):
+    out = _run_script(
+        SCRIPT.parent / "bench_reproducible.py", "--quick", "--json", str(tmp_path / "r.json")
+    )
+    assert "loop  plain" in out and "noise V=" in out and "coupled == plain: True" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert all(r["coupled_equals_plain"] for r in report["coupled"])
+    assert {r["decoder"] for r in report["loop"]} == {"plain", "speculative"}
+
+
 def test_equal_outputs_pass():
     bench = _load_script()
     reference = [[1, 2, 3], [4, 5, 6]]

@@ -22,8 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from specjax import noise
 from specjax.sampling import SamplingConfig, probs_from_logits, sample
 from specjax.verify import (
+    coupled_verify_single,
     greedy_verify,
     greedy_verify_single,
     rejection_sample,
@@ -250,6 +252,83 @@ def test_rejection_sample_onehot_is_exact(draft_tokens):
     for i, token in enumerate(draft_tokens):
         if not 0 <= token < 8 or target_probs[i, token] == 0:
             assert (num_accepted <= i).all()
+
+
+# --------------------------------------------------------------------------------------
+# Coupled verification: the target's own sample at each position, drafts accepted iff
+# equal. Exact whatever the drafts; with drafts drawn from the same noise, draft 0 is
+# accepted with the exponential-race coupling probability
+#     P(agree) = sum_i 1 / (1 + sum_{j != i} max(p_j / p_i, q_j / q_i))
+# (token i wins both races iff E_j > E_i max(p_j/p_i, q_j/q_i) for every j != i).
+
+COUPLED_CASES = [
+    "dirichlet_v50", "p_gt_q_v2", "disjoint_support_v8", "p_equals_q_v8", "sparse_q_v50",
+    "near_equal_v8",
+]  # fmt: skip
+
+
+def _coupled_independent(key, draft_tokens_G, draft_probs_GxV, target_probs_G1xV):
+    del draft_probs_GxV  # coupled verification needs no q
+    return coupled_verify_single(key, draft_tokens_G, target_probs_G1xV)
+
+
+def _coupled_same_noise(key, draft_tokens_G, draft_probs_GxV, target_probs_G1xV, bug=False):
+    """Drafts drawn with the very noise the target samples each position with."""
+    del draft_tokens_G
+    gamma = draft_probs_GxV.shape[0]
+    keys_G1 = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(gamma + 1))
+    drafts_G = sample(noise.stream(keys_G1[:gamma], noise.SAMPLE), draft_probs_GxV)
+    tokens, n = coupled_verify_single(keys_G1, drafts_G, target_probs_G1xV)
+    if bug:  # emit the draft, not the target's sample, at the first mismatch
+        padded = jnp.concatenate([drafts_G, jnp.zeros((1,), jnp.int32)])
+        tokens = jnp.where((jnp.arange(gamma + 1) == n) & (n < gamma), padded, tokens)
+    return tokens, n
+
+
+def _coupling_probability(p, q) -> float:
+    p = np.asarray(p, np.float64) / np.sum(p)
+    q = np.asarray(q, np.float64) / np.sum(q)
+    total = 0.0
+    for i in np.flatnonzero((p > 0) & (q > 0)):
+        ratio = np.maximum(p / p[i], q / q[i])
+        total += 1.0 / (1.0 + ratio.sum() - 1.0)
+    return total
+
+
+@pytest.mark.parametrize("name", COUPLED_CASES)
+@pytest.mark.parametrize("drafts", ["independent", "same_noise"])
+def test_coupled_verify_is_exact(name, drafts):
+    """Token i given n >= i follows p_i, for independent and for same-noise drafts; with
+    same-noise drafts, draft 0 is accepted at the coupling probability, at least
+    (1 - TV)/(1 + TV). N = 200k draws, chi-square / exact binomial, ALPHA = 1e-6 each."""
+    draft_probs, target_probs = CASES[name]
+    core = _coupled_independent if drafts == "independent" else _coupled_same_noise
+    tokens, num_accepted = _run(core, draft_probs, target_probs)
+    pvalues = _position_pvalues(tokens, num_accepted, target_probs)
+    assert pvalues and min(pvalues) > ALPHA, pvalues
+    if drafts == "same_noise":
+        rate = _coupling_probability(target_probs[0], draft_probs[0])
+        overlap = float(np.minimum(target_probs[0], draft_probs[0]).sum())
+        assert rate >= overlap / (2 - overlap) - 1e-6  # (1 - TV) / (1 + TV)
+        accepted = int((num_accepted >= 1).sum())
+        if 0 < rate < 1:
+            assert stats.binomtest(accepted, NUM_DRAWS, rate).pvalue > ALPHA
+        else:
+            assert accepted == round(rate * NUM_DRAWS)
+
+
+def test_negative_control_coupled_checks_reject_bugs():
+    """Emitting the draft at the first mismatch is rejected by the position checks, and
+    the acceptance check rejects rejection sampling's rate 1 - TV, which is higher."""
+    draft_probs, target_probs = CASES["dirichlet_v50"]
+    tokens, num_accepted = _run(
+        lambda k, x, q, p: _coupled_same_noise(k, x, q, p, bug=True), draft_probs, target_probs
+    )
+    assert min(_position_pvalues(tokens, num_accepted, target_probs)) < ALPHA * 1e-3
+    tokens, num_accepted = _run(_coupled_same_noise, draft_probs, target_probs)
+    overlap = float(np.minimum(target_probs[0], draft_probs[0]).sum())
+    accepted = int((num_accepted >= 1).sum())
+    assert stats.binomtest(accepted, NUM_DRAWS, overlap).pvalue < ALPHA * 1e-3
 
 
 # --------------------------------------------------------------------------------------
