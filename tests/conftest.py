@@ -27,3 +27,13 @@ def _deterministic_numpy():
     # Any test that forgets to seed its own generator still sees the same numbers.
     np.random.seed(0)  # noqa: NPY002 (seeding the legacy global generator is the point)
     yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    # Each test module compiles hundreds of small XLA programs; kept for the whole
+    # session they pile up (about 10 GB and tens of thousands of memory maps), and a
+    # full run crashed inside XLA's CPU compiler near the end. Modules share little
+    # compiled code, so releasing it between modules costs only a few recompiles.
+    yield
+    jax.clear_caches()
