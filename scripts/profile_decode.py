@@ -117,7 +117,11 @@ def prompts_of(args, vocab_size: int, tokenizer):
     return jnp.asarray([ids] * args.batch, jnp.int32)
 
 
-def make_drafter(method: str, draft, gamma: int):
+def make_drafter(method: str, draft, gamma: int, target=None):
+    if method == "block":
+        # The bundled block drafter, sharing the target's arrays; argmax drafts.
+        drafter = specjax.default_drafter("block").replace(target=target)
+        return drafter.with_draft(num_draft=gamma, mode="argmax")
     if method == "draft":
         if draft is None:
             raise SystemExit("--method draft needs a draft model (--draft)")
@@ -185,7 +189,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", help="Hugging Face folder of the target (default: bundled)")
     parser.add_argument("--draft", help="Hugging Face folder of the draft")
-    parser.add_argument("--method", choices=["draft", "lookup", "plain"], default="draft")
+    parser.add_argument("--method", choices=["draft", "lookup", "block", "plain"], default="draft")
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -202,7 +206,9 @@ def main(argv=None) -> int:
     target, draft, tokenizer = load(args)
     prompts = prompts_of(args, target.vocab_size, tokenizer)
     sampling = specjax.SamplingConfig(temperature=args.temperature)
-    drafter = None if args.method == "plain" else make_drafter(args.method, draft, args.gamma)
+    drafter = (
+        None if args.method == "plain" else make_drafter(args.method, draft, args.gamma, target)
+    )
     fn = decode_fn(args.method, target, drafter, prompts, args, sampling)
 
     best, median, steps = step_ms(fn, args.repeats)
@@ -225,12 +231,16 @@ def main(argv=None) -> int:
     kw = dict(cache_len=cache_len, repeats=args.repeats)
     b = args.batch
     verify = forward_costs(target, b, context, [args.gamma + 1], **kw)[args.gamma + 1] * 1e3
-    propose = draft_cost(drafter, b, context, sampling, **kw) * 1e3
+    propose = draft_cost(drafter, b, context, sampling, target=target, **kw) * 1e3
     both = interleaved_cost(target, drafter, b, context, sampling, **kw) * 1e3
     trivial = HashModel(vocab=target.vocab_size)
     trivial_drafter = (
         specjax.DraftModel(trivial, num_draft=args.gamma) if args.method == "draft" else drafter
     )
+    if args.method == "block":
+        # A trivial target returns no hidden states for the block drafter to read:
+        # measure the loop's machinery with prompt lookup at the same γ instead.
+        trivial_drafter = specjax.PromptLookup(num_draft=args.gamma)
     loop_only = decode_fn(args.method, trivial, trivial_drafter, prompts, args, sampling)
     machinery, _, _ = step_ms(loop_only, args.repeats)
     print(f"\ncost breakdown at context {context}, cache {cache_len} (ms):")

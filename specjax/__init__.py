@@ -4,6 +4,7 @@ from specjax import decode as decode
 from specjax import noise as noise
 from specjax import sharding as sharding
 from specjax import testing as testing
+from specjax.block_drafter import BlockDrafter as BlockDrafter
 from specjax.decode import DecodeState as DecodeState
 from specjax.decode import GenerationResult as GenerationResult
 from specjax.decode import GenerationStats as GenerationStats
@@ -19,6 +20,7 @@ from specjax.models import Model as Model
 from specjax.models import ModelConfig as ModelConfig
 from specjax.models import load_pretrained as load_pretrained
 from specjax.models import save_pretrained as save_pretrained
+from specjax.pretrained import default_drafter as default_drafter
 from specjax.pretrained import default_pair as default_pair
 from specjax.sampling import SamplingConfig as SamplingConfig
 from specjax.sampling import probs_from_logits as probs_from_logits

@@ -14,7 +14,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from specjax.drafters import prefill
+from specjax.drafters import TargetFeatures, prefill
 
 
 @dataclasses.dataclass
@@ -85,11 +85,15 @@ def forward_costs(
     repeats: int = 10,
     inner: int = 10,
     cache_len: int | None = None,
+    feature_layers: tuple[int, ...] = (),
 ) -> dict:
     """Median seconds of one forward of ``T`` tokens against a cache of ``context`` tokens.
 
     Attention reads every allocated cache slot, so pass the ``cache_len`` the
-    decode loop being predicted uses (default: just big enough).
+    decode loop being predicted uses (default: just big enough). With
+    ``feature_layers`` (a feature drafter's ``target_layers``) every forward also
+    returns those layers' hidden states, as the decoder's verify forward does for
+    such a drafter, and the loop reads them all so they are not optimised away.
 
     Returns ``{T: seconds}`` for each ``T`` in ``widths``.
     """
@@ -107,8 +111,13 @@ def forward_costs(
     def run(m, tokens, positions, cache):
         def body(_, carry):
             tokens, cache = carry
-            logits, cache = m(tokens, positions, cache)
+            if feature_layers:
+                logits, cache, hidden = m(tokens, positions, cache, feature_layers=feature_layers)
+            else:
+                logits, cache = m(tokens, positions, cache)
             tokens = jnp.minimum(tokens, jnp.argmax(logits, -1).astype(jnp.int32))
+            if feature_layers:  # never true; it makes the features a live output
+                tokens += (jnp.sum(hidden, -1) > 3e38).astype(jnp.int32)
             return tokens, cache.rollback(positions[:, 0])
 
         return jax.lax.fori_loop(0, inner, body, (tokens, cache))[0]
@@ -124,13 +133,37 @@ def forward_costs(
     return costs
 
 
-def _drafter_at_context(drafter, batch_size: int, context: int, cache_len: int):
+def _drafter_at_context(drafter, batch_size: int, context: int, cache_len: int, target=None):
     """``(lengths, seq, state)``: rows of ``context`` tokens in a ``cache_len`` buffer, and
-    the drafter's state after them."""
+    the drafter's state after them.
+
+    A drafter that reads target features (non-empty ``target_layers``) is initialised,
+    as the decoder does, with the features of ``target``'s prefill of those tokens.
+    """
     lengths = jnp.full((batch_size,), context, jnp.int32)
     seq = jnp.ones((batch_size, cache_len), jnp.int32)
-    init = jax.jit(lambda d, p, n: d.init(p, n, cache_len))
-    return lengths, seq, init(drafter, seq[:, :context], lengths)
+    layers = tuple(getattr(drafter, "target_layers", ()))
+    if not layers:
+        init = jax.jit(lambda d, p, n: d.init(p, n, cache_len))
+        return lengths, seq, init(drafter, seq[:, :context], lengths)
+    if target is None:
+        raise ValueError(
+            f"target: the {type(drafter).__name__} reads target layers {layers}, so its "
+            "state needs the target's features; pass target="
+        )
+
+    def init(m, d, p, n):
+        _, _, features = prefill(m, p, n, cache_len, layers)
+        return d.init(p, n, cache_len, features)
+
+    return lengths, seq, jax.jit(init)(target, drafter, seq[:, :context], lengths)
+
+
+def _features_like(target, drafter, batch_size: int, width: int):
+    """Placeholder `TargetFeatures` of ``width`` tokens, as a verify forward hands over."""
+    layers = tuple(drafter.target_layers)
+    shape = (batch_size, width, len(layers) * target.config.hidden_size)
+    return jnp.full(shape, 0.01, target.dtype)
 
 
 def _draft_keys(key, i, batch_size: int, gamma: int):
@@ -147,10 +180,27 @@ def draft_cost(
     repeats: int = 10,
     inner: int = 10,
     cache_len: int | None = None,
+    target=None,
 ) -> float:
-    """Median seconds of one ``drafter.propose`` (all γ draft tokens) at ``context``."""
+    """Median seconds of one ``drafter.propose`` (all γ draft tokens) at ``context``.
+
+    A drafter that reads target features (non-empty ``target_layers``, e.g.
+    `specjax.BlockDrafter`) needs ``target`` to build its state from a prefill, and
+    its cost also includes the ``drafter.update`` with the γ+1 tokens' features that
+    follows every verify forward (for such a drafter that update is real work: it
+    projects the features into its context cache); the features themselves come
+    out of the verify forward (:func:`forward_costs` with ``feature_layers``).
+    """
     cache_len = cache_len or context + drafter.num_draft + 2
-    lengths, seq, state = _drafter_at_context(drafter, batch_size, context, cache_len)
+    lengths, seq, state = _drafter_at_context(drafter, batch_size, context, cache_len, target)
+    layers = tuple(getattr(drafter, "target_layers", ()))
+
+    if layers:
+        gamma = drafter.num_draft
+        positions = (context - 1) + jnp.broadcast_to(
+            jnp.arange(gamma + 1, dtype=jnp.int32), (batch_size, gamma + 1)
+        )
+        hidden = _features_like(target, drafter, batch_size, gamma + 1)
 
     # As in forward_costs: `inner` proposals in one loop, each fed the last.
     def run(d, key, state, seq, lengths, sampling):
@@ -159,6 +209,18 @@ def draft_cost(
             tokens = d.propose(keys, state, seq, lengths, sampling).tokens
             return seq.at[:, : tokens.shape[1]].set(tokens)
 
+        def body_with_update(i, carry):
+            seq, state = carry
+            keys = _draft_keys(key, i, batch_size, d.num_draft)
+            proposal = d.propose(keys, state, seq, lengths, sampling)
+            # Features that depend on the proposal, so the update is not hoisted.
+            shift = proposal.tokens[:, :1, None].astype(hidden.dtype) * 1e-6
+            features = TargetFeatures(hidden=hidden + shift, positions=positions)
+            state = d.update(proposal.state, lengths, features)
+            return seq.at[:, : proposal.tokens.shape[1]].set(proposal.tokens), state
+
+        if layers:
+            return jax.lax.fori_loop(0, inner, body_with_update, (seq, state))[0]
         return jax.lax.fori_loop(0, inner, body, seq)
 
     timing, _ = time_fn(
@@ -183,11 +245,14 @@ def interleaved_cost(
     The same two calls as :func:`draft_cost` and :func:`forward_costs` (T = γ+1),
     alternating in one loop as they do in the decoder, without the decoder's
     acceptance and bookkeeping. Compared with the sum of the separate costs, it
-    shows what the two models cost each other (on a CPU: caches they evict).
+    shows what the two models cost each other (on a CPU: caches they evict). For a
+    drafter that reads target features, the verify forward returns them and the
+    drafter's update consumes them, as in the decoder.
     """
     gamma = drafter.num_draft
+    layers = tuple(getattr(drafter, "target_layers", ()))
     cache_len = cache_len or context + gamma + 2
-    lengths, seq, state = _drafter_at_context(drafter, batch_size, context, cache_len)
+    lengths, seq, state = _drafter_at_context(drafter, batch_size, context, cache_len, target)
     _, target_cache = jax.jit(prefill, static_argnums=3)(
         target, seq[:, :context], lengths, cache_len
     )
@@ -199,12 +264,20 @@ def interleaved_cost(
             keys = _draft_keys(key, i, batch_size, gamma)
             proposal = d.propose(keys, state, seq, lengths, sampling)
             tokens = jnp.concatenate([seq[:, :1], proposal.tokens], axis=1)
-            logits, target_cache = m(tokens, positions, target_cache)
+            if layers:
+                logits, target_cache, hidden = m(
+                    tokens, positions, target_cache, feature_layers=layers
+                )
+                features = TargetFeatures(hidden=hidden, positions=positions)
+                new_state = d.update(proposal.state, lengths, features)
+            else:
+                logits, target_cache = m(tokens, positions, target_cache)
+                new_state = d.update(proposal.state, lengths)
             tokens = jnp.minimum(tokens, jnp.argmax(logits, -1).astype(jnp.int32))
             return (
                 seq.at[:, : gamma + 1].set(tokens),
                 target_cache.rollback(lengths - 1),
-                d.update(proposal.state, lengths),
+                new_state,
             )
 
         return jax.lax.fori_loop(0, inner, body, carry)[0]
@@ -264,8 +337,14 @@ def speculative_prediction(
     """
     gamma = drafter.num_draft
     kw = dict(repeats=repeats, cache_len=cache_len)
-    costs = forward_costs(target, batch_size, context, sorted({1, gamma + 1}), **kw)
-    c_draft = draft_cost(drafter, batch_size, context, sampling, **kw)
+    layers = tuple(getattr(drafter, "target_layers", ()))
+    if layers:  # the verify forward also returns the drafter's features
+        costs = forward_costs(target, batch_size, context, [1], **kw)
+        width = [gamma + 1]
+        costs |= forward_costs(target, batch_size, context, width, feature_layers=layers, **kw)
+    else:
+        costs = forward_costs(target, batch_size, context, sorted({1, gamma + 1}), **kw)
+    c_draft = draft_cost(drafter, batch_size, context, sampling, target=target, **kw)
     return {
         "cost_step_ms": costs[1] * 1e3,
         "cost_verify_ms": costs[gamma + 1] * 1e3,

@@ -12,12 +12,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 GREEN, RESET = "\033[32m", "\033[0m"
+
+
+# What `--drafter auto` picks for the bundled pair: the fastest drafter measured by
+# scripts/bench_e2e.py (BENCHMARKS.md, "The block drafter"). The bundled block drafter
+# measured slower than the draft model at T=0 and at T=1 on this CPU.
+FASTEST_BUNDLED_DRAFTER = "model"
 
 
 class UserError(Exception):
@@ -44,8 +51,21 @@ def _load_models(args):
             target, draft, _ = default_pair()
         except (FileNotFoundError, ValueError, OSError) as e:
             raise UserError(f"cannot load the bundled pair: {e}") from None
+    if args.drafter == "auto":
+        # The bundled pair: the fastest drafter measured for it (BENCHMARKS.md). A
+        # user's own target: its draft model if given, else a block drafter if given,
+        # else prompt lookup (which needs no weights).
+        if not args.model:
+            args.drafter = FASTEST_BUNDLED_DRAFTER
+        else:
+            args.drafter = "model" if args.draft else "block" if args.block_drafter else "lookup"
     if args.drafter == "model" and draft is None:
         raise UserError("--drafter model needs --draft PATH when --model is given")
+    if args.drafter == "block" and args.model and not args.block_drafter:
+        raise UserError(
+            "--drafter block needs --block-drafter PATH when --model is given (the bundled "
+            "block drafter only fits the bundled target)"
+        )
     tokenizer = target.tokenizer
     if tokenizer is None:
         raise UserError(f"{args.model} has no tokenizer.json; specjax generate needs one")
@@ -57,8 +77,26 @@ def _load_models(args):
             )
         if draft.tokenizer is not None and draft.tokenizer.to_str() != tokenizer.to_str():
             raise UserError("the draft's tokenizer.json differs from the target's")
+    if args.drafter == "block":
+        draft = _load_block_drafter(args, target)
     del specjax
     return target, draft, tokenizer
+
+
+def _load_block_drafter(args, target):
+    """The bundled block drafter, or the one of --block-drafter, at --gamma (or its own γ)."""
+    from specjax.block_drafter import load_block_drafter
+    from specjax.pretrained import BLOCK_DRAFTER_DIR, default_pair_path
+
+    path = args.block_drafter or default_pair_path() / BLOCK_DRAFTER_DIR
+    flag = "--block-drafter" if args.block_drafter else "bundled block drafter"
+    try:
+        drafter = load_block_drafter(path, target)
+        # Sampling: verify against the drafter's own marginals ("sample"), which measured
+        # better than argmax drafts at T=1 (BENCHMARKS.md); at T=0 the two are the same.
+        return drafter.with_draft(args.gamma, mode=args.block_mode)
+    except (FileNotFoundError, ValueError, OSError, KeyError) as e:
+        raise UserError(f"{flag} {path}: {e}") from None
 
 
 def _load_folder(path, flag):
@@ -133,6 +171,21 @@ def _timed(fn):
     return result, time.perf_counter() - start
 
 
+def _median_interleaved(fns, repeats):
+    """Times each of ``fns`` ``repeats`` times, round robin (a, b, a, b, ...).
+
+    Interleaving spreads slow drifts of the machine (clock, cache, other load) over
+    every system alike. Returns one list of seconds per function and the result of
+    each function's last run; the callers report the medians.
+    """
+    seconds, results = [[] for _ in fns], [None] * len(fns)
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            results[i], s = _timed(fn)
+            seconds[i].append(s)
+    return seconds, results
+
+
 def cmd_generate(args) -> int:
     import jax
     import numpy as np
@@ -142,8 +195,8 @@ def cmd_generate(args) -> int:
 
     if not args.prompt.strip():
         raise UserError("the prompt is empty")
-    for name in ("max_new_tokens", "gamma", "batch", "ngram"):
-        if getattr(args, name) < 1:
+    for name in ("max_new_tokens", "gamma", "batch", "ngram", "repeats"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     sampling = specjax.SamplingConfig(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p
@@ -154,6 +207,8 @@ def cmd_generate(args) -> int:
         raise UserError(str(e)) from None
 
     target, draft, tokenizer = _load_models(args)
+    if args.gamma is None:  # the drafter's own default: a block drafter's trained γ, else 4
+        args.gamma = draft.num_draft if args.drafter == "block" else 4
     ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
     context = target.config.max_position_embeddings
     needed = len(ids) + args.max_new_tokens + args.gamma + 1
@@ -172,6 +227,8 @@ def cmd_generate(args) -> int:
         drafter = None
     elif args.drafter == "model":
         drafter = specjax.DraftModel(draft, num_draft=args.gamma)
+    elif args.drafter == "block":
+        drafter = draft
     else:
         drafter = specjax.PromptLookup(ngram=args.ngram, num_draft=args.gamma)
     run = lambda d, on_chunk=None: _decode_open(  # noqa: E731
@@ -198,8 +255,15 @@ def cmd_generate(args) -> int:
     else:
         _, compile_s = _timed(lambda: run(drafter))
     # The first execution also pays one-time runtime set-up (measured at about 3x a
-    # steady run), so the figure shown is a second, steady run of the same programs.
-    result, seconds = _timed(lambda: run(drafter))
+    # steady run), so the figures shown are medians of later, steady runs of the same
+    # programs; with --compare plain decoding is compiled and warmed once too, then the
+    # timed runs alternate speculative, plain, speculative, ...
+    fns = [lambda: run(drafter)]
+    if args.compare:
+        run(None)  # compiles and warms plain decoding
+        fns.append(lambda: run(None))
+    runs, last = _median_interleaved(fns, args.repeats)
+    result, seconds = last[0], statistics.median(runs[0])
     rows = result.to_lists()
     from_draft = np.asarray(result.from_draft)
     total = int(np.sum(np.asarray(result.lengths)))
@@ -210,14 +274,17 @@ def cmd_generate(args) -> int:
         "seconds": seconds,
         "tokens_per_second": total / seconds,
         "compile_seconds": compile_s,
+        "repeats": args.repeats,
+        "speculative_seconds_runs": runs[0],
         "acceptance_rate": float(result.stats.acceptance_rate),
         "tokens_per_target_call": float(result.tokens_per_call),
         "target_calls": int(result.stats.target_calls),
     }
     if args.compare:
-        run(None)  # compiles plain decoding
-        plain, plain_s = _timed(lambda: run(None))
+        plain, plain_s = last[1], statistics.median(runs[1])
         plain_total = int(np.sum(np.asarray(plain.lengths)))
+        summary["plain_seconds"] = plain_s
+        summary["plain_seconds_runs"] = runs[1]
         summary["plain_tokens_per_second"] = plain_total / plain_s
         summary["speedup"] = summary["tokens_per_second"] / summary["plain_tokens_per_second"]
         if args.temperature == 0:
@@ -240,9 +307,14 @@ def cmd_generate(args) -> int:
             rendered = _TextStream(tokenizer, (), color)
             body = rendered.feed(shown, from_draft[b, : len(shown)].tolist())
             print(args.prompt + body + rendered.text()[len(rendered.printed) :])
+    if args.repeats == 1:
+        timing = "1 timed run"
+    else:
+        timing = f"median of {args.repeats}{' interleaved' if args.compare else ''} runs"
     line = (
         f"[{args.drafter}] {total} tokens in {seconds:.2f} s = "
-        f"{summary['tokens_per_second']:.1f} tokens/s (first run incl. compile {compile_s:.1f} s)"
+        f"{summary['tokens_per_second']:.1f} tokens/s ({timing}; "
+        f"first run incl. compile {compile_s:.1f} s)"
     )
     if args.drafter != "none":
         line += (
@@ -493,6 +565,90 @@ def cmd_distill(args) -> int:
     return _train_common(args, out, teacher=teacher)
 
 
+def cmd_train_drafter(args) -> int:
+    """Trains a BlockDrafter for --target (default: the bundled target) on text files."""
+    import shutil
+
+    import jax
+    import numpy as np
+
+    from specjax.block_drafter import CONFIG_FILE, BlockDrafter, save_block_drafter
+    from specjax.data import tokenize_documents
+    from specjax.pretrained import default_pair
+    from specjax.train import BlockTrainConfig, list_checkpoints, train_block_drafter
+    from specjax.validation import check_int
+
+    _check_train_args(args, distill=True)
+    for flag in ("--layers", "--features", "--anchors"):
+        _check_flag(flag, check_int, getattr(args, flag[2:]), lo=1)
+    _check_flag("--block-size", check_int, args.block_size, lo=2)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; pass a folder to hold the drafter")
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        if not args.resume:
+            what = "a block drafter" if (out / CONFIG_FILE).exists() else "files"
+            raise UserError(
+                f"--out {out} already holds {what}; pass --overwrite to replace it, "
+                "or --resume to continue its training"
+            )
+        if not list_checkpoints(out / _CHECKPOINTS):
+            raise UserError(f"--resume: --out {out} has no training checkpoints to continue from")
+    parent = out if out.is_dir() else out.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryDirectory(dir=parent).cleanup()
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write in {parent}: {e.strerror or e}") from None
+
+    if args.target:
+        target = _load_folder(args.target, "--target")
+    else:
+        target = default_pair()[0]
+    if target.tokenizer is None:
+        raise UserError(f"--target {args.target} has no tokenizer.json")
+    if args.seq_len > target.config.max_position_embeddings:
+        raise UserError(
+            f"--seq-len {args.seq_len} is beyond the target's context "
+            f"({target.config.max_position_embeddings})"
+        )
+    tokens = tokenize_documents(target.tokenizer, _read_corpus(args.data))
+    if len(tokens) <= args.seq_len:
+        raise UserError(f"corpus has {len(tokens)} tokens, need more than --seq-len {args.seq_len}")
+    try:
+        drafter = BlockDrafter.random(
+            target, key=jax.random.key(args.seed), num_draft=min(7, args.block_size - 1),
+            num_layers=args.layers, num_features=args.features, block_size=args.block_size,
+        )  # fmt: skip
+        config = BlockTrainConfig(
+            steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+            learning_rate=args.lr, warmup_steps=min(100, args.steps // 10), seed=args.seed,
+            max_minutes=args.max_minutes, checkpoint_every=args.checkpoint_every,
+            num_anchors=args.anchors, decay=args.block_size / 2,
+        )  # fmt: skip
+    except (TypeError, ValueError) as e:
+        raise UserError(str(e)) from None
+    checkpoints = out / _CHECKPOINTS
+    if args.overwrite and checkpoints.exists():
+        shutil.rmtree(checkpoints)
+    try:
+        result = train_block_drafter(
+            drafter, np.asarray(tokens), config, checkpoint_dir=checkpoints, resume=args.resume
+        )
+    except FloatingPointError as e:
+        raise UserError(f"{e} (--lr {args.lr})") from None
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    save_block_drafter(result.model, out, overwrite=True, keep=(_CHECKPOINTS,))
+    print(
+        f"saved {out} after {result.steps} steps; final loss {result.losses[-1]:.3f}; "
+        f"{result.tokens_per_second:.0f} tokens/s; use it with specjax generate "
+        f"--model TARGET --drafter block --block-drafter {out}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 # ----------------------------------------------------------------------------
 
 
@@ -520,10 +676,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", help="target model folder (Hugging Face format); default: bundled")
     g.add_argument("--draft", help="draft model folder for --drafter model (with --model)")
     g.add_argument(
-        "--drafter", choices=["model", "lookup", "none"], default="model",
-        help="who drafts: the draft model, prompt lookup (n-gram copy), or none (plain decoding)",
+        "--drafter", choices=["auto", "block", "model", "lookup", "none"], default="auto",
+        help="who drafts: the block drafter (reads the target's hidden states), the draft "
+        "model, prompt lookup (n-gram copy), or none (plain decoding); auto (default): the "
+        f"fastest measured for the bundled pair ({FASTEST_BUNDLED_DRAFTER})",
     )  # fmt: skip
-    g.add_argument("--gamma", type=int, default=4, help="tokens drafted per target call (γ)")
+    g.add_argument(
+        "--block-mode", choices=["argmax", "sample"], default="sample",
+        help="block drafter: argmax drafts with a one-hot q, or sampled drafts with their "
+        "true q (default; the same drafts at temperature 0)",
+    )  # fmt: skip
+    g.add_argument(
+        "--block-drafter", metavar="PATH",
+        help="block drafter folder for --drafter block with --model (specjax train-drafter)",
+    )  # fmt: skip
+    g.add_argument(
+        "--gamma", type=int, default=None,
+        help="tokens drafted per target call (γ); default: 4, or the block drafter's own (2)",
+    )  # fmt: skip
     g.add_argument(
         "--ngram", type=int, default=3, help="longest n-gram matched by --drafter lookup"
     )
@@ -535,7 +705,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, help="PRNG seed (same seed, same output)")
     g.add_argument("--batch", type=int, default=1, help="generate this many samples at once")
     g.add_argument("--no-eos", action="store_true", help="do not stop at <|endoftext|>")
-    g.add_argument("--compare", action="store_true", help="also run plain decoding; print speedup")
+    g.add_argument(
+        "--compare", action="store_true",
+        help="also time plain decoding, interleaved with the speculative runs; print the speedup "
+        "(ratio of the median speeds)",
+    )  # fmt: skip
+    g.add_argument(
+        "--repeats", type=int, default=5, metavar="N",
+        help="timed runs after a warm-up run; the speed shown is their median, with or "
+        "without --compare (with it, N runs of each, alternating speculative, plain, ...) "
+        "(default 5)",
+    )  # fmt: skip
     g.add_argument("--json", action="store_true", help="print machine-readable JSON")
     g.add_argument("--no-color", action="store_true", help="do not colour accepted draft tokens")
     g.add_argument(
@@ -557,20 +737,42 @@ def build_parser() -> argparse.ArgumentParser:
             help="architecture preset",
         )  # fmt: skip
         t.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary (train only)")
-        t.add_argument("--steps", type=int, default=1000)
-        t.add_argument("--batch-size", type=int, default=16)
-        t.add_argument("--seq-len", type=int, default=256)
-        t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
-        t.add_argument("--seed", type=int, default=0)
-        t.add_argument("--max-minutes", type=float, default=None, help="time budget")
-        t.add_argument("--checkpoint-every", type=int, default=200)
-        t.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-        t.add_argument(
-            "--overwrite", action="store_true",
-            help="replace whatever --out holds (by default an existing model is never replaced)",
-        )  # fmt: skip
+        _add_run_flags(t, steps=1000, batch_size=16, lr=1e-3)
         t.set_defaults(func=cmd_train if name == "train" else cmd_distill)
+
+    helptext = "train a block drafter (DFlash-style) for a target on text files"
+    d = sub.add_parser(
+        "train-drafter",
+        help=helptext,
+        description=helptext + ". The target "
+        "is frozen; its hidden states are computed inside each training step.",
+    )
+    d.add_argument("data", nargs="+", help="text files or folders (read recursively)")
+    d.add_argument("--out", required=True, help="output folder of the drafter")
+    d.add_argument("--target", help="target model folder (default: the bundled target)")
+    d.add_argument("--layers", type=int, default=2, help="draft layers (1-5)")
+    d.add_argument("--features", type=int, default=3, help="target layers fused")
+    d.add_argument("--block-size", type=int, default=8, help="largest block (γ+1) trained")
+    d.add_argument("--anchors", type=int, default=32, help="blocks per training sequence")
+    _add_run_flags(d, steps=2000, batch_size=8, lr=2e-3)
+    d.set_defaults(func=cmd_train_drafter)
     return parser
+
+
+def _add_run_flags(parser, *, steps: int, batch_size: int, lr: float) -> None:
+    """The flags every training command shares: schedule, budget, checkpoints."""
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=lr, help="peak learning rate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-minutes", type=float, default=None, help="time budget")
+    parser.add_argument("--checkpoint-every", type=int, default=200)
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace whatever --out holds (by default an existing model is never replaced)",
+    )  # fmt: skip
 
 
 def main(argv=None) -> int:

@@ -23,6 +23,7 @@ does not depend on the rest of the batch.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
 
 import jax
@@ -31,7 +32,8 @@ import numpy as np
 from flax import struct
 
 from specjax import noise
-from specjax.drafters import Drafter, DraftModel, NoDraft, prefill
+from specjax.block_drafter import BlockDrafter
+from specjax.drafters import Drafter, DraftModel, NoDraft, TargetFeatures, prefill
 from specjax.sampling import SamplingConfig, per_row, probs_from_logits
 from specjax.validation import (
     INT32_MAX,
@@ -359,6 +361,48 @@ def check_drafter(target, drafter: Drafter):
             f"drafter vocabulary size {drafter.vocab_size} differs from the target's "
             f"{target.vocab_size}: speculative decoding needs one shared vocabulary"
         )
+    if drafter.target_layers:
+        _check_features(target, drafter)
+    if isinstance(drafter, BlockDrafter):
+        drafter.check()
+
+
+def _check_features(target, drafter: Drafter) -> None:
+    """A drafter that reads target layers needs a target that can return them."""
+    layers = drafter.target_layers
+    name = type(drafter).__name__
+    try:
+        params = inspect.signature(target.__call__).parameters
+    except (TypeError, ValueError):
+        params = {}
+    takes = "feature_layers" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
+    if not takes:
+        raise TypeError(
+            f"target ({type(target).__name__}) cannot return hidden-state features: its "
+            f"__call__ takes no feature_layers= argument, and the {name} reads target "
+            f"layers {layers} (see the README's 'Bring your own model')"
+        )
+    num_layers = getattr(target, "num_layers", None)
+    if num_layers is None:
+        num_layers = getattr(getattr(target, "config", None), "num_layers", None)
+    if not isinstance(layers, tuple) or not all(
+        isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in layers
+    ):
+        raise TypeError(f"drafter.target_layers must be a tuple of ints, got {layers!r}")
+    if num_layers is not None and not all(0 <= i < num_layers for i in layers):
+        raise ValueError(
+            f"drafter.target_layers {layers} must be layer indices in [0, {num_layers}) of "
+            f"the {num_layers}-layer target"
+        )
+    own = getattr(drafter, "target", None)
+    width = lambda m: getattr(getattr(m, "config", None), "hidden_size", None)  # noqa: E731
+    if own is not None and width(own) is not None and width(own) != width(target):
+        raise ValueError(
+            f"the {name} was built for a target of width {width(own)}, but target has "
+            f"hidden_size {width(target)}: its features would not fit the drafter"
+        )
 
 
 def _cache_bytes(model, batch_size: int, cache_len: int) -> int:
@@ -403,6 +447,8 @@ def _prepare(
     nbytes = _cache_bytes(target, b, resolved) + b * resolved * 9  # + seq, logprobs, flags
     if isinstance(drafter, DraftModel):
         nbytes += _cache_bytes(drafter.model, b, resolved)
+    elif isinstance(drafter, BlockDrafter):
+        nbytes += _cache_bytes(drafter, b, resolved)
     check_fits_memory(name, nbytes, f"caches of {resolved} slots for {b} rows")
     # Bucket the prompt width like the cache, capped by the cache itself.
     width = min(_round_up(p, PROMPT_BUCKET), resolved)
@@ -426,8 +472,14 @@ def _init_state(
     *, cache_len, verification,
 ) -> DecodeState:  # fmt: skip
     b, p = prompts_BP.shape
-    _, target_cache = prefill(target, prompts_BP, prompt_lengths_B, cache_len)
-    drafter_state = drafter.init(prompts_BP, prompt_lengths_B, cache_len)
+    if drafter.target_layers:
+        _, target_cache, features = prefill(
+            target, prompts_BP, prompt_lengths_B, cache_len, drafter.target_layers
+        )
+        drafter_state = drafter.init(prompts_BP, prompt_lengths_B, cache_len, features)
+    else:
+        _, target_cache = prefill(target, prompts_BP, prompt_lengths_B, cache_len)
+        drafter_state = drafter.init(prompts_BP, prompt_lengths_B, cache_len)
     zeros = jnp.zeros((b,), jnp.int32)
     gamma = drafter.num_draft
     # A traced budget <= 0 gives the row no tokens (the host refuses concrete ones).
@@ -514,7 +566,14 @@ def _body(state: DecodeState) -> DecodeState:
     # Score the pending token and the γ drafts in one target call.
     pending_B = state.seq[rows, lengths - 1]
     tokens_in = jnp.concatenate([pending_B[:, None], draft_tokens_BG], axis=1)
-    logits_BG1V, target_cache = target(tokens_in, positions_BG1, state.target_cache)
+    if drafter.target_layers:
+        # The drafter's features come out of this same forward: no second target call.
+        logits_BG1V, target_cache, hidden = target(
+            tokens_in, positions_BG1, state.target_cache, feature_layers=drafter.target_layers
+        )
+        features = TargetFeatures(hidden=hidden, positions=positions_BG1)
+    else:
+        logits_BG1V, target_cache = target(tokens_in, positions_BG1, state.target_cache)
     target_probs = probs_from_logits(logits_BG1V, state.sampling)
     if state.verification == "coupled":
         block_BG1, num_accepted = coupled_verify(keys_BG1, draft_tokens_BG, target_probs)
@@ -555,7 +614,11 @@ def _body(state: DecodeState) -> DecodeState:
         logprobs=_write(state.logprobs, logprobs_BG1, lengths, num_emit),
         seq_lengths=new_lengths,
         target_cache=target_cache.rollback(new_lengths - 1),
-        drafter_state=drafter.update(proposal.state, new_lengths),
+        drafter_state=(
+            drafter.update(proposal.state, new_lengths, features)
+            if drafter.target_layers
+            else drafter.update(proposal.state, new_lengths)
+        ),
         stats=stats.replace(
             target_calls=stats.target_calls + 1,
             row_target_calls=stats.row_target_calls + active_i,

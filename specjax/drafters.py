@@ -23,6 +23,19 @@ drafter ignores them. ``sampling`` has one value per row in each leaf (``[B]``).
 The static shape parameters (``num_draft`` = γ) are non-pytree fields, so they
 are part of the compiled program; everything else is an array leaf.
 
+Drafters that read the target (`specjax.BlockDrafter`) name the target layers they
+need in a static tuple ``target_layers``. The decoder then asks the target for those
+layers' hidden states inside the forwards it runs anyway (prefill and verify, through
+the model contract's ``feature_layers=``) and hands them over as `TargetFeatures`:
+
+* ``init(prompts_BS, seq_lengths_B, cache_len, features)`` with the prompt's features;
+* ``update(state, seq_lengths_B, features)`` with the features of the γ+1 tokens the
+  verify forward scored. Those at positions ``< seq_lengths_B - 1`` are committed;
+  the rest (rejected drafts) are stale and must never be read.
+
+No drafter ever runs a second target forward. Drafters with an empty
+``target_layers`` (the default) get the two- and three-argument calls above.
+
 Writing another drafter (e.g. Medusa-style heads on the target's hidden states)
 means writing one such dataclass; see the README's "Writing a drafter".
 """
@@ -56,10 +69,31 @@ class Proposal:
     state: object
 
 
+@struct.dataclass
+class TargetFeatures:
+    """Hidden states of the target's ``target_layers``, as handed to a drafter.
+
+    Attributes:
+        hidden: ``[B, T, n·E]`` the outputs of the n requested layers at T
+            positions, concatenated in ``target_layers`` order.
+        positions: ``int32[B, T]`` the absolute position of each column.
+    """
+
+    hidden: jax.Array
+    positions: jax.Array
+
+
 class Drafter(abc.ABC):
-    """Interface of a drafter. Subclasses are frozen ``flax.struct`` dataclasses."""
+    """Interface of a drafter. Subclasses are frozen ``flax.struct`` dataclasses.
+
+    Attributes:
+        num_draft: γ, tokens proposed per step (static).
+        target_layers: static tuple of target layer indices whose hidden states the
+            drafter reads (`TargetFeatures`); empty for drafters that do not.
+    """
 
     num_draft: int
+    target_layers: tuple[int, ...] = ()
 
     @property
     @abc.abstractmethod
@@ -103,19 +137,28 @@ def prefill_positions(batch_size: int, length: int) -> jax.Array:
     return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))
 
 
-def prefill(model, prompts_BP: jax.Array, prompt_lengths_B: jax.Array, cache_len: int):
+def prefill(
+    model, prompts_BP: jax.Array, prompt_lengths_B: jax.Array, cache_len: int,
+    feature_layers: tuple[int, ...] = (),
+):  # fmt: skip
     """Runs ``model`` over right-padded prompts into a fresh cache of ``cache_len`` slots.
 
     Returns:
-        ``(logits float32[B, P, V], cache)``; the cache's lengths are set to
+        ``(logits float32[B, P, V], cache)``, plus the prompt's `TargetFeatures` when
+        ``feature_layers`` is non-empty. The cache's lengths are set to
         ``prompt_lengths - 1``: the last prompt token stays "pending", the same
         invariant the decode loops keep (the pending token is fed next step).
         The padded slots written here are overwritten before they are read.
     """
     b, p = prompts_BP.shape
     cache = model.init_cache(b, cache_len)
-    logits, cache = model(prompts_BP, prefill_positions(b, p), cache)
-    return logits, cache.rollback(prompt_lengths_B - 1)
+    positions = prefill_positions(b, p)
+    if not feature_layers:
+        logits, cache = model(prompts_BP, positions, cache)
+        return logits, cache.rollback(prompt_lengths_B - 1)
+    logits, cache, hidden = model(prompts_BP, positions, cache, feature_layers=feature_layers)
+    features = TargetFeatures(hidden=hidden, positions=positions)
+    return logits, cache.rollback(prompt_lengths_B - 1), features
 
 
 @struct.dataclass

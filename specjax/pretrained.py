@@ -43,3 +43,58 @@ def default_pair(dtype=jnp.float32):
     target = load_pretrained(root / "target", dtype=dtype)
     draft = load_pretrained(root / "draft", dtype=dtype)
     return target, draft, target.tokenizer
+
+
+BLOCK_DRAFTER_DIR = "block_drafter"
+DRAFTER_KINDS = ("block", "model", "lookup")
+
+
+def default_drafter(kind: str = "block", *, num_draft: int | None = None, dtype=jnp.float32):
+    """A ready `~specjax.drafters.Drafter` for the target of `default_pair`, offline.
+
+    Args:
+        kind: ``"block"`` (the bundled `~specjax.BlockDrafter`, trained on the target's
+            hidden states; the fastest measured, see BENCHMARKS.md), ``"model"`` (the
+            bundled draft LM in a `~specjax.DraftModel`) or ``"lookup"``
+            (`~specjax.PromptLookup`, no weights).
+        num_draft: γ; default 4, or for ``"block"`` its saved γ, 2: the fastest measured
+            on this CPU (it was trained for blocks of up to 8, so γ ≤ 7).
+        dtype: the weights' dtype, as for `default_pair`.
+
+    Returns:
+        the drafter, to pass with ``default_pair()[0]`` to `specjax.speculative_generate`.
+
+    Example:
+        >>> import jax, specjax
+        >>> target, _, tokenizer = specjax.default_pair()
+        >>> drafter = specjax.default_drafter("block")
+        >>> ids = tokenizer.encode("def add(a, b):").ids
+        >>> out = specjax.speculative_generate(jax.random.key(0), target, drafter, [ids],
+        ...                                    max_new_tokens=16,
+        ...                                    sampling=specjax.SamplingConfig.greedy())
+        >>> out.tokens.shape
+        (1, 16)
+    """
+    from specjax.validation import check_int
+
+    if kind not in DRAFTER_KINDS:
+        raise ValueError(f"kind must be one of {DRAFTER_KINDS}, got {kind!r}")
+    if num_draft is not None:
+        num_draft = check_int("num_draft", num_draft, lo=1)
+    target, draft, _ = default_pair(dtype)
+    if kind == "lookup":
+        from specjax.drafters import PromptLookup
+
+        return PromptLookup(num_draft=num_draft or 4)
+    if kind == "model":
+        from specjax.drafters import DraftModel
+
+        return DraftModel(draft, num_draft=num_draft or 4)
+    from specjax.block_drafter import load_block_drafter
+
+    path = default_pair_path() / BLOCK_DRAFTER_DIR
+    if not (path / "block_drafter.json").is_file():
+        raise FileNotFoundError(
+            f"the bundled block drafter is missing from {path}; reinstall specjax"
+        )
+    return load_block_drafter(path, target, num_draft=num_draft)

@@ -151,6 +151,25 @@ class TrainConfig:
         set_("progress", bool(self.progress))
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockTrainConfig(TrainConfig):
+    """A `TrainConfig` for `specjax.BlockDrafter`'s anchored-block objective.
+
+    Attributes:
+        num_anchors: A random anchors per training sequence (each one block).
+        decay: w of the per-position weight ``exp(-(k-1)/w)`` (DFlash uses about
+            block_size / 2).
+    """
+
+    num_anchors: int = 32
+    decay: float = 4.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "num_anchors", check_int("num_anchors", self.num_anchors, lo=1))
+        object.__setattr__(self, "decay", check_float("decay", self.decay, lo=0.0, lo_open=True))
+
+
 @struct.dataclass
 class TrainState:
     """Everything that evolves during training.
@@ -241,7 +260,23 @@ def distill_losses(student_logits_BTV: jax.Array, teacher_logits_BTV: jax.Array)
     return {"kl": kl_BT.mean(), "tvd": tvd_BT.mean()}
 
 
-def _loss_fn(params, batch_BT1, *, model, teacher_params, teacher, config):
+def _is_block_drafter(model) -> bool:
+    from specjax.block_drafter import BlockDrafter
+
+    return isinstance(model, BlockDrafter)
+
+
+def _loss_fn(params, batch_BT1, key, *, model, teacher_params, teacher, config):
+    if _is_block_drafter(model):
+        # The frozen target is the "teacher": its params come in traced, like a
+        # distillation teacher's, and only the drafter's are differentiated.
+        from specjax.block_drafter import anchored_block_loss
+
+        drafter = model.replace(target=teacher.replace(params=teacher_params))
+        return anchored_block_loss(
+            params, drafter, batch_BT1, key, num_anchors=config.num_anchors, decay=config.decay
+        )
+    del key
     inputs_BT, targets_BT = batch_BT1[:, :-1], batch_BT1[:, 1:]
     logits_BTV = forward(model.replace(params=params), inputs_BT)
     ce = cross_entropy(logits_BTV, targets_BT)
@@ -325,7 +360,9 @@ def train_step(
     loss_fn = functools.partial(
         _loss_fn, model=model, teacher_params=teacher_params, teacher=teacher, config=config
     )
-    grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params, batch_BT1)
+    # A stream of its own for objectives that draw (the block drafter's anchors).
+    objective_key = jax.random.fold_in(jax.random.fold_in(state.key, state.step), 1)
+    grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params, batch_BT1, objective_key)
     updates, opt_state = make_optimizer(config).update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics["grad_norm"] = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
@@ -423,7 +460,12 @@ def save_checkpoint(
     final = checkpoint_dir / f"{_CKPT_PREFIX}{step:08d}"
 
     def write(tmp: Path) -> None:
-        _write_pretrained(model.replace(params=state.params), tmp)
+        if _is_block_drafter(model):
+            from specjax.block_drafter import write_block_drafter
+
+            write_block_drafter(model.replace(params=state.params), tmp)
+        else:
+            _write_pretrained(model.replace(params=state.params), tmp)
         arrays = {f"opt_state/{k}": v for k, v in _flatten_named(state.opt_state).items()}
         arrays["step"] = np.asarray(step, np.int64)
         arrays["key"] = np.asarray(jax.random.key_data(state.key))
@@ -482,7 +524,12 @@ def load_checkpoint(
     if diff:
         raise ValueError(f"cannot resume {path}: config differs (saved, now): {diff}")
 
-    loaded = load_pretrained(path, dtype=model.dtype)
+    if _is_block_drafter(model):
+        from specjax.block_drafter import load_block_drafter
+
+        loaded = load_block_drafter(path, model.target)
+    else:
+        loaded = load_pretrained(path, dtype=model.dtype)
     params = _unflatten_named(model.params, _flatten_named(loaded.params), "params")
     template = make_optimizer(config).init(model.params)
     opt = {k[len("opt_state/") :]: v for k, v in arrays.items() if k.startswith("opt_state/")}
@@ -508,7 +555,15 @@ def _newest_checkpoint_note(checkpoint_dir) -> str:
 
 def _check_inputs(model, tokens, config, teacher, checkpoint_dir) -> jax.Array:
     """Everything :func:`train` can refuse before its first step; returns the token stream."""
-    if not isinstance(model, Model):
+    if _is_block_drafter(model):
+        if not isinstance(config, BlockTrainConfig):
+            raise TypeError(
+                f"config must be a BlockTrainConfig to train a BlockDrafter, got "
+                f"{type(config).__name__}"
+            )
+        if teacher is not model.target:
+            raise ValueError("teacher must be the BlockDrafter's own target (model.target)")
+    elif not isinstance(model, Model):
         raise TypeError(f"model must be a specjax Model, got {type(model).__name__}")
     if not isinstance(config, TrainConfig):
         raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
@@ -618,9 +673,12 @@ def train(
 
     # Static parts only (params=None), so that the compiled step is cached
     # across calls that share architecture and trajectory settings.
+    static_model = model.replace(params=None)
+    if _is_block_drafter(model):
+        static_model = static_model.replace(target=None)  # arrays; passed as the teacher
     step_fn = functools.partial(
         _jit_train_step,
-        model=model.replace(params=None),
+        model=static_model,
         config=_static_config(config),
         teacher=None if teacher is None else teacher.replace(params=None),
     )
@@ -717,6 +775,55 @@ def train(
         tokens_per_second=tps,
         checkpoint=last_ckpt,
     )
+
+
+def train_block_drafter(
+    drafter,
+    tokens: np.ndarray | jax.Array,
+    config: BlockTrainConfig,
+    *,
+    checkpoint_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    callback: Callable[[int, dict], None] | None = None,
+) -> TrainResult:
+    """Trains a `specjax.BlockDrafter` for its (frozen) target on windows of ``tokens``.
+
+    The objective is DFlash's anchored blocks (`specjax.block_drafter.anchored_block_loss`):
+    ``config.num_anchors`` random anchors per sequence, each block seeing only the
+    target features strictly before its anchor, block position k predicting the token
+    at anchor + k with weight ``exp(-(k-1)/config.decay)``. The target's features are
+    computed on the fly inside the same jitted step. Everything else is :func:`train`:
+    the same optimizer, time budget, progress bar, atomic safetensors checkpoints
+    (``block_drafter.json`` + ``model.safetensors`` + ``train_state.safetensors``) and
+    bit-identical resume.
+
+    Args:
+        drafter: the `BlockDrafter` to train (e.g. ``BlockDrafter.random(target, ...)``).
+        tokens: ``int32[N]`` training stream in the target's vocabulary (the corpus,
+            or continuations generated by the target).
+        config: a :class:`BlockTrainConfig`; ``seq_len + 1`` tokens per sequence.
+        checkpoint_dir, resume, callback: as for :func:`train`.
+
+    Returns:
+        A :class:`TrainResult` whose ``model`` is the trained drafter; metrics passed
+        to ``callback`` also hold ``accuracy`` and ``tau`` (greedy accepted length + 1
+        on full blocks of the training batch).
+
+    Example:
+        >>> import jax, numpy as np, specjax
+        >>> from specjax.train import BlockTrainConfig, train_block_drafter
+        >>> target = specjax.testing.tiny_model(seed=0, num_layers=4)
+        >>> drafter = specjax.BlockDrafter.random(target, key=jax.random.key(0), num_draft=3)
+        >>> tokens = np.arange(2000) % 64
+        >>> config = BlockTrainConfig(steps=2, batch_size=2, seq_len=32, num_anchors=4,
+        ...                           progress=False)
+        >>> train_block_drafter(drafter, tokens, config).steps
+        2
+    """
+    return train(
+        drafter, tokens, config, teacher=getattr(drafter, "target", None),
+        checkpoint_dir=checkpoint_dir, resume=resume, callback=callback,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------

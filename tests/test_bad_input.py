@@ -757,3 +757,221 @@ _X = jnp.asarray([[2]], jnp.int32)
 def test_verify_primitives_refuse_bad_probabilities(call, match):
     with pytest.raises(ValueError, match=match):
         call(jax.random.key(0))
+
+
+# --- BlockDrafter ---
+# Construction, pairing with a target, training config, save and load: each refused with
+# an error naming the argument, before anything compiles; no file is touched.
+
+from specjax.block_drafter import (  # noqa: E402
+    BlockDrafter,
+    load_block_drafter,
+    save_block_drafter,
+)
+
+
+@pytest.fixture(scope="module")
+def deep_target():
+    return tiny_model(seed=3, vocab_size=V, num_layers=4)
+
+
+@pytest.fixture(scope="module")
+def block_drafter(deep_target):
+    return BlockDrafter.random(deep_target, key=jax.random.key(0), num_draft=3)  # blocks of 4
+
+
+class _NoFeatures:
+    """A target on the old model contract: ``__call__(tokens, positions, cache)`` only."""
+
+    def __init__(self, model):
+        self.model = model
+        self.vocab_size = model.vocab_size
+        self.config = model.config
+
+    def init_cache(self, batch_size, cache_len):
+        return self.model.init_cache(batch_size, cache_len)
+
+    def __call__(self, tokens_BT, positions_BT, cache):
+        return self.model(tokens_BT, positions_BT, cache)
+
+
+def _speculative(target, drafter):
+    return specjax.speculative_generate(
+        jax.random.key(0), target, drafter, [[1, 2, 3]], max_new_tokens=3
+    )
+
+
+def test_block_drafter_needs_a_target_that_returns_features(deep_target, block_drafter):
+    with pytest.raises(TypeError, match="feature_layers"):
+        _speculative(_NoFeatures(deep_target), block_drafter)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(num_draft=4, block_size=4), ValueError, r"num_draft \(γ\) must be in .*\[1, 3\]"),
+        (dict(num_draft=0), ValueError, "num_draft must be in"),
+        (dict(num_draft=2.0), TypeError, "num_draft must be an integer"),
+        (dict(num_draft=3, block_size=1), ValueError, "block_size must be in"),
+        (dict(num_draft=3, mode="greedy"), ValueError, "mode must be one of"),
+        (dict(num_draft=3, target_layers=(4,)), ValueError, r"target_layers must be in \[0, 3\]"),
+        (dict(num_draft=3, target_layers=(-1,)), ValueError, r"target_layers must be in \[0, 3\]"),
+        (dict(num_draft=3, target_layers=(1.5,)), TypeError, "target_layers must be an integer"),
+        (dict(num_draft=3, target_layers=()), ValueError, "target_layers must name"),
+        (dict(num_draft=3, num_layers=0), ValueError, "num_layers must be in"),
+        (dict(num_draft=3, key=0), TypeError, "key must be a PRNG key"),
+    ],
+)
+def test_block_drafter_random_refuses_bad_arguments(deep_target, kwargs, error, match):
+    kwargs = dict(key=jax.random.key(0)) | kwargs
+    with pytest.raises(error, match=match):
+        BlockDrafter.random(deep_target, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_draft=4), r"num_draft \(γ\) must be in .*\[1, 3\].*got 4"),
+        (dict(num_draft=0), r"num_draft \(γ\) must be in .*\[1, 3\].*got 0"),
+        (dict(mode="beam"), "mode must be one of"),
+    ],
+)
+def test_with_draft_refuses_what_the_drafter_cannot_do(block_drafter, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        block_drafter.with_draft(**kwargs)
+
+
+def test_with_draft_refuses_a_float_num_draft(block_drafter):
+    # As BlockDrafter.random does: 2.0 is refused, not truncated.
+    with pytest.raises(TypeError, match="num_draft must be an integer"):
+        block_drafter.with_draft(num_draft=2.0)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [(dict(num_draft=9), r"num_draft \(γ\)"), (dict(mode="x"), "mode must be one of")],
+)
+def test_decoder_refuses_a_block_drafter_edited_past_its_checks(
+    deep_target, block_drafter, change, match
+):
+    with pytest.raises(ValueError, match=match):
+        _speculative(deep_target, block_drafter.replace(**change))
+
+
+def test_block_drafter_for_another_target_is_refused_by_the_decoder(deep_target, block_drafter):
+    deeper = tiny_model(seed=4, vocab_size=V, num_layers=6)
+    reads_layer_5 = BlockDrafter.random(deeper, key=jax.random.key(0), num_draft=3,
+                                        target_layers=(5,))  # fmt: skip
+    with pytest.raises(ValueError, match=r"drafter.target_layers \(5,\) must be layer indices"):
+        _speculative(deep_target, reads_layer_5)
+    wide = tiny_model(seed=4, vocab_size=V, num_layers=4, hidden_size=48)
+    with pytest.raises(ValueError, match="target has hidden_size 48"):
+        _speculative(wide, block_drafter)
+
+
+def test_model_refuses_feature_layers_out_of_range(deep_target):
+    tokens = jnp.zeros((1, 2), jnp.int32)
+    with pytest.raises(ValueError, match=r"feature_layers \(4,\) must be layer indices"):
+        deep_target(tokens, tokens, None, feature_layers=(4,))
+
+
+def test_load_block_drafter_refuses_another_target(tmp_path, block_drafter):
+    folder = save_block_drafter(block_drafter, tmp_path / "drafter")
+    for other in (
+        tiny_model(seed=4, vocab_size=V, num_layers=4, hidden_size=48),  # another width
+        tiny_model(seed=4, vocab_size=V, num_layers=6),  # another depth
+        tiny_model(seed=4, vocab_size=V + 1, num_layers=4),  # another vocabulary
+    ):
+        with pytest.raises(ValueError, match="^target: the drafter in .* was built for"):
+            load_block_drafter(folder, other)
+
+
+def test_load_block_drafter_refuses_bad_overrides(tmp_path, deep_target, block_drafter):
+    folder = save_block_drafter(block_drafter, tmp_path / "drafter")
+    with pytest.raises(ValueError, match=r"num_draft \(γ\) must be in .*\[1, 3\]"):
+        load_block_drafter(folder, deep_target, num_draft=8)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        load_block_drafter(folder, deep_target, mode="x")
+
+
+@pytest.mark.parametrize("what", ["missing", "empty", "notes", "model_checkpoint", "file"])
+def test_load_block_drafter_needs_a_drafter_folder(tmp_path, deep_target, what):
+    path = tmp_path / "drafter"
+    if what == "empty":
+        path.mkdir()
+    elif what == "notes":
+        path.mkdir()
+        (path / "notes.txt").write_text("x")
+    elif what == "model_checkpoint":
+        save_pretrained(deep_target, path)
+    elif what == "file":
+        path.write_text("x")
+    with pytest.raises(FileNotFoundError, match=r"path .*drafter holds no block_drafter\.json"):
+        load_block_drafter(path, deep_target)
+
+
+def test_load_block_drafter_refuses_a_foreign_config(tmp_path, deep_target, block_drafter):
+    folder = save_block_drafter(block_drafter, tmp_path / "drafter")
+    (folder / "block_drafter.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(ValueError, match=r"block_drafter\.json is not a specjax-block-drafter"):
+        load_block_drafter(folder, deep_target)
+
+
+@pytest.mark.parametrize("what", ["notes", "model_checkpoint", "drafter_and_notes"])
+def test_save_block_drafter_never_replaces_a_foreign_folder(
+    tmp_path, deep_target, block_drafter, what
+):
+    folder = tmp_path / "out"
+    if what == "notes":
+        folder.mkdir()
+        (folder / "notes.txt").write_text("my notes")
+    elif what == "model_checkpoint":
+        save_pretrained(deep_target, folder)
+    else:  # a drafter folder the user also keeps notes in: the notes must survive
+        save_block_drafter(block_drafter, folder)
+        (folder / "notes.txt").write_text("my notes")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with pytest.raises(FileExistsError, match=r"path .*out holds .*delete.*overwrite=True"):
+        save_block_drafter(block_drafter, folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert leftovers(tmp_path, ["out"]) == []
+
+    save_block_drafter(block_drafter, folder, overwrite=True)
+    assert sorted(os.listdir(folder)) == ["block_drafter.json", "model.safetensors"]
+    assert load_block_drafter(folder, deep_target).num_draft == 3
+
+
+def test_save_block_drafter_to_a_file_is_refused(tmp_path, block_drafter):
+    path = tmp_path / "drafter.bin"
+    path.write_text("not a folder")
+    with pytest.raises(ValueError, match=r"path .*drafter\.bin is a file"):
+        save_block_drafter(block_drafter, path, overwrite=True)
+    assert path.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(num_anchors=0), ValueError, "num_anchors must be in"),
+        (dict(num_anchors=2.5), TypeError, "num_anchors must be an integer"),
+        (dict(decay=0.0), ValueError, "decay must be > 0"),
+        (dict(decay="x"), TypeError, "decay must be a number"),
+    ],
+)
+def test_block_train_config_refuses_garbage(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        train.BlockTrainConfig(**kwargs)
+
+
+def test_train_block_drafter_refuses_bad_arguments(tmp_path, block_drafter):
+    tokens = np.arange(200) % V
+    config = train.BlockTrainConfig(steps=1, batch_size=1, seq_len=8, progress=False)
+    with pytest.raises(TypeError, match="config must be a BlockTrainConfig"):
+        train.train_block_drafter(
+            block_drafter, tokens, train.TrainConfig(steps=1, batch_size=1, seq_len=8)
+        )
+    with pytest.raises(ValueError, match=r"tokens holds 64, outside"):
+        train.train_block_drafter(block_drafter, np.arange(200) % (V + 1), config)
+    with pytest.raises(ValueError, match="teacher must be the BlockDrafter's own target"):
+        train.train(block_drafter, tokens, config, teacher=tiny_model(seed=9, vocab_size=V))
+    assert os.listdir(tmp_path) == []

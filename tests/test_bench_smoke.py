@@ -35,9 +35,16 @@ def _run_script(path: Path, *args: str) -> str:
     return proc.stdout
 
 
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """``(stdout, out folder)`` of one ``--quick`` run, shared by the tests that read it."""
+    tmp_path = tmp_path_factory.mktemp("e2e_quick")
+    return _run_script(SCRIPT, "--quick", "--out", str(tmp_path)), tmp_path
+
+
 @pytest.mark.slow
-def test_quick_run_prints_tables_and_writes_results(tmp_path):
-    out = _run_script(SCRIPT, "--quick", "--out", str(tmp_path))
+def test_quick_run_prints_tables_and_writes_results(quick_run):
+    out, tmp_path = quick_run
     assert "| system | method | batch | T | tok/s |" in out
     assert "γ sweep" in out and "Targets:" in out
     assert "agree token for token" in out
@@ -47,8 +54,34 @@ def test_quick_run_prints_tables_and_writes_results(tmp_path):
     assert {("specjax", m, 4) for m in ("plain", "draft", "lookup")} <= systems
     assert [r["gamma"] for r in results["sweep"]] == [1, 2]
     assert all(r["tokens"] == 2 * 12 for r in results["rows"] if r["batch"] == 1)
-    for name in ("gamma_sweep.png", "throughput.png", "results.md"):
+    for name in ("gamma_sweep.png", "throughput.png", "block_sweep.png", "results.md"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_quick_run_covers_the_block_drafter(quick_run):
+    out, tmp_path = quick_run
+    assert "Block-size sweep" in out and "block γ=2:" in out  # table and diagnosis
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["config"]["block_drafter"].startswith("random weights")
+    block = [r for r in results["rows"] if r["method"] == "block"]
+    # specjax only (transformers has no block drafter), at T=0 and 1; batch 1 only in
+    # --quick (its large batch would be one more decode loop to compile).
+    assert {(r["framework"], r["batch"], r["temperature"]) for r in block} == {
+        ("specjax", 1, 0.0),
+        ("specjax", 1, 1.0),
+    }
+    # Their greedy outputs went through the equality check with every other system.
+    assert "specjax block γ=2 b=1 T=0" in results["greedy_checked"]
+    for r in block:
+        if r["batch"] == 1:  # costs measured: a prediction to compare with
+            assert r["predicted_speedup"] > 0 and r["realized_over_predicted"] > 0
+            assert r["cost_draft_ms"] > 0 and r["cost_verify_features_ms"] > 0
+    assert [r["gamma"] for r in results["block_sweep"]] == [2]
+    assert all(r["predicted_speedup"] is not None for r in results["block_sweep"])
+    keys = {t["target"] for t in results["targets"]}
+    assert {"block_over_plain", "block_over_plain_t1", "block_tau"} <= keys
+    assert (tmp_path / "block_sweep.png").stat().st_size > 0
 
 
 @pytest.mark.slow
@@ -116,3 +149,19 @@ def test_main_exits_nonzero_on_mismatch(monkeypatch, capsys):
     assert bench.main(["--quick"]) == 1
     err = capsys.readouterr().err
     assert "FAIL" in err and "x: row 0 (prompt 0) differs at new token 1" in err
+
+
+def test_costs_of_a_feature_drafter():
+    """draft_cost / interleaved_cost build a feature drafter's state from the target's."""
+    import jax
+
+    import specjax
+    from specjax.benchmarking import draft_cost, interleaved_cost
+
+    target = specjax.testing.tiny_model(seed=0)
+    drafter = specjax.BlockDrafter.random(target, key=jax.random.key(0), num_draft=2)
+    sampling = specjax.SamplingConfig(temperature=0.0)
+    with pytest.raises(ValueError, match="target="):
+        draft_cost(drafter, 1, 8, sampling, repeats=1, inner=1)
+    seconds = interleaved_cost(target, drafter, 1, 8, sampling, repeats=1, inner=1)
+    assert 0 < seconds < 60

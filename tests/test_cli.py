@@ -2,6 +2,7 @@
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -32,12 +33,20 @@ def assert_user_error(proc, *fragments):
 
 
 @pytest.mark.slow
-def test_generate_bundled_pair_greedy_equals_plain():
+@pytest.mark.parametrize(
+    "drafter, resolved, gamma",
+    # auto: the fastest measured for the bundled pair; block: the bundled BlockDrafter
+    # at its saved γ.
+    [("auto", "model", 4), ("block", "block", 2)],
+)
+def test_generate_bundled_pair_greedy_equals_plain(drafter, resolved, gamma):
     proc = run_cli(
-        "generate", "def fibonacci(n):", "--max-new-tokens", "24", "--compare", "--json", "--no-eos"
-    )
+        "generate", "def fibonacci(n):", "--max-new-tokens", "24", "--compare", "--json",
+        "--no-eos", "--drafter", drafter, "--repeats", "1",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
+    assert (out["drafter"], out["gamma"]) == (resolved, gamma)
     assert out["greedy_outputs_equal"] is True
     assert out["tokens"] == 24 and len(out["completions"][0]) > 0
     assert 0.0 <= out["acceptance_rate"] <= 1.0
@@ -86,6 +95,44 @@ def test_generate_with_model_folders(model_folders):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["greedy_outputs_equal"] is True
+
+
+def test_generate_compare_reports_medians_of_interleaved_runs(model_folders):
+    proc = run_cli(
+        "generate", "def f(x):", "--model", model_folders["target"],
+        "--draft", model_folders["draft"], "--max-new-tokens", "4", "--json", "--compare",
+        "--repeats", "3",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["repeats"] == 3
+    spec, plain = out["speculative_seconds_runs"], out["plain_seconds_runs"]
+    assert len(spec) == len(plain) == 3 and min(spec + plain) > 0
+    assert out["seconds"] == pytest.approx(statistics.median(spec))
+    assert out["plain_seconds"] == pytest.approx(statistics.median(plain))
+    assert out["tokens_per_second"] == pytest.approx(out["tokens"] / statistics.median(spec))
+    assert out["plain_tokens_per_second"] == pytest.approx(out["tokens"] / statistics.median(plain))
+    assert out["speedup"] == pytest.approx(
+        out["tokens_per_second"] / out["plain_tokens_per_second"]
+    )
+    # Same greedy tokens, so the speedup is also the ratio of the median times.
+    assert out["speedup"] == pytest.approx(statistics.median(plain) / statistics.median(spec))
+    assert out["greedy_outputs_equal"] is True
+
+
+def test_generate_repeats_summary_line(model_folders):
+    proc = run_cli(
+        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "lookup",
+        "--max-new-tokens", "4", "--no-stream", "--compare", "--repeats", "2",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "median of 2 interleaved runs" in proc.stderr
+
+
+def test_generate_repeats_must_be_positive():
+    proc = run_cli("generate", "hi", "--compare", "--repeats", "0")
+    assert_user_error(proc, "--repeats")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -143,3 +190,35 @@ def test_train_and_distill_commands(tmp_path):
     assert_user_error(
         run_cli("train", str(tmp_path / "nope"), "--out", str(tmp_path / "x")), "nope"
     )
+
+
+def test_train_drafter_then_generate_with_it(model_folders, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("def f(x):\n    return x + 1\n" * 60)
+    out = tmp_path / "block"
+    train = (
+        "train-drafter", str(corpus), "--target", model_folders["target"], "--out", str(out),
+        "--steps", "3", "--batch-size", "2", "--seq-len", "32", "--anchors", "2",
+        "--layers", "1", "--block-size", "4",
+    )  # fmt: skip
+    proc = run_cli(*train)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "block_drafter.json").is_file() and (out / "model.safetensors").is_file()
+    before = (out / "model.safetensors").read_bytes()
+    # A second run never replaces the drafter without --overwrite or --resume.
+    assert_user_error(run_cli(*train), "--out", "--overwrite")
+    assert (out / "model.safetensors").read_bytes() == before
+
+    gen = run_cli(
+        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "block",
+        "--block-drafter", str(out), "--max-new-tokens", "6", "--json", "--compare",
+        "--repeats", "1",
+    )  # fmt: skip
+    assert gen.returncode == 0, gen.stderr
+    result = json.loads(gen.stdout)
+    assert (result["drafter"], result["gamma"]) == ("block", 3)  # its saved γ: block 4
+    assert result["greedy_outputs_equal"] is True
+    missing = run_cli(
+        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "block"
+    )
+    assert_user_error(missing, "--block-drafter")

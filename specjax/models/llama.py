@@ -230,21 +230,34 @@ class Transformer(nnx.Module):
         if not config.tie_word_embeddings:
             self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype, rngs)
 
-    def __call__(self, tokens_BT, positions_BT, cache: KVCache | None):
+    def head(self, hidden_BTE):
+        """Logits ``float32[B, T, V]`` of (already normalised) hidden states."""
+        if self.config.tie_word_embeddings:
+            logits = self.embed_tokens.attend(hidden_BTE)
+        else:
+            logits = self.lm_head(hidden_BTE)
+        return logits.astype(jnp.float32)
+
+    def __call__(self, tokens_BT, positions_BT, cache: KVCache | None, feature_layers=()):
         inv_freq = rope_inv_freq(self.config)
         x = self.embed_tokens(tokens_BT)
         k, v = (None, None) if cache is None else (cache.k, cache.v)
+        collected = {}
         for i, layer in enumerate(self.layers):
             x, k, v = layer(x, positions_BT, k, v, i, inv_freq)
+            if i in feature_layers:
+                collected[i] = x
         hidden = self.norm(x)
-        if self.config.tie_word_embeddings:
-            logits = self.embed_tokens.attend(hidden)
-        else:
-            logits = self.lm_head(hidden)
         new_cache = None
         if cache is not None:
             new_cache = KVCache(k=k, v=v, lengths=positions_BT[:, -1].astype(jnp.int32) + 1)
-        return logits.astype(jnp.float32), new_cache, hidden
+        # In the order asked for, not layer order: the drafter's fusion matrix expects it.
+        features_BTF = (
+            jnp.concatenate([collected[i] for i in feature_layers], axis=-1)
+            if feature_layers
+            else None
+        )
+        return self.head(hidden), new_cache, hidden, features_BTF
 
 
 class _TokenizerKey:
@@ -343,7 +356,13 @@ class Model:
         )
 
     def __call__(
-        self, tokens_BT, positions_BT, cache: KVCache | None, *, return_hidden: bool = False
+        self,
+        tokens_BT,
+        positions_BT,
+        cache: KVCache | None,
+        *,
+        return_hidden: bool = False,
+        feature_layers: tuple[int, ...] = (),
     ):
         """Scores ``tokens`` at ``positions`` against ``cache``.
 
@@ -355,16 +374,49 @@ class Model:
                 or ``None`` to score ``tokens`` on their own without a cache
                 (training: no scatter into a cache, and ``None`` comes back).
             return_hidden: also return the final hidden states ``[B, T, E]``.
+            feature_layers: static tuple of decoder-layer indices ``l`` (0-based);
+                when non-empty the call also returns ``features [B, T, n·E]``, the
+                outputs (residual stream) of those layers concatenated in the
+                order given, collected inside the same forward. Drafters that read
+                the target (`specjax.BlockDrafter`) ask for them.
 
         Returns:
-            ``(logits float32[B, T, V], new_cache)`` (plus hidden states if asked),
-            where ``new_cache.lengths == positions[:, -1] + 1``.
+            ``(logits float32[B, T, V], new_cache)``, then the hidden states if
+            ``return_hidden``, then the features if ``feature_layers``; here
+            ``new_cache.lengths == positions[:, -1] + 1``.
         """
+        feature_layers = tuple(int(i) for i in feature_layers)
+        bad = [i for i in feature_layers if not 0 <= i < self.config.num_layers]
+        if bad:
+            raise ValueError(
+                f"feature_layers {feature_layers} must be layer indices in "
+                f"[0, {self.config.num_layers}) of this {self.config.num_layers}-layer model"
+            )
         module = nnx.merge(self.graphdef, self.params)
-        logits, cache, hidden = module(tokens_BT, positions_BT, cache)
+        logits, cache, hidden, features = module(tokens_BT, positions_BT, cache, feature_layers)
+        out = (logits, cache)
         if return_hidden:
-            return logits, cache, hidden
-        return logits, cache
+            out += (hidden,)
+        if feature_layers:
+            out += (features,)
+        return out
+
+    @property
+    def hidden_size(self) -> int:
+        """E, the width of the residual stream (of every feature layer)."""
+        return self.config.hidden_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    def embed(self, tokens_BT) -> jax.Array:
+        """The input embeddings ``[B, T, E]`` of ``tokens`` (no layer runs)."""
+        return nnx.merge(self.graphdef, self.params).embed_tokens(tokens_BT)
+
+    def head(self, hidden_BTE) -> jax.Array:
+        """The LM head: logits ``float32[B, T, V]`` of normalised hidden states."""
+        return nnx.merge(self.graphdef, self.params).head(hidden_BTE)
 
 
 jax.tree_util.register_pytree_with_keys(Model, Model._flatten, Model._unflatten)
