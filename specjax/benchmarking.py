@@ -14,7 +14,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from specjax.drafters import TargetFeatures, prefill
+from specjax.drafters import TargetFeatures, init_drafter, prefill, score, update_drafter
 
 
 @dataclasses.dataclass
@@ -99,7 +99,7 @@ def forward_costs(
     """
     cache_len = cache_len or context + max(widths) + 1
     prompts = jnp.ones((batch_size, context), jnp.int32)
-    _, cache = jax.jit(prefill, static_argnums=3)(
+    _, cache, _ = jax.jit(prefill, static_argnums=3)(
         model, prompts, jnp.full((batch_size,), context, jnp.int32), cache_len
     )
 
@@ -111,13 +111,10 @@ def forward_costs(
     def run(m, tokens, positions, cache):
         def body(_, carry):
             tokens, cache = carry
-            if feature_layers:
-                logits, cache, hidden = m(tokens, positions, cache, feature_layers=feature_layers)
-            else:
-                logits, cache = m(tokens, positions, cache)
+            logits, cache, features = score(m, tokens, positions, cache, feature_layers)
             tokens = jnp.minimum(tokens, jnp.argmax(logits, -1).astype(jnp.int32))
-            if feature_layers:  # never true; it makes the features a live output
-                tokens += (jnp.sum(hidden, -1) > 3e38).astype(jnp.int32)
+            if features is not None:  # never true; it makes the features a live output
+                tokens += (jnp.sum(features.hidden, -1) > 3e38).astype(jnp.int32)
             return tokens, cache.rollback(positions[:, 0])
 
         return jax.lax.fori_loop(0, inner, body, (tokens, cache))[0]
@@ -142,9 +139,9 @@ def _drafter_at_context(drafter, batch_size: int, context: int, cache_len: int, 
     """
     lengths = jnp.full((batch_size,), context, jnp.int32)
     seq = jnp.ones((batch_size, cache_len), jnp.int32)
-    layers = tuple(getattr(drafter, "target_layers", ()))
+    layers = tuple(drafter.target_layers)
     if not layers:
-        init = jax.jit(lambda d, p, n: d.init(p, n, cache_len))
+        init = jax.jit(lambda d, p, n: init_drafter(d, p, n, cache_len, None))
         return lengths, seq, init(drafter, seq[:, :context], lengths)
     if target is None:
         raise ValueError(
@@ -154,7 +151,7 @@ def _drafter_at_context(drafter, batch_size: int, context: int, cache_len: int, 
 
     def init(m, d, p, n):
         _, _, features = prefill(m, p, n, cache_len, layers)
-        return d.init(p, n, cache_len, features)
+        return init_drafter(d, p, n, cache_len, features)
 
     return lengths, seq, jax.jit(init)(target, drafter, seq[:, :context], lengths)
 
@@ -193,7 +190,7 @@ def draft_cost(
     """
     cache_len = cache_len or context + drafter.num_draft + 2
     lengths, seq, state = _drafter_at_context(drafter, batch_size, context, cache_len, target)
-    layers = tuple(getattr(drafter, "target_layers", ()))
+    layers = tuple(drafter.target_layers)
 
     if layers:
         gamma = drafter.num_draft
@@ -250,10 +247,10 @@ def interleaved_cost(
     drafter's update consumes them, as in the decoder.
     """
     gamma = drafter.num_draft
-    layers = tuple(getattr(drafter, "target_layers", ()))
+    layers = tuple(drafter.target_layers)
     cache_len = cache_len or context + gamma + 2
     lengths, seq, state = _drafter_at_context(drafter, batch_size, context, cache_len, target)
-    _, target_cache = jax.jit(prefill, static_argnums=3)(
+    _, target_cache, _ = jax.jit(prefill, static_argnums=3)(
         target, seq[:, :context], lengths, cache_len
     )
     positions = (context - 1) + jnp.broadcast_to(jnp.arange(gamma + 1), (batch_size, gamma + 1))
@@ -264,15 +261,8 @@ def interleaved_cost(
             keys = _draft_keys(key, i, batch_size, gamma)
             proposal = d.propose(keys, state, seq, lengths, sampling)
             tokens = jnp.concatenate([seq[:, :1], proposal.tokens], axis=1)
-            if layers:
-                logits, target_cache, hidden = m(
-                    tokens, positions, target_cache, feature_layers=layers
-                )
-                features = TargetFeatures(hidden=hidden, positions=positions)
-                new_state = d.update(proposal.state, lengths, features)
-            else:
-                logits, target_cache = m(tokens, positions, target_cache)
-                new_state = d.update(proposal.state, lengths)
+            logits, target_cache, features = score(m, tokens, positions, target_cache, layers)
+            new_state = update_drafter(d, proposal.state, lengths, features)
             tokens = jnp.minimum(tokens, jnp.argmax(logits, -1).astype(jnp.int32))
             return (
                 seq.at[:, : gamma + 1].set(tokens),
@@ -337,7 +327,7 @@ def speculative_prediction(
     """
     gamma = drafter.num_draft
     kw = dict(repeats=repeats, cache_len=cache_len)
-    layers = tuple(getattr(drafter, "target_layers", ()))
+    layers = tuple(drafter.target_layers)
     if layers:  # the verify forward also returns the drafter's features
         costs = forward_costs(target, batch_size, context, [1], **kw)
         width = [gamma + 1]

@@ -456,8 +456,24 @@ def _check_resumed_tokenizer(args, out, tokenizer) -> None:
         )
 
 
-def _train_common(args, out, teacher=None):
+def _train_in_out(args, out: Path, run):
+    """``run(checkpoint_dir, resume)`` with --out's checkpoint folder; errors as UserError."""
     import shutil
+
+    checkpoints = out / _CHECKPOINTS
+    if args.overwrite and checkpoints.exists():
+        # --overwrite discards the old run; its checkpoints must not be resumed
+        # into this one. The old model itself stays until the new one replaces it.
+        shutil.rmtree(checkpoints)
+    try:
+        return run(checkpoints, args.resume)
+    except FloatingPointError as e:
+        raise UserError(f"{e} (--lr {args.lr})") from None
+    except ValueError as e:  # training refuses before its first step, e.g. a changed config
+        raise UserError(str(e)) from None
+
+
+def _train_common(args, out, teacher=None):
 
     import numpy as np
 
@@ -518,20 +534,12 @@ def _train_common(args, out, teacher=None):
         )
     except (TypeError, ValueError) as e:
         raise UserError(str(e)) from None
-    checkpoints = out / _CHECKPOINTS
-    if args.overwrite and checkpoints.exists():
-        # --overwrite discards the old run; its checkpoints must not be resumed
-        # into this one. The old model itself stays until the new one replaces it.
-        shutil.rmtree(checkpoints)
-    try:
-        result = train(
+    result = _train_in_out(
+        args, out, lambda checkpoint_dir, resume: train(
             model, np.asarray(tokens), cfg, teacher=teacher,
-            checkpoint_dir=checkpoints, resume=args.resume,
-        )  # fmt: skip
-    except FloatingPointError as e:
-        raise UserError(f"{e} (--lr {args.lr})") from None
-    except ValueError as e:  # train() refuses before its first step, e.g. a changed config
-        raise UserError(str(e)) from None
+            checkpoint_dir=checkpoint_dir, resume=resume,
+        ),
+    )  # fmt: skip
     try:
         save_pretrained(
             result.model.replace(tokenizer=tokenizer), out,
@@ -567,7 +575,6 @@ def cmd_distill(args) -> int:
 
 def cmd_train_drafter(args) -> int:
     """Trains a BlockDrafter for --target (default: the bundled target) on text files."""
-    import shutil
 
     import jax
     import numpy as np
@@ -628,17 +635,11 @@ def cmd_train_drafter(args) -> int:
         )  # fmt: skip
     except (TypeError, ValueError) as e:
         raise UserError(str(e)) from None
-    checkpoints = out / _CHECKPOINTS
-    if args.overwrite and checkpoints.exists():
-        shutil.rmtree(checkpoints)
-    try:
-        result = train_block_drafter(
-            drafter, np.asarray(tokens), config, checkpoint_dir=checkpoints, resume=args.resume
-        )
-    except FloatingPointError as e:
-        raise UserError(f"{e} (--lr {args.lr})") from None
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    result = _train_in_out(
+        args, out, lambda checkpoint_dir, resume: train_block_drafter(
+            drafter, np.asarray(tokens), config, checkpoint_dir=checkpoint_dir, resume=resume
+        ),
+    )  # fmt: skip
     save_block_drafter(result.model, out, overwrite=True, keep=(_CHECKPOINTS,))
     print(
         f"saved {out} after {result.steps} steps; final loss {result.losses[-1]:.3f}; "

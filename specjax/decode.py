@@ -33,7 +33,15 @@ from flax import struct
 
 from specjax import noise
 from specjax.block_drafter import BlockDrafter
-from specjax.drafters import Drafter, DraftModel, NoDraft, TargetFeatures, prefill
+from specjax.drafters import (
+    Drafter,
+    DraftModel,
+    NoDraft,
+    init_drafter,
+    prefill,
+    score,
+    update_drafter,
+)
 from specjax.sampling import SamplingConfig, per_row, probs_from_logits
 from specjax.validation import (
     INT32_MAX,
@@ -472,14 +480,10 @@ def _init_state(
     *, cache_len, verification,
 ) -> DecodeState:  # fmt: skip
     b, p = prompts_BP.shape
-    if drafter.target_layers:
-        _, target_cache, features = prefill(
-            target, prompts_BP, prompt_lengths_B, cache_len, drafter.target_layers
-        )
-        drafter_state = drafter.init(prompts_BP, prompt_lengths_B, cache_len, features)
-    else:
-        _, target_cache = prefill(target, prompts_BP, prompt_lengths_B, cache_len)
-        drafter_state = drafter.init(prompts_BP, prompt_lengths_B, cache_len)
+    _, target_cache, features = prefill(
+        target, prompts_BP, prompt_lengths_B, cache_len, drafter.target_layers
+    )
+    drafter_state = init_drafter(drafter, prompts_BP, prompt_lengths_B, cache_len, features)
     zeros = jnp.zeros((b,), jnp.int32)
     gamma = drafter.num_draft
     # A traced budget <= 0 gives the row no tokens (the host refuses concrete ones).
@@ -566,14 +570,10 @@ def _body(state: DecodeState) -> DecodeState:
     # Score the pending token and the γ drafts in one target call.
     pending_B = state.seq[rows, lengths - 1]
     tokens_in = jnp.concatenate([pending_B[:, None], draft_tokens_BG], axis=1)
-    if drafter.target_layers:
-        # The drafter's features come out of this same forward: no second target call.
-        logits_BG1V, target_cache, hidden = target(
-            tokens_in, positions_BG1, state.target_cache, feature_layers=drafter.target_layers
-        )
-        features = TargetFeatures(hidden=hidden, positions=positions_BG1)
-    else:
-        logits_BG1V, target_cache = target(tokens_in, positions_BG1, state.target_cache)
+    # A drafter's features come out of this same forward: no second target call.
+    logits_BG1V, target_cache, features = score(
+        target, tokens_in, positions_BG1, state.target_cache, drafter.target_layers
+    )
     target_probs = probs_from_logits(logits_BG1V, state.sampling)
     if state.verification == "coupled":
         block_BG1, num_accepted = coupled_verify(keys_BG1, draft_tokens_BG, target_probs)
@@ -614,11 +614,7 @@ def _body(state: DecodeState) -> DecodeState:
         logprobs=_write(state.logprobs, logprobs_BG1, lengths, num_emit),
         seq_lengths=new_lengths,
         target_cache=target_cache.rollback(new_lengths - 1),
-        drafter_state=(
-            drafter.update(proposal.state, new_lengths, features)
-            if drafter.target_layers
-            else drafter.update(proposal.state, new_lengths)
-        ),
+        drafter_state=update_drafter(drafter, proposal.state, new_lengths, features),
         stats=stats.replace(
             target_calls=stats.target_calls + 1,
             row_target_calls=stats.row_target_calls + active_i,

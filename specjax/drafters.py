@@ -137,6 +137,37 @@ def prefill_positions(batch_size: int, length: int) -> jax.Array:
     return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))
 
 
+def score(model, tokens_BT, positions_BT, cache, feature_layers: tuple[int, ...] = ()):
+    """One target forward, collecting a drafter's features when it reads any.
+
+    The one place that calls the model contract with or without ``feature_layers=``.
+
+    Returns:
+        ``(logits float32[B, T, V], new_cache, features)``: ``features`` are the
+        `TargetFeatures` of ``feature_layers`` at ``positions_BT``, or ``None`` when
+        ``feature_layers`` is empty (the plain three-argument call).
+    """
+    if not feature_layers:
+        logits, cache = model(tokens_BT, positions_BT, cache)
+        return logits, cache, None
+    logits, cache, hidden = model(tokens_BT, positions_BT, cache, feature_layers=feature_layers)
+    return logits, cache, TargetFeatures(hidden=hidden, positions=positions_BT)
+
+
+def init_drafter(drafter: Drafter, prompts_BS, seq_lengths_B, cache_len: int, features):
+    """``drafter.init``, handing over the prompt's features if the drafter reads any."""
+    if drafter.target_layers:
+        return drafter.init(prompts_BS, seq_lengths_B, cache_len, features)
+    return drafter.init(prompts_BS, seq_lengths_B, cache_len)
+
+
+def update_drafter(drafter: Drafter, state, seq_lengths_B, features):
+    """``drafter.update``, handing over the verify forward's features if it reads any."""
+    if drafter.target_layers:
+        return drafter.update(state, seq_lengths_B, features)
+    return drafter.update(state, seq_lengths_B)
+
+
 def prefill(
     model, prompts_BP: jax.Array, prompt_lengths_B: jax.Array, cache_len: int,
     feature_layers: tuple[int, ...] = (),
@@ -144,20 +175,17 @@ def prefill(
     """Runs ``model`` over right-padded prompts into a fresh cache of ``cache_len`` slots.
 
     Returns:
-        ``(logits float32[B, P, V], cache)``, plus the prompt's `TargetFeatures` when
-        ``feature_layers`` is non-empty. The cache's lengths are set to
-        ``prompt_lengths - 1``: the last prompt token stays "pending", the same
-        invariant the decode loops keep (the pending token is fed next step).
-        The padded slots written here are overwritten before they are read.
+        ``(logits float32[B, P, V], cache, features)``, ``features`` the prompt's
+        `TargetFeatures` of ``feature_layers`` (``None`` without them). The cache's
+        lengths are set to ``prompt_lengths - 1``: the last prompt token stays
+        "pending", the same invariant the decode loops keep (the pending token is fed
+        next step). The padded slots written here are overwritten before they are read.
     """
     b, p = prompts_BP.shape
     cache = model.init_cache(b, cache_len)
-    positions = prefill_positions(b, p)
-    if not feature_layers:
-        logits, cache = model(prompts_BP, positions, cache)
-        return logits, cache.rollback(prompt_lengths_B - 1)
-    logits, cache, hidden = model(prompts_BP, positions, cache, feature_layers=feature_layers)
-    features = TargetFeatures(hidden=hidden, positions=positions)
+    logits, cache, features = score(
+        model, prompts_BP, prefill_positions(b, p), cache, feature_layers
+    )
     return logits, cache.rollback(prompt_lengths_B - 1), features
 
 
@@ -182,7 +210,7 @@ class DraftModel(Drafter):
         return self.model.vocab_size
 
     def init(self, prompts_BS, seq_lengths_B, cache_len):
-        _, cache = prefill(self.model, prompts_BS, seq_lengths_B, cache_len)
+        _, cache, _ = prefill(self.model, prompts_BS, seq_lengths_B, cache_len)
         return cache
 
     def propose(self, keys_BG, state: KVCache, seq_BS, seq_lengths_B, sampling):
