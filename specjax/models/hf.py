@@ -42,6 +42,8 @@ __all__ = [
     "config_from_hf",
     "config_to_hf",
     "load_pretrained",
+    "model_from_tensors",
+    "read_chat_template",
     "save_pretrained",
 ]
 
@@ -107,7 +109,9 @@ _FLOAT_STORAGE = frozenset({"F16", "BF16", "F32", "F64"})
 # What save_pretrained writes. A folder holding only these (and a config.json of
 # the same model_type) is a checkpoint of the same family, which a save may
 # replace whole; anything else in it would be lost, so needs overwrite=True.
-_CHECKPOINT_FILES = frozenset({"config.json", _SAFETENSORS, _INDEX, "tokenizer.json"})
+_CHECKPOINT_FILES = frozenset(
+    {"config.json", _SAFETENSORS, _INDEX, "tokenizer.json", "chat_template.jinja"}
+)
 
 _DTYPE_NAMES = {
     np.dtype(jnp.float32): "float32",
@@ -419,6 +423,11 @@ def load_pretrained(path: str | os.PathLike, dtype=jnp.float32) -> Model:
 
     _check_float_dtype(dtype)
     folder = Path(path)
+    gguf_file = _gguf_file(folder)
+    if gguf_file is not None:
+        from specjax.models.gguf import load_gguf
+
+        return load_gguf(gguf_file, dtype=dtype)
     config_path = folder / "config.json"
     if not config_path.is_file():
         hint = ""
@@ -454,64 +463,167 @@ def load_pretrained(path: str | os.PathLike, dtype=jnp.float32) -> Model:
                     f"{_INDEX} maps {misplaced[0]!r} to {weight_map[misplaced[0]]!r}, "
                     f"but that file does not hold it"
                 )
-
-        graphdef, abstract = _abstract_model(config, dtype)
-        flat = list(nnx.to_flat_state(abstract))
-        expected = {_hf_name(p): (p, v) for p, v in flat}
-
-        missing = [n for n in expected if n not in located]
-        if missing:
-            raise ValueError(f"checkpoint is missing tensor(s) {missing} for {config.model_type}")
-        extra = [n for n in located if n not in expected and not _DERIVED_TENSOR.match(n)]
-        embed = "model.embed_tokens.weight"
-        if config.tie_word_embeddings and "lm_head.weight" in extra:
-            # Some tied checkpoints store the head too; accept it only if it is the embedding.
-            head = handles[located["lm_head.weight"]].get_tensor("lm_head.weight")
-            if not np.array_equal(head, handles[located[embed]].get_tensor(embed)):
-                raise ValueError(
-                    "tie_word_embeddings=true but lm_head.weight differs from " + embed
-                )
-            extra.remove("lm_head.weight")
-        if extra:
+        storage = {n: handles[f].get_slice(n).get_dtype() for n, f in located.items()}
+        bad = [n for n, code in storage.items() if code not in _FLOAT_STORAGE]
+        if bad:
+            # Casting integers to float would load a model that computes garbage.
             raise ValueError(
-                f"checkpoint has unexpected tensor(s) {extra} that a {config.model_type} "
-                f"with this config.json does not use"
+                f"tensor {bad[0]} is stored as {storage[bad[0]]}, expected a floating "
+                f"dtype ({', '.join(sorted(_FLOAT_STORAGE))})"
             )
-
-        leaves = []
-        for name, (p, var) in expected.items():
-            want = tuple(var.get_value().shape)
-            is_kernel = p[-1] == "kernel"
-            want_hf = want[::-1] if is_kernel else want
-            stored = handles[located[name]].get_slice(name)
-            found = tuple(stored.get_shape())
-            if found != want_hf:
-                raise ValueError(
-                    f"tensor {name} has shape {found}, expected {want_hf} from config.json"
-                )
-            if stored.get_dtype() not in _FLOAT_STORAGE:
-                # Casting integers to float would load a model that computes garbage.
-                raise ValueError(
-                    f"tensor {name} is stored as {stored.get_dtype()}, expected a floating "
-                    f"dtype ({', '.join(sorted(_FLOAT_STORAGE))})"
-                )
-            array = handles[located[name]].get_tensor(name)
-            if is_kernel:
-                array = array.T
-            leaves.append((p, var.replace(jnp.asarray(array, dtype=dtype))))
+        tensors = _LazyTensors(
+            {n: (lambda n=n: handles[located[n]].get_tensor(n)) for n in located},
+            {n: tuple(handles[located[n]].get_slice(n).get_shape()) for n in located},
+        )
+        model = model_from_tensors(
+            config,
+            tensors,
+            dtype=dtype,
+            tokenizer=_read_tokenizer(folder),
+            chat_template=read_chat_template(folder),
+        )
     finally:
         handles.clear()
+    return model
 
-    tokenizer = None
-    if (folder / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
 
-        try:
-            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        except Exception as e:  # tokenizers raises a bare Exception on bad JSON
-            raise ValueError(f"{folder / 'tokenizer.json'} cannot be read: {e}") from e
+class _LazyTensors(dict):
+    """Tensor name -> array, read only when looked up; ``shapes`` known up front."""
+
+    def __init__(self, readers: dict, shapes: dict):
+        super().__init__(readers)
+        self.shapes = shapes
+
+    def __getitem__(self, name):
+        return super().__getitem__(name)()
+
+
+def _read_tokenizer(folder: Path):
+    if not (folder / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+        raise ValueError(f"{folder / 'tokenizer.json'} cannot be read: {e}") from e
+
+
+def read_chat_template(folder: str | os.PathLike) -> str | None:
+    """The chat template of a Hugging Face folder, or ``None`` if it has none.
+
+    transformers 5 writes it to ``chat_template.jinja``; older checkpoints keep
+    it as ``chat_template`` in ``tokenizer_config.json`` (a string, or a list of
+    ``{"name", "template"}`` of which the one named ``default`` is used).
+    """
+    folder = Path(folder)
+    if (folder / "chat_template.jinja").is_file():
+        return (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    config_path = folder / "tokenizer_config.json"
+    if not config_path.is_file():
+        return None
+    template = _read_json(config_path)
+    template = template.get("chat_template") if isinstance(template, dict) else None
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    if template is not None and not isinstance(template, str):
+        raise ValueError(f"{config_path} chat_template must be a string, got {template!r}")
+    return template
+
+
+def model_from_tensors(
+    config: ModelConfig,
+    tensors,
+    *,
+    dtype=jnp.float32,
+    tokenizer=None,
+    chat_template: str | None = None,
+) -> Model:
+    """Builds a :class:`Model` from tensors named and laid out as in Hugging Face.
+
+    The one place where a checkpoint becomes parameters: safetensors folders and
+    GGUF files (after undoing llama.cpp's conventions) both come through here,
+    so both get the same checks.
+
+    Args:
+        config: the architecture.
+        tensors: mapping of Hugging Face tensor name (``model.layers.0.mlp.up_proj.weight``)
+            to a floating numpy array (``nn.Linear`` layout ``[out, in]``). It may
+            carry ``shapes`` (name -> shape) so that shapes are checked before any
+            tensor is read.
+        dtype: parameter dtype the tensors are cast to.
+        tokenizer: optional ``tokenizers.Tokenizer`` for ``Model.tokenizer``.
+        chat_template: optional Jinja chat template for ``Model.chat_template``.
+
+    Raises:
+        ValueError: a missing, unexpected, mis-shaped or non-floating tensor,
+            named, with both shapes or its dtype.
+    """
+    graphdef, abstract = _abstract_model(config, dtype)
+    flat = list(nnx.to_flat_state(abstract))
+    expected = {_hf_name(p): (p, v) for p, v in flat}
+    shapes = getattr(tensors, "shapes", None)
+    shape_of = (lambda n: shapes[n]) if shapes is not None else (lambda n: np.shape(tensors[n]))
+
+    missing = [n for n in expected if n not in tensors]
+    if missing:
+        raise ValueError(f"checkpoint is missing tensor(s) {missing} for {config.model_type}")
+    extra = [n for n in tensors if n not in expected and not _DERIVED_TENSOR.match(n)]
+    embed = "model.embed_tokens.weight"
+    if config.tie_word_embeddings and "lm_head.weight" in extra:
+        # Some tied checkpoints store the head too; accept it only if it is the embedding.
+        if not np.array_equal(tensors["lm_head.weight"], tensors[embed]):
+            raise ValueError("tie_word_embeddings=true but lm_head.weight differs from " + embed)
+        extra.remove("lm_head.weight")
+    if extra:
+        raise ValueError(
+            f"checkpoint has unexpected tensor(s) {extra} that a {config.model_type} "
+            f"with this config.json does not use"
+        )
+    for name, (p, var) in expected.items():
+        want = tuple(var.get_value().shape)
+        want_hf = want[::-1] if p[-1] == "kernel" else want
+        found = tuple(shape_of(name))
+        if found != want_hf:
+            raise ValueError(
+                f"tensor {name} has shape {found}, expected {want_hf} from config.json"
+            )
+
+    leaves = []
+    for name, (p, var) in expected.items():
+        array = tensors[name]
+        if not jnp.issubdtype(array.dtype, jnp.floating):
+            raise ValueError(f"tensor {name} is stored as {array.dtype}, expected a floating dtype")
+        if p[-1] == "kernel":
+            array = array.T
+        leaves.append((p, var.replace(jnp.asarray(array, dtype=dtype))))
     params = nnx.from_flat_state(leaves)
-    return Model(graphdef=graphdef, params=params, config=config, tokenizer=tokenizer)
+    return Model(
+        graphdef=graphdef,
+        params=params,
+        config=config,
+        tokenizer=tokenizer,
+        chat_template=chat_template,
+    )
+
+
+def _gguf_file(path: Path) -> Path | None:
+    """``path`` itself if it is a ``.gguf`` file, the one ``.gguf`` of a folder
+    without ``config.json``, else ``None``."""
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist (expected a GGUF file)")
+        return path
+    if not path.is_dir() or (path / "config.json").is_file():
+        return None
+    found = sorted(p for p in path.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())
+    if len(found) > 1:
+        raise ValueError(
+            f"{path} holds {len(found)} GGUF files ({', '.join(p.name for p in found)}); "
+            "pass the path of the one to load"
+        )
+    return found[0] if found else None
 
 
 def _check_float_dtype(dtype):
@@ -653,6 +765,8 @@ def _write_pretrained(model: Model, folder: Path, max_shard_size: int | str = "5
     (folder / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
     if model.tokenizer is not None:
         model.tokenizer.save(str(folder / "tokenizer.json"))
+    if model.chat_template is not None:
+        (folder / "chat_template.jinja").write_text(model.chat_template, encoding="utf-8")
 
 
 def save_pretrained(

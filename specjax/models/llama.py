@@ -300,12 +300,16 @@ class Model:
         config: the static :class:`ModelConfig`.
         tokenizer: optional ``tokenizers.Tokenizer``. It is static metadata that
             compares by content, so two loads of one checkpoint share compiled code.
+        chat_template: optional Jinja chat template of an instruct checkpoint
+            (from ``chat_template.jinja``, ``tokenizer_config.json`` or a GGUF);
+            rendered by :func:`specjax.apply_chat_template`.
     """
 
     graphdef: nnx.GraphDef
     params: nnx.State
     config: ModelConfig
     tokenizer: object = None
+    chat_template: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "_tokenizer_key", _TokenizerKey(self.tokenizer))
@@ -316,12 +320,12 @@ class Model:
 
     def _flatten(self):
         children = ((jax.tree_util.GetAttrKey("params"), self.params),)
-        return children, (self.graphdef, self.config, self._tokenizer_key)
+        return children, (self.graphdef, self.config, self._tokenizer_key, self.chat_template)
 
     @classmethod
     def _unflatten(cls, aux, children):
         # Not through __init__: that would hash the tokenizer again on every unflatten.
-        graphdef, config, tokenizer_key = aux
+        graphdef, config, tokenizer_key, chat_template = aux
         model = object.__new__(cls)
         for name, value in (
             ("graphdef", graphdef),
@@ -329,6 +333,7 @@ class Model:
             ("config", config),
             ("tokenizer", tokenizer_key.tokenizer),
             ("_tokenizer_key", tokenizer_key),
+            ("chat_template", chat_template),
         ):
             object.__setattr__(model, name, value)
         return model
