@@ -65,7 +65,34 @@ CASES = {
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
     # An explicit head_dim that is not hidden_size // heads (64 / 4 = 16).
     "qwen3": ("Qwen3Config", dict(head_dim=24)),
-}
+    "llama_linear_rope": (
+        "LlamaConfig",
+        dict(rope_parameters={"rope_type": "linear", "rope_theta": 500.0, "factor": 3.0}),
+    ),
+    # Gemma 2: alternating sliding (window 6, shorter than the prompts) and full
+    # layers; both soft-caps small enough that tanh bends the O(1) scores and
+    # logits; a query_pre_attn_scalar that is not head_dim.
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            num_hidden_layers=3, head_dim=16, sliding_window=6, query_pre_attn_scalar=24,
+            attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+        ),
+    ),
+    # Gemma 3: q/k norms, sliding and full layers with their own RoPE (local base
+    # 100, global 10k with linear scaling, as the large Gemma 3 models scale it).
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(
+            num_hidden_layers=4, head_dim=16, sliding_window=6, query_pre_attn_scalar=24,
+            sliding_window_pattern=2,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+            },
+        ),
+    ),
+}  # fmt: skip
 PROMPT_LENGTHS = (1, 5, 11, 19)
 
 
@@ -185,13 +212,15 @@ GREEDY_GENERATORS = {
 def test_logits_match_transformers(case, checkpoint):
     hf, folder = checkpoint(case)
     model = load_pretrained(folder)
-    assert model.config.model_type == hf.config.model_type
+    assert model.config.model_type == hf.config.model_type.removesuffix("_text")
     diff = _max_logit_diff(model, hf, _prompts(model.vocab_size))
     assert diff < ATOL, f"{case}: max |logit diff| = {diff:.2e}"
 
 
 @pytest.mark.parametrize("generator", list(GREEDY_GENERATORS))
-@pytest.mark.parametrize("case", ["llama3_rope_tied_bias", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize(
+    "case", ["llama3_rope_tied_bias", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"]
+)
 def test_greedy_generation_matches_transformers(case, generator, checkpoint):
     hf, folder = checkpoint(case)
     model = load_pretrained(folder)
@@ -231,7 +260,19 @@ ROUND_TRIP = {
     "mistral": ModelConfig(model_type="mistral", vocab_size=97, sliding_window=5, bos_token_id=1),
     "qwen2": ModelConfig(model_type="qwen2", vocab_size=97, intermediate_size=96),
     "qwen3": ModelConfig(model_type="qwen3", vocab_size=97, head_dim=8, num_kv_heads=1),
-}
+    "gemma2": ModelConfig(
+        model_type="gemma2", vocab_size=97, num_layers=2, tie_word_embeddings=True,
+        sliding_window=4, layer_types=("sliding_attention", "full_attention"),
+        query_pre_attn_scalar=20, attn_logit_softcapping=4.0, final_logit_softcapping=2.0,
+        eos_token_ids=(1, 7),
+    ),
+    "gemma3": ModelConfig(
+        model_type="gemma3", vocab_size=97, num_layers=3, tie_word_embeddings=True,
+        sliding_window=4, layer_types=("sliding_attention", "sliding_attention", "full_attention"),
+        rope_theta=5000.0, local_rope_theta=50.0,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+    ),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(ROUND_TRIP))
@@ -350,7 +391,8 @@ def test_pickle_only_folder_is_refused(checkpoint, tmp_path):
         (dict(num_local_experts=8), "num_local_experts=8"),
         (dict(rope_parameters={"rope_type": "yarn", "factor": 2.0}), "rope_type='yarn'"),
         (dict(partial_rotary_factor=0.5), "partial_rotary_factor=0.5"),
-        (dict(rope_scaling={"type": "linear", "factor": 2.0}), "rope_type='linear'"),
+        (dict(rope_scaling={"type": "dynamic", "factor": 2.0}), "rope_type='dynamic'"),
+        (dict(rope_parameters={"full_attention": {}, "sliding_attention": {}}), "per-layer-type"),
     ],
 )
 def test_unsupported_llama_config_fields_raise(changes, field, checkpoint, tmp_path):
@@ -411,6 +453,64 @@ def test_unexpected_tensor_is_named(checkpoint, tmp_path):
 
     _edit_tensors(folder, edit)
     with pytest.raises(ValueError, match=rf"unexpected.*{name}"):
+        load_pretrained(folder)
+
+
+def test_gemma_config_defaults_and_legacy_fields_follow_transformers(tmp_path):
+    """What transformers makes of a Gemma config.json that leaves fields out, or uses
+    the pre-v5 fields (rope_theta / rope_local_base_freq / rope_scaling, hidden_act)."""
+    required = {k: TINY[k] for k in ("vocab_size", "intermediate_size", "num_attention_heads")}
+    required.update(hidden_size=64, num_hidden_layers=7)
+    legacy = dict(
+        rope_theta=1e5, rope_local_base_freq=50.0, hidden_act="gelu_pytorch_tanh",
+        rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window_pattern=3,
+    )  # fmt: skip
+    for model_type, extra in (("gemma2", {}), ("gemma3_text", {}), ("gemma3_text", legacy)):
+        hf_json = {"model_type": model_type, **required, **extra}
+        (tmp_path / "config.json").write_text(json.dumps(hf_json))
+        hf = transformers.AutoConfig.from_pretrained(tmp_path)
+        ours = config_from_hf(hf_json)
+        assert ours.layer_types == tuple(hf.layer_types), model_type
+        for field in ("sliding_window", "query_pre_attn_scalar", "head_dim", "tie_word_embeddings"):
+            assert getattr(ours, field) == getattr(hf, field), (model_type, field)
+        for field in ("attn_logit_softcapping", "final_logit_softcapping"):
+            assert getattr(ours, field) == getattr(hf, field), (model_type, field)
+        assert (ours.bos_token_id, ours.eos_token_id) == (hf.bos_token_id, hf.eos_token_id)
+        assert (ours.num_kv_heads, ours.max_position_embeddings) == (
+            hf.num_key_value_heads, hf.max_position_embeddings,
+        )  # fmt: skip
+        if model_type == "gemma2":
+            assert ours.rope_theta == hf.rope_parameters["rope_theta"]
+            assert ours.local_rope_theta is None
+        else:
+            full, local = (
+                hf.rope_parameters["full_attention"],
+                hf.rope_parameters["sliding_attention"],
+            )
+            assert (ours.rope_theta, ours.local_rope_theta) == (
+                full["rope_theta"],
+                local["rope_theta"],
+            )
+            assert (ours.rope_scaling_dict or {}).get("factor") == full.get("factor")
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        (dict(hidden_activation="gelu"), "hidden_activation='gelu'"),
+        (dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+        (dict(model_type="gemma3", text_config={}), "multimodal"),
+        (
+            dict(rope_parameters={"sliding_attention": {"rope_type": "linear", "factor": 2.0}}),
+            "only default RoPE on sliding layers",
+        ),
+    ],
+)
+def test_unsupported_gemma_config_fields_raise(changes, field, checkpoint, tmp_path):
+    _, folder = checkpoint("gemma3")
+    folder = _copy(folder, tmp_path / "ckpt")
+    _edit_config(folder, **changes)
+    with pytest.raises(ValueError, match=field):
         load_pretrained(folder)
 
 

@@ -23,6 +23,18 @@ CONFIGS = {
     "qwen3_tied": ModelConfig(
         model_type="qwen3", vocab_size=61, head_dim=8, num_kv_heads=1, tie_word_embeddings=True
     ),
+    # Sliding (window 3) and full layers with their own RoPE bases, soft-capped scores.
+    "gemma3_mixed": ModelConfig(
+        model_type="gemma3",
+        vocab_size=61,
+        num_layers=3,
+        sliding_window=3,
+        layer_types=("sliding_attention", "full_attention", "sliding_attention"),
+        local_rope_theta=100.0,
+        attn_logit_softcapping=4.0,
+        final_logit_softcapping=5.0,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -70,7 +82,7 @@ def test_prefill_then_token_by_token_equals_full_forward(name):
     np.testing.assert_array_equal(cache.lengths, [10, 10])
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "mistral_window"])
+@pytest.mark.parametrize("name", ["llama_gqa", "mistral_window", "gemma3_mixed"])
 def test_several_tokens_against_cache_equal_single_steps(name):
     model = _model(name)
     tokens = _tokens((2, 11), seed=1)
@@ -213,8 +225,10 @@ def test_tied_embedding_is_stored_as_the_head_kernel():
         ModelConfig(model_type="qwen2", vocab_size=61, mlp_bias=True),
         ModelConfig(model_type="llama", attention_bias=True, tie_word_embeddings=True),
         ModelConfig(model_type="qwen3", head_dim=24),
+        ModelConfig(model_type="gemma2", tie_word_embeddings=True),
+        ModelConfig(model_type="gemma3", attention_bias=True),
     ],
-    ids=["qwen2", "llama_bias_tied", "qwen3"],
+    ids=["qwen2", "llama_bias_tied", "qwen3", "gemma2", "gemma3"],
 )
 def test_num_params_counts_the_actual_parameters(config):
     params = nnx.eval_shape(lambda: Model.random(config).params)

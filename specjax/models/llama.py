@@ -1,4 +1,9 @@
-"""A Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) in Flax NNX.
+"""The decoder of every supported family (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3).
+
+The families differ only in switches of :class:`ModelConfig`: biases, q/k norms,
+per-layer sliding windows and RoPE bases, and Gemma's block layout ((1 + w)
+norms, a norm after attention and around the MLP, scaled embeddings, GeGLU,
+soft-capped attention scores and logits).
 
 The modules are ordinary NNX modules, but the library only ever uses them
 functionally: :class:`Model` holds the split ``(graphdef, params)`` and its
@@ -21,17 +26,34 @@ from specjax.models.config import ModelConfig
 
 
 class RMSNorm(nnx.Module):
-    """RMSNorm computed in float32 and cast back, as Hugging Face does."""
+    """RMSNorm computed in float32 and cast back, as Hugging Face does.
 
-    def __init__(self, dim: int, eps: float, dtype):
-        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+    With ``plus_one`` (Gemma) the scale is ``1 + weight`` and is applied in
+    float32 before the cast (Llama casts first, then scales); the weight starts
+    at zero, so a fresh norm is the identity scale either way.
+    """
+
+    def __init__(self, dim: int, eps: float, dtype, plus_one: bool = False):
+        self.weight = nnx.Param((jnp.zeros if plus_one else jnp.ones)((dim,), dtype))
         self.eps = eps
+        self.plus_one = plus_one
 
     def __call__(self, x):
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         weight = self.weight[...].reshape((1,) * (x.ndim - 1) + (-1,))
+        if self.plus_one:
+            return (x32 * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
         return weight * x32.astype(x.dtype)
+
+
+def _norm(config: ModelConfig, dim: int, dtype) -> RMSNorm:
+    return RMSNorm(dim, config.rms_norm_eps, dtype, plus_one=config.is_gemma)
+
+
+def softcap(x, cap: float | None):
+    """``cap · tanh(x / cap)`` (Gemma's soft-capping), or ``x`` when ``cap`` is None."""
+    return x if cap is None else cap * jnp.tanh(x / cap)
 
 
 def _linear(din, dout, bias, dtype, rngs):
@@ -46,13 +68,24 @@ def _linear(din, dout, bias, dtype, rngs):
     )
 
 
-def rope_inv_freq(config: ModelConfig) -> jax.Array:
-    """Rotary inverse frequencies ``float32[D/2]``, with Llama-3 scaling if configured."""
+def rope_inv_freq(config: ModelConfig, *, local: bool = False) -> jax.Array:
+    """Rotary inverse frequencies ``float32[D/2]``, scaled if configured.
+
+    Args:
+        config: the architecture.
+        local: the frequencies of a sliding layer, which has its own base and no
+            scaling when ``config.local_rope_theta`` is set (Gemma 3).
+    """
     d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-    scaling = config.rope_scaling_dict
+    local = local and config.local_rope_theta is not None
+    theta = config.local_rope_theta if local else config.rope_theta
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    scaling = None if local else config.rope_scaling_dict
     if scaling is None:
         return inv_freq
+    if scaling.get("rope_type", scaling.get("type")) == "linear":
+        # Position interpolation: every position is divided by `factor`.
+        return inv_freq / scaling["factor"]
     # Llama-3 style: low frequencies are divided by `factor`, high ones kept,
     # and the band in between is interpolated smoothly.
     factor = scaling["factor"]
@@ -90,11 +123,14 @@ class Attention(nnx.Module):
         self.v_proj = _linear(c.hidden_size, c.num_kv_heads * d, c.attention_bias, dtype, rngs)
         self.o_proj = _linear(c.num_heads * d, c.hidden_size, c.o_proj_bias, dtype, rngs)
         if c.qk_norm:
-            self.q_norm = RMSNorm(d, c.rms_norm_eps, dtype)
-            self.k_norm = RMSNorm(d, c.rms_norm_eps, dtype)
+            self.q_norm = _norm(c, d, dtype)
+            self.k_norm = _norm(c, d, dtype)
 
-    def __call__(self, x_BTE, positions_BT, k_LBKDS, v_LBKSD, layer: int, inv_freq):
+    def __call__(self, x_BTE, positions_BT, k_LBKDS, v_LBKSD, layer: int, inv_freq, window):
         """Attends ``x`` to the cache after writing its keys/values into layer ``layer``.
+
+        ``inv_freq`` and ``window`` (``None`` for full attention) are this layer's
+        RoPE frequencies and sliding window.
 
         The whole cache (keys ``[L, B, K, D, S]``, values ``[L, B, K, S, D]``)
         goes in and out, so that inside a loop that carries it XLA updates it in
@@ -137,14 +173,16 @@ class Attention(nnx.Module):
         # products are then plain batched matmuls over (B, K), with no copy of
         # the cache (the reason for its layout).
         q_BKQD = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, d)
-        scores = jnp.einsum(
+        scale = c.query_pre_attn_scalar**-0.5
+        scores = scale * jnp.einsum(
             "bkqd,bkds->bkqs", q_BKQD, keys_BKDS, preferred_element_type=jnp.float32
-        ) / math.sqrt(d)
+        )
+        scores = softcap(scores, c.attn_logit_softcapping)
         key_pos = key_pos_BS[:, None, :]
         query_pos = positions_BT[:, :, None]
         visible = key_pos <= query_pos  # [B, T, S]
-        if c.sliding_window is not None:
-            visible &= key_pos > query_pos - c.sliding_window
+        if window is not None:
+            visible &= key_pos > query_pos - window
         visible_BQS = jnp.tile(visible, (1, g, 1))  # rows (g, t), as in q_BKQD
         # A finite minimum rather than -inf: a query with nothing visible (only
         # possible for positions beyond the cache, whose writes are dropped)
@@ -156,30 +194,56 @@ class Attention(nnx.Module):
         return self.o_proj(out), k_LBKDS, v_LBKSD
 
 
+_ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
+
+
 class MLP(nnx.Module):
+    """The gated MLP ``down(act(gate(x)) · up(x))``: SwiGLU, or GeGLU for Gemma."""
+
     def __init__(self, config: ModelConfig, dtype, rngs):
         e, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.gate_proj = _linear(e, f, bias, dtype, rngs)
         self.up_proj = _linear(e, f, bias, dtype, rngs)
         self.down_proj = _linear(f, e, bias, dtype, rngs)
+        self.act = _ACTIVATIONS[config.hidden_act]
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nnx.Module):
+    """A pre-norm block; Gemma also normalises each sub-block's output.
+
+    Llama: ``x + attn(norm(x))``, then ``x + mlp(post_attention_layernorm(x))``.
+    Gemma: ``x + post_attention_layernorm(attn(input_layernorm(x)))``, then
+    ``x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))``. The
+    names are Hugging Face's, which means different things in the two layouts.
+    """
+
     def __init__(self, config: ModelConfig, dtype, rngs):
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        e = config.hidden_size
+        self.is_gemma = config.is_gemma
+        self.input_layernorm = _norm(config, e, dtype)
         self.self_attn = Attention(config, dtype, rngs)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = _norm(config, e, dtype)
+        if config.is_gemma:
+            self.pre_feedforward_layernorm = _norm(config, e, dtype)
+            self.post_feedforward_layernorm = _norm(config, e, dtype)
         self.mlp = MLP(config, dtype, rngs)
 
-    def __call__(self, x, positions, k_cache, v_cache, layer, inv_freq):
+    def __call__(self, x, positions, k_cache, v_cache, layer, inv_freq, window):
         attn, k_cache, v_cache = self.self_attn(
-            self.input_layernorm(x), positions, k_cache, v_cache, layer, inv_freq
+            self.input_layernorm(x), positions, k_cache, v_cache, layer, inv_freq, window
         )
-        x = x + attn
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        if self.is_gemma:
+            x = x + self.post_attention_layernorm(attn)
+            x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        else:
+            x = x + attn
+            x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k_cache, v_cache
 
 
@@ -226,7 +290,7 @@ class Transformer(nnx.Module):
         self.layers = nnx.List(
             [DecoderLayer(config, dtype, rngs) for _ in range(config.num_layers)]
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.norm = _norm(config, config.hidden_size, dtype)
         if not config.tie_word_embeddings:
             self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype, rngs)
 
@@ -236,15 +300,26 @@ class Transformer(nnx.Module):
             logits = self.embed_tokens.attend(hidden_BTE)
         else:
             logits = self.lm_head(hidden_BTE)
-        return logits.astype(jnp.float32)
+        return softcap(logits.astype(jnp.float32), self.config.final_logit_softcapping)
+
+    def embed(self, tokens_BT):
+        """What the first layer reads: ``[B, T, E]`` embeddings (Gemma: times sqrt(E))."""
+        x = self.embed_tokens(tokens_BT)
+        if self.config.is_gemma:
+            # In the parameter dtype, as Hugging Face rounds it (bf16 sqrt(E) != sqrt(E)).
+            x = x * jnp.asarray(math.sqrt(self.config.hidden_size), x.dtype)
+        return x
 
     def __call__(self, tokens_BT, positions_BT, cache: KVCache | None, feature_layers=()):
-        inv_freq = rope_inv_freq(self.config)
-        x = self.embed_tokens(tokens_BT)
+        windows = self.config.layer_windows
+        global_freq = rope_inv_freq(self.config)
+        local_freq = rope_inv_freq(self.config, local=True)
+        x = self.embed(tokens_BT)
         k, v = (None, None) if cache is None else (cache.k, cache.v)
         collected = {}
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, positions_BT, k, v, i, inv_freq)
+            inv_freq = global_freq if windows[i] is None else local_freq
+            x, k, v = layer(x, positions_BT, k, v, i, inv_freq, windows[i])
             if i in feature_layers:
                 collected[i] = x
         hidden = self.norm(x)
@@ -417,7 +492,7 @@ class Model:
 
     def embed(self, tokens_BT) -> jax.Array:
         """The input embeddings ``[B, T, E]`` of ``tokens`` (no layer runs)."""
-        return nnx.merge(self.graphdef, self.params).embed_tokens(tokens_BT)
+        return nnx.merge(self.graphdef, self.params).embed(tokens_BT)
 
     def head(self, hidden_BTE) -> jax.Array:
         """The LM head: logits ``float32[B, T, V]`` of normalised hidden states."""
