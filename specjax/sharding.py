@@ -210,6 +210,8 @@ def param_partition_specs(
         if logical is None:
             specs.append(P())
             continue
+        if name.startswith("layers/") and len(logical) + 1 == np.ndim(leaf):
+            logical = (None, *logical)  # a scanned model's stacked [L, ...] layer axis
         if len(logical) != np.ndim(leaf):
             raise ValueError(
                 f"a rule names {len(logical)} axes but parameter {name!r} has shape "

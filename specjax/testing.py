@@ -80,8 +80,11 @@ def perturbed(model, seed: int = 0):
     for key, (path, var) in zip(keys, flat, strict=True):
         x = var.get_value()
         noise = jax.random.normal(key, x.shape, jnp.float32)
-        if x.ndim == 2:  # kernels [in, out] (a tied embedding too) and the embedding [V, E]
-            value = noise / np.sqrt(x.shape[-1] if path[-1] == "embedding" else x.shape[0])
+        # By name, not rank: a scanned model stacks every layer's leaves [L, ...].
+        if path[-1] == "embedding":  # [V, E]
+            value = noise / np.sqrt(x.shape[-1])
+        elif path[-1] == "kernel":  # [(L,) in, out], a tied embedding [E, V] too
+            value = noise / np.sqrt(x.shape[-2])
         elif path[-1] == "weight":  # RMSNorm scales
             value = 1 + 0.3 * noise
         else:  # biases

@@ -299,6 +299,26 @@ def test_round_trip_through_transformers(case, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_scanned_layers_load_save_and_decode_like_transformers(checkpoint, tmp_path):
+    """load_pretrained(scan_layers=True) stacks the layers; greedy speculative decoding
+    on it still equals transformers; saving unstacks, so transformers reads it back."""
+    hf, folder = checkpoint("gemma2")
+    model = load_pretrained(folder, scan_layers=True)
+    assert model.config.scan_layers
+    assert model.params["layers"]["mlp"]["up_proj"]["kernel"][...].shape[0] == 3
+    assert _max_logit_diff(model, hf, _prompts(model.vocab_size)) < ATOL
+    prompt = _prompts(model.vocab_size, lengths=(7,), seed=1)[0]
+    with torch.no_grad():
+        expected = hf.generate(
+            torch.tensor(prompt[None].astype(np.int64)), do_sample=False, max_new_tokens=12,
+            attention_mask=torch.ones((1, len(prompt)), dtype=torch.long), pad_token_id=0,
+        )[0, len(prompt) :].tolist()  # fmt: skip
+    assert _specjax_speculative(model, prompt, 12) == expected
+    save_pretrained(model, tmp_path)
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+    assert _max_logit_diff(model, again, _prompts(model.vocab_size, (4, 13))) < ATOL
+
+
 def test_bfloat16_save_is_read_as_bfloat16(tmp_path):
     model = perturbed(Model.random(ROUND_TRIP["qwen2"], dtype=jnp.bfloat16))
     save_pretrained(model, tmp_path)

@@ -141,6 +141,14 @@ def test_partition_specs_follow_rules_and_name_the_dimension():
     assert "layers/1/self_attn/v_proj/kernel" in replicated
     specs, replicated = sharding.param_partition_specs(model.params, mesh, model_axis=None)
     assert replicated == () and specs["lm_head"]["kernel"].get_value() == P()
+    # Scanned, every layer leaf has a leading [L] axis, which is never split.
+    scanned = model.with_scan_layers()
+    specs, _ = sharding.param_partition_specs(
+        scanned.params, mesh, config=model.config, indivisible="replicate"
+    )
+    attn = specs["layers"]["self_attn"]
+    assert attn["q_proj"]["kernel"].get_value() == P(None, None, "model")
+    assert specs["layers"]["mlp"]["down_proj"]["kernel"].get_value() == P(None, "model", None)
 
 
 def test_error_names_every_indivisible_dimension():

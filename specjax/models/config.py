@@ -92,6 +92,10 @@ class ModelConfig:
         attn_logit_softcapping: ``None`` or c: attention scores become
             ``c · tanh(scores / c)`` before the mask (Gemma 2).
         final_logit_softcapping: ``None`` or c: the same on the output logits.
+        scan_layers: run the layers as one ``jax.lax.scan`` over parameters
+            stacked ``[L, ...]`` (compile time independent of depth) instead of
+            unrolling them. Not part of the checkpoint: ``load_pretrained(...,
+            scan_layers=True)`` or ``Model.with_scan_layers()`` choose it.
         max_position_embeddings: context length the model was trained for.
         bos_token_id: optional beginning-of-sequence id.
         eos_token_id: optional end-of-sequence id; the first of
@@ -123,6 +127,7 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
+    scan_layers: bool = False
     max_position_embeddings: int = 2048
     bos_token_id: int | None = None
     eos_token_id: int | None = None

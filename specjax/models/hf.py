@@ -21,6 +21,7 @@ window on only some layers, a missing, extra or mis-shaped tensor) is a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -534,7 +535,9 @@ def _weight_files(folder: Path) -> tuple[list[str], dict[str, str] | None]:
     raise FileNotFoundError(f"{folder} has neither {_SAFETENSORS} nor {_INDEX}")
 
 
-def load_pretrained(path: str | os.PathLike, dtype=jnp.float32) -> Model:
+def load_pretrained(
+    path: str | os.PathLike, dtype=jnp.float32, *, scan_layers: bool = False
+) -> Model:
     """Loads a Hugging Face Llama / Mistral / Qwen2 / Qwen3 checkpoint folder.
 
     Args:
@@ -545,6 +548,9 @@ def load_pretrained(path: str | os.PathLike, dtype=jnp.float32) -> Model:
         dtype: parameter dtype (the checkpoint's tensors are cast to it);
             float32 by default, bfloat16 supported; must be a floating dtype.
             Logits are float32 either way.
+        scan_layers: run the layers as one ``lax.scan`` over stacked parameters
+            (``ModelConfig.scan_layers``): compile time no longer grows with
+            depth. See README, "Layer scan", for its cost per step.
 
     Returns:
         The :class:`Model`. ``config.eos_token_id`` is the first end-of-sequence
@@ -566,7 +572,7 @@ def load_pretrained(path: str | os.PathLike, dtype=jnp.float32) -> Model:
     if gguf_file is not None:
         from specjax.models.gguf import load_gguf
 
-        return load_gguf(gguf_file, dtype=dtype)
+        return load_gguf(gguf_file, dtype=dtype).with_scan_layers(scan_layers)
     config_path = folder / "config.json"
     if not config_path.is_file():
         hint = ""
@@ -582,7 +588,7 @@ def load_pretrained(path: str | os.PathLike, dtype=jnp.float32) -> Model:
             f"{config_path} must hold a JSON object (field: value), "
             f"got a {type(hf_config).__name__}"
         )
-    config = config_from_hf(hf_config)
+    config = dataclasses.replace(config_from_hf(hf_config), scan_layers=scan_layers)
     files, weight_map = _weight_files(folder)
 
     handles = {}
@@ -699,7 +705,9 @@ def model_from_tensors(
         ValueError: a missing, unexpected, mis-shaped or non-floating tensor,
             named, with both shapes or its dtype.
     """
-    graphdef, abstract = _abstract_model(config, dtype)
+    # Tensors are per layer; a scanned model is stacked once they are all read.
+    unrolled = dataclasses.replace(config, scan_layers=False)
+    graphdef, abstract = _abstract_model(unrolled, dtype)
     flat = list(nnx.to_flat_state(abstract))
     expected = {_hf_name(p): (p, v) for p, v in flat}
     shapes = getattr(tensors, "shapes", None)
@@ -738,13 +746,14 @@ def model_from_tensors(
             array = array.T
         leaves.append((p, var.replace(jnp.asarray(array, dtype=dtype))))
     params = nnx.from_flat_state(leaves)
-    return Model(
+    model = Model(
         graphdef=graphdef,
         params=params,
-        config=config,
+        config=unrolled,
         tokenizer=tokenizer,
         chat_template=chat_template,
     )
+    return model.with_scan_layers(config.scan_layers)
 
 
 def _gguf_file(path: Path) -> Path | None:
@@ -866,6 +875,7 @@ def check_save_target(
 
 
 def _host_tensors(model: Model) -> dict[str, np.ndarray]:
+    model = model.with_scan_layers(False)  # Hugging Face names each layer's tensors
     tensors = {}
     for p, var in nnx.to_flat_state(model.params):
         array = np.asarray(jax.device_get(var.get_value()))

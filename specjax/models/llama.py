@@ -287,9 +287,10 @@ class Transformer(nnx.Module):
                 embedding_init=nnx.initializers.normal(0.02),
                 rngs=rngs,
             )
-        self.layers = nnx.List(
-            [DecoderLayer(config, dtype, rngs) for _ in range(config.num_layers)]
-        )
+        layers = [DecoderLayer(config, dtype, rngs) for _ in range(config.num_layers)]
+        # Scanned: one layer whose parameters are stacked along a leading [L] axis
+        # (drawn layer by layer, so both layouts of one seed hold the same weights).
+        self.layers = _stack(layers) if config.scan_layers else nnx.List(layers)
         self.norm = _norm(config, config.hidden_size, dtype)
         if not config.tie_word_embeddings:
             self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype, rngs)
@@ -311,28 +312,74 @@ class Transformer(nnx.Module):
         return x
 
     def __call__(self, tokens_BT, positions_BT, cache: KVCache | None, feature_layers=()):
-        windows = self.config.layer_windows
-        global_freq = rope_inv_freq(self.config)
-        local_freq = rope_inv_freq(self.config, local=True)
         x = self.embed(tokens_BT)
         k, v = (None, None) if cache is None else (cache.k, cache.v)
-        collected = {}
-        for i, layer in enumerate(self.layers):
-            inv_freq = global_freq if windows[i] is None else local_freq
-            x, k, v = layer(x, positions_BT, k, v, i, inv_freq, windows[i])
-            if i in feature_layers:
-                collected[i] = x
+        run = self._scanned_layers if self.config.scan_layers else self._layer_loop
+        x, k, v, features_NBTE = run(x, positions_BT, k, v, feature_layers)
         hidden = self.norm(x)
         new_cache = None
         if cache is not None:
             new_cache = KVCache(k=k, v=v, lengths=positions_BT[:, -1].astype(jnp.int32) + 1)
         # In the order asked for, not layer order: the drafter's fusion matrix expects it.
-        features_BTF = (
-            jnp.concatenate([collected[i] for i in feature_layers], axis=-1)
-            if feature_layers
-            else None
-        )
+        features_BTF = jnp.concatenate(list(features_NBTE), axis=-1) if feature_layers else None
         return self.head(hidden), new_cache, hidden, features_BTF
+
+    def _layer_inputs(self):
+        """Each layer's RoPE frequencies and sliding window (``None``: full attention)."""
+        windows = self.config.layer_windows
+        freqs = {False: rope_inv_freq(self.config), True: rope_inv_freq(self.config, local=True)}
+        return [freqs[w is not None] for w in windows], windows
+
+    def _layer_loop(self, x, positions_BT, k, v, feature_layers):
+        """The layers unrolled: XLA compiles each one (compile time grows with depth)."""
+        inv_freqs, windows = self._layer_inputs()
+        collected = {}
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer(x, positions_BT, k, v, i, inv_freqs[i], windows[i])
+            collected[i] = x
+        return x, k, v, [collected[i] for i in feature_layers]
+
+    def _scanned_layers(self, x, positions_BT, k, v, feature_layers):
+        """The layers as one ``lax.scan`` over stacked parameters: compiled once.
+
+        The per-layer differences (RoPE frequencies, sliding window) become
+        scanned inputs. The cache is carried whole and written at the traced
+        layer index, so it is updated in place, as in the loop; the requested
+        feature layers are kept in a small ``[n, B, T, E]`` carry.
+        """
+        inv_freqs, windows = self._layer_inputs()
+        sliding = any(w is not None for w in windows)
+        # A full-attention layer of a model with sliding ones gets a window no
+        # position reaches (positions are int32 and < 2**30 here).
+        window_L = jnp.array([w or 2**30 for w in windows], jnp.int32) if sliding else None
+        graphdef, stacked = nnx.split(self.layers)
+        wanted = jnp.array(feature_layers, jnp.int32)
+        features = jnp.zeros((len(feature_layers), *x.shape), x.dtype)
+
+        def body(carry, inputs):
+            x, k, v, features = carry
+            params, i, inv_freq, window = inputs
+            x, k, v = nnx.merge(graphdef, params)(x, positions_BT, k, v, i, inv_freq, window)
+            features = jnp.where((wanted == i)[:, None, None, None], x[None], features)
+            return (x, k, v, features), None
+
+        inputs = (stacked, jnp.arange(len(windows)), jnp.stack(inv_freqs), window_L)
+        (x, k, v, features), _ = jax.lax.scan(body, (x, k, v, features), inputs)
+        return x, k, v, features
+
+
+def _stack(layers: list[nnx.Module]) -> nnx.Module:
+    """One module of ``layers[0]``'s structure whose parameters are stacked ``[L, ...]``."""
+    graphdef, _ = nnx.split(layers[0])
+    states = [nnx.split(layer)[1] for layer in layers]
+    return nnx.merge(graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states))
+
+
+def _unstack(stacked: nnx.Module, num_layers: int) -> nnx.List:
+    graphdef, state = nnx.split(stacked)
+    return nnx.List(
+        [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state)) for i in range(num_layers)]
+    )
 
 
 class _TokenizerKey:
@@ -419,6 +466,23 @@ class Model:
         module = Transformer(config, dtype=dtype, rngs=nnx.Rngs(seed))
         graphdef, params = nnx.split(module)
         return cls(graphdef=graphdef, params=params, config=config)
+
+    def with_scan_layers(self, scan_layers: bool = True) -> Model:
+        """The same model with its layers run as a ``lax.scan`` (or unrolled).
+
+        Scanned, the parameters of the layers are stacked along a leading
+        ``[L]`` axis and XLA compiles one layer, so compile time does not grow
+        with depth; unrolled, each layer is its own parameters and program.
+        Both compute the same logits; Hugging Face export unstacks.
+        """
+        if scan_layers == self.config.scan_layers:
+            return self
+        module = nnx.merge(self.graphdef, self.params)
+        n = self.config.num_layers
+        module.layers = _stack(list(module.layers)) if scan_layers else _unstack(module.layers, n)
+        module.config = dataclasses.replace(self.config, scan_layers=scan_layers)
+        graphdef, params = nnx.split(module)
+        return self.replace(graphdef=graphdef, params=params, config=module.config)
 
     @property
     def vocab_size(self) -> int:
