@@ -37,3 +37,14 @@ def _release_compiled_programs():
     # compiled code, so releasing it between modules costs only a few recompiles.
     yield
     jax.clear_caches()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """SmolLM2-135M-Instruct as llama.cpp's Q4_1 GGUF, fetched once into the cache."""
+    from specjax.fetch import FetchError, smollm2_gguf
+
+    try:
+        return smollm2_gguf()
+    except FetchError as e:
+        pytest.skip(f"SmolLM2-135M-Instruct GGUF unavailable: {e}")

@@ -538,12 +538,20 @@ def _weight_files(folder: Path) -> tuple[list[str], dict[str, str] | None]:
 def load_pretrained(
     path: str | os.PathLike, dtype=jnp.float32, *, scan_layers: bool = False
 ) -> Model:
-    """Loads a Hugging Face Llama / Mistral / Qwen2 / Qwen3 checkpoint folder.
+    """Loads a Hugging Face checkpoint folder or a llama.cpp GGUF file.
+
+    Families: Llama, Mistral, Qwen2, Qwen3, Gemma 2 and Gemma 3 (text).
 
     Args:
         path: folder with ``config.json`` and ``model.safetensors`` (or shards
             listed in ``model.safetensors.index.json``); ``tokenizer.json``, if
-            present, is loaded into ``Model.tokenizer``. Pickle formats
+            present, is loaded into ``Model.tokenizer`` and the chat template
+            (``chat_template.jinja`` or ``tokenizer_config.json``) into
+            ``Model.chat_template``. Or a ``.gguf`` file, or a folder holding
+            exactly one and no ``config.json``: it is dequantized with the
+            optional ``gguf`` package (``pip install "specjax[gguf]"``), and its
+            tokenizer, chat template and end-of-turn ids come from the file
+            (see :func:`specjax.models.gguf.load_gguf`). Pickle formats
             (``.bin``, ``.pt``, ``.pth``) are refused, never opened.
         dtype: parameter dtype (the checkpoint's tensors are cast to it);
             float32 by default, bfloat16 supported; must be a floating dtype.
