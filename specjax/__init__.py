@@ -1,10 +1,13 @@
 """specjax: on-device, batched, exact speculative decoding in JAX/Flax."""
 
+from specjax import chat as chat
 from specjax import decode as decode
 from specjax import noise as noise
 from specjax import sharding as sharding
 from specjax import testing as testing
+from specjax import vocab as vocab
 from specjax.block_drafter import BlockDrafter as BlockDrafter
+from specjax.chat import apply_chat_template as apply_chat_template
 from specjax.decode import DecodeState as DecodeState
 from specjax.decode import GenerationResult as GenerationResult
 from specjax.decode import GenerationStats as GenerationStats

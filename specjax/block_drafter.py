@@ -57,7 +57,7 @@ from specjax.drafters import Drafter, Proposal, TargetFeatures
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
 from specjax.models.llama import MLP, RMSNorm, _linear, apply_rope, rope_inv_freq
-from specjax.sampling import greedy_tokens, probs_from_logits, sample
+from specjax.sampling import greedy_tokens, mask_vocab, probs_from_logits, sample
 
 __all__ = [
     "MODES",
@@ -398,7 +398,10 @@ class BlockDrafter(Drafter):
     def propose(self, keys_BG, state: KVCache, seq_BS, seq_lengths_B, sampling) -> Proposal:
         logits_BGV = self.block_logits(state, seq_BS, seq_lengths_B)
         if self.mode == "argmax":
-            return Proposal(tokens=greedy_tokens(logits_BGV), probs=None, state=state)
+            # Masked like the target's logits, so that a padded id is never drafted
+            # (it would always be rejected: exact, but a wasted draft).
+            tokens = greedy_tokens(mask_vocab(logits_BGV, sampling.vocab_limit))
+            return Proposal(tokens=tokens, probs=None, state=state)
         probs = probs_from_logits(logits_BGV, sampling)
         tokens = jnp.stack(
             [sample(keys_BG[:, i], probs[:, i]) for i in range(self.num_draft)], axis=1

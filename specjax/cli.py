@@ -70,13 +70,11 @@ def _load_models(args):
     if tokenizer is None:
         raise UserError(f"{args.model} has no tokenizer.json; specjax generate needs one")
     if args.drafter == "model":
-        if draft.vocab_size != target.vocab_size:
-            raise UserError(
-                f"draft vocabulary ({draft.vocab_size}) differs from the target's "
-                f"({target.vocab_size})"
-            )
-        if draft.tokenizer is not None and draft.tokenizer.to_str() != tokenizer.to_str():
-            raise UserError("the draft's tokenizer.json differs from the target's")
+        # A smaller draft of a padded family is fine when the two share their ids.
+        try:
+            specjax.vocab.check_drafter_vocab(target, specjax.DraftModel(draft))
+        except ValueError as e:
+            raise UserError(f"--draft {args.draft}: {e}") from None
     if args.drafter == "block":
         draft = _load_block_drafter(args, target)
     del specjax
@@ -102,8 +100,9 @@ def _load_block_drafter(args, target):
 def _load_folder(path, flag):
     from specjax.models.hf import load_pretrained
 
-    if not Path(path).is_dir():
-        raise UserError(f"{flag} {path}: no such directory")
+    is_gguf = Path(path).suffix.lower() == ".gguf" and Path(path).is_file()
+    if not (Path(path).is_dir() or is_gguf):
+        raise UserError(f"{flag} {path}: no such directory or .gguf file")
     try:
         return load_pretrained(path)
     except (FileNotFoundError, ValueError, OSError, KeyError) as e:
@@ -115,6 +114,26 @@ def _eos_id(tokenizer, model):
 
     eos = tokenizer.token_to_id(EOS_TOKEN)
     return eos if eos is not None else model.config.eos_token_id
+
+
+def _chat_prompt(args, target):
+    """``(prompt text, ids, end-of-turn ids)`` of --chat (and --system) in the template."""
+    from specjax.chat import apply_chat_template, end_of_turn_ids
+
+    if target.chat_template is None:
+        where = f"--model {args.model}" if args.model else "the bundled model"
+        raise UserError(
+            f"--chat: {where} has no chat template (chat_template.jinja, or chat_template "
+            "in tokenizer_config.json); give a PROMPT to complete instead"
+        )
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    messages.append({"role": "user", "content": args.chat})
+    try:
+        text = apply_chat_template(target, messages)
+    except ValueError as e:
+        raise UserError(f"--chat: {e}") from None
+    ids = target.tokenizer.encode(text, add_special_tokens=False).ids
+    return text, ids, list(end_of_turn_ids(target))
 
 
 class _TextStream:
@@ -193,7 +212,16 @@ def cmd_generate(args) -> int:
     import specjax
     from specjax.decode import CACHE_BUCKET
 
-    if not args.prompt.strip():
+    if args.chat is not None:
+        if args.prompt is not None:
+            raise UserError("--chat takes the message itself: give --chat or a PROMPT, not both")
+        if not args.chat.strip():
+            raise UserError("the --chat message is empty")
+    elif args.system is not None:
+        raise UserError("--system needs --chat (it is the system message of the chat)")
+    elif args.prompt is None:
+        raise UserError("give a PROMPT to complete, or --chat MESSAGE")
+    elif not args.prompt.strip():
         raise UserError("the prompt is empty")
     for name in ("max_new_tokens", "gamma", "batch", "ngram", "repeats"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -209,7 +237,15 @@ def cmd_generate(args) -> int:
     target, draft, tokenizer = _load_models(args)
     if args.gamma is None:  # the drafter's own default: a block drafter's trained γ, else 4
         args.gamma = draft.num_draft if args.drafter == "block" else 4
-    ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
+    if args.chat is not None:
+        # The model sees the rendered template; only the answer is printed, and a
+        # row stops at the end of the assistant's turn.
+        prompt_text, ids, stop_ids = _chat_prompt(args, target)
+        shown_prompt = ""
+    else:
+        prompt_text = shown_prompt = args.prompt
+        ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
+        stop_ids = [_eos_id(tokenizer, target)]
     context = target.config.max_position_embeddings
     needed = len(ids) + args.max_new_tokens + args.gamma + 1
     if needed > context:
@@ -219,7 +255,11 @@ def cmd_generate(args) -> int:
             f"context of {context}"
         )
     prompts = [ids] * args.batch
-    eos = None if args.no_eos else _eos_id(tokenizer, target)
+    # An id past the model's logits can never be emitted (nor passed as eos_id).
+    stop = (
+        set() if args.no_eos else {i for i in stop_ids if i is not None and i < target.vocab_size}
+    )
+    eos = sorted(stop) or None
     key = jax.random.key(args.seed)
     cache_len = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
     kw = dict(sampling=sampling, eos_id=eos, cache_len=cache_len)
@@ -231,18 +271,22 @@ def cmd_generate(args) -> int:
         drafter = draft
     else:
         drafter = specjax.PromptLookup(ngram=args.ngram, num_draft=args.gamma)
+    try:  # e.g. a draft smaller than the target's tokenizer (a padded family)
+        specjax.vocab.resolve_vocab_limit(sampling, target, drafter)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     run = lambda d, on_chunk=None: _decode_open(  # noqa: E731
         key, target, d, prompts, args.max_new_tokens, kw, on_chunk
     )
 
     color = sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ
-    hide = () if eos is None else (eos,)
+    hide = stop
     stream = args.batch == 1 and not args.json and not args.no_stream
     if stream:
         # The first run streams row 0 chunk by chunk (no host sync inside a chunk); it
         # also compiles, so the speed below comes from a second, steady run.
         text = _TextStream(tokenizer, hide, color)
-        print(args.prompt, end="", flush=True)
+        print(shown_prompt, end="", flush=True)
 
         def show(state, new):
             if new[0]:
@@ -292,21 +336,21 @@ def cmd_generate(args) -> int:
 
     texts = []
     for row in rows:
-        shown = row[:-1] if (eos is not None and row and row[-1] == eos) else row
+        shown = row[:-1] if (row and row[-1] in stop) else row
         texts.append(tokenizer.decode(shown, skip_special_tokens=False))
     if args.json:
-        summary.update(prompt=args.prompt, completions=texts, token_ids=rows)
+        summary.update(prompt=prompt_text, completions=texts, token_ids=rows)
         print(json.dumps(summary, indent=2))
         return 0
 
     if not stream:
         for b, row in enumerate(rows):
-            shown = row[:-1] if (eos is not None and row and row[-1] == eos) else row
+            shown = row[:-1] if (row and row[-1] in stop) else row
             if args.batch > 1:
                 print(f"--- sample {b}")
             rendered = _TextStream(tokenizer, (), color)
             body = rendered.feed(shown, from_draft[b, : len(shown)].tolist())
-            print(args.prompt + body + rendered.text()[len(rendered.printed) :])
+            print(shown_prompt + body + rendered.text()[len(rendered.printed) :])
     if args.repeats == 1:
         timing = "1 timed run"
     else:
@@ -673,8 +717,20 @@ def build_parser() -> argparse.ArgumentParser:
         description="Complete PROMPT with speculative decoding (bundled pair by default). "
         "The text goes to stdout, a one-line summary to stderr.",
     )
-    g.add_argument("prompt", help="the text to complete, e.g. 'def fibonacci(n):'")
-    g.add_argument("--model", help="target model folder (Hugging Face format); default: bundled")
+    g.add_argument(
+        "prompt", nargs="?", help="the text to complete, e.g. 'def fibonacci(n):' (or --chat)"
+    )
+    g.add_argument(
+        "--chat", metavar="MESSAGE",
+        help="chat with an instruct --model instead: MESSAGE is the user's turn, written in "
+        "the model's chat template; only the answer is printed, and generation stops at the "
+        "end of the assistant's turn",
+    )  # fmt: skip
+    g.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
+    g.add_argument(
+        "--model",
+        help="target model: a Hugging Face folder or a GGUF file (specjax[gguf]); default: bundled",
+    )
     g.add_argument("--draft", help="draft model folder for --drafter model (with --model)")
     g.add_argument(
         "--drafter", choices=["auto", "block", "model", "lookup", "none"], default="auto",
@@ -705,7 +761,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
     g.add_argument("--seed", type=int, default=0, help="PRNG seed (same seed, same output)")
     g.add_argument("--batch", type=int, default=1, help="generate this many samples at once")
-    g.add_argument("--no-eos", action="store_true", help="do not stop at <|endoftext|>")
+    g.add_argument(
+        "--no-eos", action="store_true",
+        help="do not stop at <|endoftext|> (with --chat: at the end of the turn)",
+    )  # fmt: skip
     g.add_argument(
         "--compare", action="store_true",
         help="also time plain decoding, interleaved with the speculative runs; print the speedup "

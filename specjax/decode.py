@@ -42,7 +42,13 @@ from specjax.drafters import (
     score,
     update_drafter,
 )
-from specjax.sampling import SamplingConfig, per_row, probs_from_logits
+from specjax.sampling import (
+    SamplingConfig,
+    check_sampling_config,
+    mask_vocab,
+    per_row,
+    probs_from_logits,
+)
 from specjax.validation import (
     INT32_MAX,
     as_prng_key,
@@ -52,6 +58,7 @@ from specjax.validation import (
     is_concrete,
 )
 from specjax.verify import coupled_verify, rejection_sample, rejection_sample_onehot
+from specjax.vocab import check_drafter_vocab, pad_to_vocab, resolve_vocab_limit
 
 __all__ = [
     "CACHE_BUCKET",
@@ -171,7 +178,7 @@ class DecodeState:
         target_cache: the target's cache.
         drafter_state: whatever the drafter carries (e.g. its cache).
         row_keys: ``key[B]`` ``fold_in(key, seed_b)``: each row's own randomness.
-        sampling: `SamplingConfig` with ``[B]`` leaves.
+        sampling: `SamplingConfig` with ``[B]`` leaves (``vocab_limit`` resolved).
         max_new_tokens: ``int32[B]`` each row's token budget.
         eos_ids: ``int32[K]`` ids that end a row (``-1`` pads).
         stats: :class:`GenerationStats`.
@@ -253,14 +260,14 @@ def pad_prompts(prompts) -> tuple[jax.Array, jax.Array]:
     return jnp.asarray(padded), jnp.asarray(lengths)
 
 
-def _check_tokens_in_vocab(prompts_BP, lengths_B, vocab_size: int):
+def _check_tokens_in_vocab(prompts_BP, lengths_B, vocab_size: int, whose: str = "model's"):
     if is_concrete(prompts_BP):
         prompts, lengths = np.asarray(prompts_BP), np.asarray(lengths_B)
         real = np.arange(prompts.shape[1])[None] < lengths[:, None]
         lo, hi = int(prompts[real].min()), int(prompts[real].max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(
-                f"prompts hold token ids in [{lo}, {hi}], outside the model's vocabulary "
+                f"prompts hold token ids in [{lo}, {hi}], outside the {whose} vocabulary "
                 f"[0, {vocab_size})"
             )
 
@@ -364,11 +371,7 @@ def check_drafter(target, drafter: Drafter):
         raise ValueError(f"drafter.num_draft (γ) must be an integer >= 1, got {gamma!r}")
     if isinstance(drafter, DraftModel):
         _check_model("drafter.model", drafter.model)
-    if drafter.vocab_size is not None and drafter.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"drafter vocabulary size {drafter.vocab_size} differs from the target's "
-            f"{target.vocab_size}: speculative decoding needs one shared vocabulary"
-        )
+    check_drafter_vocab(target, drafter)
     if drafter.target_layers:
         _check_features(target, drafter)
     if isinstance(drafter, BlockDrafter):
@@ -437,6 +440,8 @@ def _prepare(
     prompts_BP, lengths_B = pad_prompts(prompts)
     b, p = prompts_BP.shape
     _check_tokens_in_vocab(prompts_BP, lengths_B, vocab)
+    if drafter.vocab_size is not None and drafter.vocab_size < vocab:
+        _check_tokens_in_vocab(prompts_BP, lengths_B, drafter.vocab_size, "drafter's")
     context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
     if isinstance(context, int) and p > context:
         raise ValueError(
@@ -444,7 +449,8 @@ def _prepare(
             f"{context} (config.max_position_embeddings)"
         )
     max_new_B = _check_max_new_tokens(max_new_tokens, b)
-    sampling_B = per_row(sampling, b)
+    check_sampling_config(sampling, b)
+    sampling_B = per_row(resolve_vocab_limit(sampling, target, drafter), b)
     lookahead = drafter.num_draft + 1
     resolved = resolve_cache_len(cache_len, p, max_new_B, lookahead)
     name = (
@@ -517,19 +523,29 @@ def _init_state(
     )
 
 
-def _check_proposal(proposal, batch: int, gamma: int, vocab: int):
-    """Trace-time check of the drafter's output shapes (a clear error, not a RoPE one)."""
+def _draft_probs(proposal, drafter, batch: int, gamma: int, vocab: int):
+    """The proposal's q as ``[B, γ, V]`` (or None), after a trace-time check of its shapes.
+
+    A clear error, not a RoPE one, for a drafter with the wrong shapes. The q of a
+    drafter with a smaller vocabulary (``[B, γ, V_d]``) is zero-padded to the target's
+    V, which is exact (`specjax.vocab`).
+    """
     tokens = proposal.tokens
     if tuple(tokens.shape) != (batch, gamma) or not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(
             f"drafter.propose must return integer tokens [B, γ] = [{batch}, {gamma}], got "
             f"{tokens.dtype}{list(tokens.shape)}"
         )
-    if proposal.probs is not None and tuple(proposal.probs.shape) != (batch, gamma, vocab):
+    if proposal.probs is None:
+        return None
+    widths = {vocab, drafter.vocab_size or vocab}
+    shape = tuple(proposal.probs.shape)
+    if shape[:2] != (batch, gamma) or len(shape) != 3 or shape[2] not in widths:
+        expected = " or ".join(f"[{batch}, {gamma}, {w}]" for w in sorted(widths))
         raise ValueError(
-            f"drafter.propose must return probs [B, γ, V] = [{batch}, {gamma}, {vocab}] or "
-            f"None, got {list(proposal.probs.shape)}"
+            f"drafter.propose must return probs [B, γ, V] = {expected} or None, got {list(shape)}"
         )
+    return pad_to_vocab(proposal.probs, vocab)
 
 
 def _write(buffer_BS, values_BT, start_B, count_B):
@@ -564,7 +580,7 @@ def _body(state: DecodeState) -> DecodeState:
     proposal = drafter.propose(
         draft_keys_BG, state.drafter_state, state.seq, lengths, state.sampling
     )
-    _check_proposal(proposal, b, gamma, target.vocab_size)
+    draft_probs = _draft_probs(proposal, drafter, b, gamma, target.vocab_size)
     draft_tokens_BG = proposal.tokens.astype(jnp.int32)
 
     # Score the pending token and the γ drafts in one target call.
@@ -577,17 +593,17 @@ def _body(state: DecodeState) -> DecodeState:
     target_probs = probs_from_logits(logits_BG1V, state.sampling)
     if state.verification == "coupled":
         block_BG1, num_accepted = coupled_verify(keys_BG1, draft_tokens_BG, target_probs)
-    elif proposal.probs is None:
+    elif draft_probs is None:
         block_BG1, num_accepted = rejection_sample_onehot(keys_BG1, draft_tokens_BG, target_probs)
     else:
         block_BG1, num_accepted = rejection_sample(
-            keys_BG1, draft_tokens_BG, proposal.probs, target_probs
+            keys_BG1, draft_tokens_BG, draft_probs, target_probs
         )
 
-    # A position whose logits are NaN or all -inf has no distribution: emit nothing
-    # from it on, and flag the row when it is the next position.
-    # One reduction: max propagates NaN, and NaN > -inf is False.
-    usable_BG1 = jnp.max(logits_BG1V, axis=-1) > -jnp.inf
+    # A position whose logits are NaN or all -inf (at the ids below the row's
+    # vocab_limit) has no distribution: emit nothing from it on, and flag the row when
+    # it is the next position. One reduction: max propagates NaN, and NaN > -inf is False.
+    usable_BG1 = jnp.max(mask_vocab(logits_BG1V, state.sampling.vocab_limit), axis=-1) > -jnp.inf
     num_usable = _num_leading_true(usable_BG1)
 
     # Emit accepted drafts + the correction/bonus token, cut after EOS and
@@ -732,7 +748,8 @@ def init(
     """Prefills the prompts and returns the `DecodeState` that `step` advances.
 
     Takes the arguments of `speculative_generate` (``drafter=None`` decodes plainly)
-    and validates them the same way, before anything compiles.
+    and validates them the same way, before anything compiles; ``sampling``'s
+    ``vocab_limit`` is resolved as there and travels (traced) in the state.
 
     Example:
         >>> import jax, specjax
@@ -861,7 +878,10 @@ def generate(
         max_new_tokens: tokens to generate per row (>= 1), EOS included: an int, or
             ``int[B]`` for one budget per row.
         sampling: :class:`SamplingConfig`, each setting a scalar or ``[B]``; default
-            samples at temperature 1.
+            samples at temperature 1. Its ``vocab_limit`` (ids ``>=`` it are never
+            emitted; an int in ``[1, V]``, scalar or ``[B]``, traced) defaults to the
+            model's real vocabulary: its tokenizer's size where that is smaller than
+            V (padded embedding rows), else V.
         eos_id: optional id, or ``[K]`` ids, that end a row (it is emitted).
         seeds: optional ``int[B]`` per-row seeds (default: the row index).
         cache_len: static cache length S; default ``P + max_new_tokens + 1``
@@ -923,12 +943,19 @@ def speculative_generate(
         key: one PRNG key.
         target: the target model (model contract).
         drafter: a :class:`~specjax.drafters.Drafter` (e.g. ``DraftModel``,
-            ``PromptLookup``) with the target's vocabulary.
+            ``PromptLookup``) sharing the target's ids: its vocabulary size ``V_d`` is
+            at most the target's V (its q is zero-padded, which is exact), and where
+            both have tokenizers they agree on the ids below ``V_d``
+            (`specjax.vocab`).
         prompts: ``int[B, P]`` or a list of token-id lists (ragged).
         max_new_tokens: tokens to generate per row (>= 1), EOS included: an int or
             ``int[B]``.
         sampling: :class:`SamplingConfig` applied identically to target and draft,
-            each setting a scalar or ``[B]``.
+            each setting a scalar or ``[B]``. Its ``vocab_limit`` masks ids ``>=`` it
+            in the target's and the draft's distributions alike (an int in ``[1, V]``,
+            traced); default: the target's tokenizer size where that is smaller than
+            V, else V. With a drafter of a smaller vocabulary ``V_d`` it must be at
+            most ``V_d``.
         eos_id: optional id, or ``[K]`` ids, that end a row; drafts after it are
             discarded.
         seeds: optional ``int[B]`` per-row seeds (default: the row index).

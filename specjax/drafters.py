@@ -61,6 +61,8 @@ class Proposal:
         probs: ``float32[B, γ, V]`` the processed draft distributions the
             tokens were sampled from, or ``None`` for a deterministic drafter
             (q is then the one-hot of ``tokens``; no one-hots are materialised).
+            A drafter whose ``vocab_size`` V_d is smaller than the target's returns
+            ``[B, γ, V_d]``; the decoder zero-pads it (`specjax.vocab`).
         state: the drafter's new state.
     """
 
@@ -98,7 +100,7 @@ class Drafter(abc.ABC):
     @property
     @abc.abstractmethod
     def vocab_size(self) -> int | None:
-        """V of the drafter, or ``None`` if it works with any vocabulary."""
+        """V of the drafter (at most the target's), or ``None`` for any vocabulary."""
 
     @abc.abstractmethod
     def init(self, prompts_BS: jax.Array, seq_lengths_B: jax.Array, cache_len: int):
@@ -194,8 +196,12 @@ class DraftModel(Drafter):
     """A smaller LM that drafts γ tokens autoregressively with its own KV cache.
 
     The draft samples from ``probs_from_logits(draft_logits, sampling)``, the
-    same transforms the target's distribution gets, and returns those full
-    probabilities so rejection sampling sees the q it actually sampled from.
+    same transforms the target's distribution gets (``vocab_limit`` included), and
+    returns those full probabilities so rejection sampling sees the q it actually
+    sampled from.
+
+    The draft may have a smaller vocabulary than the target (a padded family, see
+    `specjax.vocab`): its ``[B, γ, V_d]`` q is zero-padded by the decoder.
 
     Attributes:
         model: the draft model (any object following the model contract).
@@ -209,8 +215,15 @@ class DraftModel(Drafter):
     def vocab_size(self) -> int:
         return self.model.vocab_size
 
+    def _readable(self, tokens):
+        # The decoders refuse concrete limits and prompts that would show the draft an
+        # id >= its V; a traced vocab_limit cannot be checked, and an out-of-range id
+        # would embed as NaN (jnp.take's fill) and poison its cache. Any input keeps the
+        # output exact (the verifier only needs the q the drafts came from).
+        return jnp.minimum(tokens, self.model.vocab_size - 1)
+
     def init(self, prompts_BS, seq_lengths_B, cache_len):
-        _, cache, _ = prefill(self.model, prompts_BS, seq_lengths_B, cache_len)
+        _, cache, _ = prefill(self.model, self._readable(prompts_BS), seq_lengths_B, cache_len)
         return cache
 
     def propose(self, keys_BG, state: KVCache, seq_BS, seq_lengths_B, sampling):
@@ -222,7 +235,7 @@ class DraftModel(Drafter):
         # it again otherwise rewrites an identical entry, so one code path
         # serves both cases without a Python branch.
         prev = jnp.maximum(last - 1, 0)
-        tokens_B2 = jnp.stack([seq_BS[rows, prev], seq_BS[rows, last]], axis=1)
+        tokens_B2 = self._readable(jnp.stack([seq_BS[rows, prev], seq_BS[rows, last]], axis=1))
         positions_B2 = jnp.stack([prev, last], axis=1)
         logits, cache = self.model(tokens_B2, positions_B2, state)
 

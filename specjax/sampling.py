@@ -4,8 +4,9 @@ The same two functions serve the drafter and the target, so that speculative dec
 compares like with like:
 
 * `probs_from_logits` turns logits ``[B, ..., V]`` into float32 probabilities after
-  temperature, top-k, top-p and min-p (in that order), or into a one-hot of the argmax
-  when the temperature is zero.
+  the vocabulary limit (padded embedding rows are never tokens), temperature, top-k,
+  top-p and min-p (in that order), or into a one-hot of the argmax when the
+  temperature is zero.
 * `sample` draws one token per row of a ``[..., V]`` array of non-negative weights by
   an exponential race, ``argmax_i w_i / E_i`` with ``E_i ~ Exp(1)``, from one key or
   from one key per row.
@@ -40,6 +41,7 @@ __all__ = [
     "apply_sampling",
     "check_sampling_config",
     "greedy_tokens",
+    "mask_vocab",
     "per_row",
     "probs_from_logits",
     "sample",
@@ -57,6 +59,10 @@ _SAMPLING_BLOCK = 256
 
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p")
 _FIELDS = ("temperature", "top_k", "top_p", "min_p")
+_DTYPES = dict(
+    temperature=jnp.float32, top_k=jnp.int32, top_p=jnp.float32, min_p=jnp.float32,
+    vocab_limit=jnp.int32,
+)  # fmt: skip
 
 
 def _is_host_value(value) -> bool:
@@ -90,12 +96,21 @@ class SamplingConfig:
             reaches ``top_p`` (all ties at the boundary included); ``1`` disables it.
         min_p: keep tokens whose probability is at least ``min_p`` times the largest;
             ``0`` disables it.
+        vocab_limit: ids ``>= vocab_limit`` are never tokens: their logits are masked to
+            ``-inf`` before anything else, so they are neither sampled nor chosen
+            greedily (the padded embedding rows of a checkpoint whose tokenizer is
+            smaller than its V). An integer ``>= 1``, scalar or ``[B]``, traced like the
+            other fields. ``None`` (default): `probs_from_logits` masks nothing, and the
+            decoders use the target's real vocabulary
+            (`specjax.vocab.default_vocab_limit`: its tokenizer's size when smaller than
+            V, else V).
     """
 
     temperature: jax.Array | float = 1.0
     top_k: jax.Array | int = 0
     top_p: jax.Array | float = 1.0
     min_p: jax.Array | float = 0.0
+    vocab_limit: jax.Array | int | None = None
 
     def __post_init__(self):
         # A Python float and a float32 array are different jit signatures; storing one
@@ -114,6 +129,8 @@ class SamplingConfig:
                 object.__setattr__(self, name, arr.astype(np.float32))
         if _is_host_value(self.top_k):
             object.__setattr__(self, "top_k", _host_top_k(self.top_k))
+        if _is_host_value(self.vocab_limit):
+            object.__setattr__(self, "vocab_limit", _host_vocab_limit(self.vocab_limit))
 
     @classmethod
     def greedy(cls) -> SamplingConfig:
@@ -144,14 +161,27 @@ def _host_top_k(value) -> np.ndarray:
     return arr.astype(np.int32)
 
 
+def _host_vocab_limit(value) -> np.ndarray:
+    """``vocab_limit`` as int32: integers only (a float limit is a mistake, not a rounding)."""
+    arr = np.asarray(value)
+    if arr.dtype == object or arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(
+            f"SamplingConfig.vocab_limit must be an integer (or one per row), got {value!r:.60}"
+        )
+    if arr.size and (np.max(arr) > INT32_MAX or np.min(arr) < -INT32_MAX):
+        raise ValueError(f"SamplingConfig.vocab_limit must fit in int32, got {value!r:.60}")
+    return arr.astype(np.int32)
+
+
 def check_sampling_config(config: SamplingConfig, batch_size: int | None = None) -> None:
     """Raises ValueError naming the first field with a bad shape or out-of-range value.
 
-    Valid ranges: ``temperature >= 0``, ``top_k >= 0``, ``0 < top_p <= 1`` and
-    ``0 <= min_p < 1``. Valid shapes: a scalar, or ``[batch_size]`` when ``batch_size``
-    is given (any rank-1 shape otherwise). Shapes are checked for traced fields too;
-    traced values (inside jit or vmap) are not, since they are unknown: call this on the
-    host before jitting.
+    Valid ranges: ``temperature >= 0``, ``top_k >= 0``, ``0 < top_p <= 1``,
+    ``0 <= min_p < 1`` and ``vocab_limit >= 1`` (or ``None``; its upper bound, the
+    model's V, is checked by the decoders). Valid shapes: a scalar, or
+    ``[batch_size]`` when ``batch_size`` is given (any rank-1 shape otherwise). Shapes
+    are checked for traced fields too; traced values (inside jit or vmap) are not, since
+    they are unknown: call this on the host before jitting.
     """
     if not isinstance(config, SamplingConfig):
         raise TypeError(
@@ -163,19 +193,21 @@ def check_sampling_config(config: SamplingConfig, batch_size: int | None = None)
         "top_k": (lambda v: v >= 0, "must be >= 0 (0 disables top-k)"),
         "top_p": (lambda v: (v > 0) & (v <= 1), "must be in (0, 1] (1 disables top-p)"),
         "min_p": (lambda v: (v >= 0) & (v < 1), "must be in [0, 1) (0 disables min-p)"),
+        "vocab_limit": (lambda v: v >= 1, "must be >= 1 (ids >= vocab_limit are masked)"),
     }
     for name, (is_valid, requirement) in checks.items():
         value = getattr(config, name)
+        if name == "vocab_limit" and value is None:
+            continue
         dtype = getattr(value, "dtype", None)
         numeric = isinstance(value, (jax.Array, np.ndarray, np.generic, int, float)) and not (
             isinstance(value, bool) or dtype == np.bool_
         )
-        if not numeric or not (
-            dtype is None
-            or jnp.issubdtype(dtype, jnp.integer)
-            or jnp.issubdtype(dtype, jnp.floating)
-        ):
-            kind = "an integer" if name == "top_k" else "a number"
+        # A float top_k is accepted when integral (and checked below); a vocab_limit
+        # must be an integer.
+        kinds = (jnp.integer,) if name == "vocab_limit" else (jnp.integer, jnp.floating)
+        if not numeric or not (dtype is None or any(jnp.issubdtype(dtype, k) for k in kinds)):
+            kind = "an integer" if name in ("top_k", "vocab_limit") else "a number"
             raise TypeError(
                 f"SamplingConfig.{name} must be {kind} or an array of one per row, "
                 f"got {value!r:.60}"
@@ -202,16 +234,15 @@ def per_row(config: SamplingConfig, batch_size: int) -> SamplingConfig:
     """``config`` checked, with every leaf broadcast to ``[batch_size]``.
 
     The decoders call this on the host, so that a scalar setting and a per-row array
-    are one jit signature: greedy and sampled rows share one compiled program.
+    are one jit signature: greedy and sampled rows share one compiled program. A
+    ``vocab_limit`` of ``None`` stays ``None`` (the decoders resolve it first).
     """
     check_sampling_config(config, batch_size)
-    dtypes = dict(temperature=jnp.float32, top_k=jnp.int32, top_p=jnp.float32, min_p=jnp.float32)
-    return SamplingConfig(
-        **{
-            name: jnp.broadcast_to(jnp.asarray(getattr(config, name), dtypes[name]), (batch_size,))
-            for name in _FIELDS
-        }
+    broadcast = lambda name: jnp.broadcast_to(  # noqa: E731
+        jnp.asarray(getattr(config, name), _DTYPES[name]), (batch_size,)
     )
+    limit = None if config.vocab_limit is None else broadcast("vocab_limit")
+    return SamplingConfig(**{name: broadcast(name) for name in _FIELDS}, vocab_limit=limit)
 
 
 def greedy_tokens(logits: jax.Array) -> jax.Array:
@@ -255,6 +286,21 @@ def _per_row(name: str, value, batch_shape: tuple[int, ...], dtype) -> jax.Array
         )
     value = value.reshape(value.shape + (1,) * len(batch_shape))
     return jnp.broadcast_to(value, batch_shape + (1,))
+
+
+def mask_vocab(logits: jax.Array, vocab_limit) -> jax.Array:
+    """``logits`` with every id ``>= vocab_limit`` set to ``-inf``: ``[B, ..., V]`` in, same out.
+
+    Args:
+        logits: ``[B, ..., V]`` float array.
+        vocab_limit: ``None`` (nothing is masked), or an integer scalar or ``[B]``, read
+            along the leading axis like every `SamplingConfig` field.
+    """
+    if vocab_limit is None:
+        return logits
+    limit_R1 = _per_row("vocab_limit", vocab_limit, logits.shape[:-1], jnp.int32)
+    ids_RxV = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    return jnp.where(ids_RxV < limit_R1, logits, -jnp.inf)
 
 
 def _bisect_threshold(predicate, lo_R1: jax.Array, hi_R1: jax.Array) -> jax.Array:
@@ -315,6 +361,9 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
 
     Steps, each on the previous step's (renormalised) output:
 
+    0. vocabulary limit: logits at ids ``>= config.vocab_limit`` become ``-inf`` (when it
+       is set), so those ids get probability 0 in every later step and in the
+       degenerate cases below;
     1. temperature: ``softmax(logits / temperature)``; a temperature ``<= 0`` or NaN
        returns the one-hot of `greedy_tokens` (lowest index on ties) instead, chosen per
        row by a traced select, so greedy and sampled rows share one compiled program;
@@ -333,7 +382,8 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     Degenerate logits never produce NaN: NaN logits are treated as ``-inf`` (the token
     gets probability 0); if any logit is ``+inf`` the distribution is uniform over the
     ``+inf`` tokens; a row with no usable logit (all ``-inf`` or NaN) yields the uniform
-    distribution over all V tokens (its greedy one-hot is token 0).
+    distribution over all V tokens, or over the ids below ``vocab_limit`` (its greedy
+    one-hot is token 0).
 
     Args:
         logits: ``[B, ..., V]`` float array (bf16, f16, f32, ...).
@@ -356,7 +406,7 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     min_p_R1 = _per_row("min_p", config.min_p, batch_shape, jnp.float32)
 
     x_RxV = logits.astype(jnp.float32)
-    x_RxV = jnp.where(jnp.isnan(x_RxV), -jnp.inf, x_RxV)
+    x_RxV = mask_vocab(jnp.where(jnp.isnan(x_RxV), -jnp.inf, x_RxV), config.vocab_limit)
     greedy_R1 = ~(temperature_R1 > 0)
 
     def greedy():
@@ -371,6 +421,9 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
         safe_temperature_R1 = jnp.where(greedy_R1, 1.0, temperature_R1)
         shifted_RxV = jnp.where(x_RxV == -jnp.inf, -jnp.inf, (x_RxV - max_R1) / safe_temperature_R1)
         z_RxV = jnp.where(x_RxV == max_R1, 0.0, shifted_RxV)
+        # A row with no usable logit is uniform over the ids that may be tokens, never
+        # over masked ones (which are -inf like the rest, so equal to the max).
+        z_RxV = mask_vocab(z_RxV, config.vocab_limit)
         e_RxV = jnp.exp(z_RxV)
         probs_RxV = e_RxV / jnp.sum(e_RxV, axis=-1, keepdims=True)
         return _truncate(probs_RxV, top_k_R1, top_p_R1, min_p_R1)

@@ -602,6 +602,23 @@ DECODER_CASES = [
     (dict(sampling=0.7), TypeError, "sampling must be a specjax.SamplingConfig"),
     (dict(sampling={"temperature": 0.7}), TypeError, "sampling must be a specjax.SamplingConfig"),
     (dict(seeds=[2**40]), ValueError, "seeds holds"),
+    (dict(sampling=SamplingConfig(vocab_limit=0)), ValueError, "vocab_limit must be >= 1"),
+    (dict(sampling=SamplingConfig(vocab_limit=-3)), ValueError, "vocab_limit must be >= 1"),
+    (
+        dict(sampling=SamplingConfig(vocab_limit=V + 1)),
+        ValueError,
+        rf"vocab_limit must be in \[1, {V}\] \(the target's vocabulary size V = {V}\), got 65",
+    ),
+    (
+        dict(sampling=SamplingConfig(vocab_limit=jnp.float32(60.0))),
+        TypeError,
+        "SamplingConfig.vocab_limit must be an integer",
+    ),
+    (
+        dict(sampling=SamplingConfig(vocab_limit=np.asarray([60, 61]))),
+        ValueError,
+        r"SamplingConfig.vocab_limit has shape \[2\]",
+    ),
     (dict(key=0), TypeError, "key must be a PRNG key"),
     (dict(key=None), TypeError, "key must be a PRNG key"),
     (dict(key="jax.random.key(0)"), TypeError, "key must be a PRNG key"),
@@ -712,6 +729,11 @@ def test_step_refuses_bad_arguments(target):
         (dict(top_k=2.5), ValueError, "top_k must be an integer"),
         (dict(top_k="3"), TypeError, "top_k must be an integer"),
         (dict(temperature="hot"), TypeError, "temperature must be a number"),
+        (dict(vocab_limit=60.0), TypeError, "vocab_limit must be an integer"),
+        (dict(vocab_limit="60"), TypeError, "vocab_limit must be an integer"),
+        (dict(vocab_limit=True), TypeError, "vocab_limit must be an integer"),
+        (dict(vocab_limit=2**32), ValueError, "vocab_limit must fit in int32"),
+        (dict(vocab_limit=0), ValueError, "vocab_limit must be >= 1"),
     ],
 )
 def test_sampling_config_refuses_bad_values(kwargs, error, match):

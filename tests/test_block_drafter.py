@@ -574,7 +574,7 @@ def test_feature_layers_are_the_residual_stream(target):
         x = module.embed_tokens(tokens)
         outs = []
         for i, layer in enumerate(module.layers):
-            x, _, _ = layer(x, positions, None, None, i, inv_freq)
+            x, _, _ = layer(x, positions, None, None, i, inv_freq, model.config.layer_windows[i])
             outs.append(x)
         return outs, module.norm(x)
 

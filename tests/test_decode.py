@@ -154,10 +154,11 @@ def test_same_key_same_output_and_user_jit(target):
 def test_no_recompilation_for_traced_settings(target, tmp_path):
     """Values are traced: one program per (model, drafter, shapes) whatever the settings.
 
-    Covers temperature, top-k, top-p, min-p (scalars and per-row arrays), eos_id (None,
-    one id, a list), max_new_tokens (int and per row, within one cache bucket), seeds,
-    prompt widths within one bucket of 16, a new DraftModel around an equal model, and a
-    checkpoint loaded twice (its tokenizer compares by content).
+    Covers temperature, top-k, top-p, min-p and vocab_limit (scalars and per-row arrays,
+    and vocab_limit's default), eos_id (None, one id, a list), max_new_tokens (int and
+    per row, within one cache bucket), seeds, prompt widths within one bucket of 16, a
+    new DraftModel around an equal model, and a checkpoint loaded twice (its tokenizer
+    compares by content).
     """
     from specjax.testing import tiny_tokenizer
 
@@ -178,6 +179,8 @@ def test_no_recompilation_for_traced_settings(target, tmp_path):
         dict(sampling=specjax.SamplingConfig(top_k=5, min_p=0.2), eos_id=[3, 9, 11]),
         dict(sampling=specjax.SamplingConfig(**per_row), max_new_tokens=[4, 9], seeds=[7, 1]),
         dict(prompts=[[4, 5, 6, 4, 5, 6, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1]]),  # width 16
+        dict(sampling=specjax.SamplingConfig(temperature=0.0, vocab_limit=40)),
+        dict(sampling=specjax.SamplingConfig(vocab_limit=np.asarray([V, 17])), eos_id=3),
     ]
     drafters = {
         "lookup": lambda model: specjax.PromptLookup(ngram=2, num_draft=3),
