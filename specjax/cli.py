@@ -470,14 +470,18 @@ def _check_out(args) -> Path:
                 f"--resume: --out {out} has no training checkpoints to continue from; "
                 "pass --overwrite to train a new model in their place"
             )
-    # A read-only folder or a full disk fails here, not after the training.
+    _check_writable(out)
+    return out
+
+
+def _check_writable(out: Path) -> None:
+    """A read-only folder or a full disk fails here, not after the training."""
     parent = out if out.is_dir() else out.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryDirectory(dir=parent).cleanup()
     except OSError as e:
         raise UserError(f"--out {out}: cannot write in {parent}: {e.strerror or e}") from None
-    return out
 
 
 def _check_resumed_tokenizer(args, out, tokenizer) -> None:
@@ -645,12 +649,7 @@ def cmd_train_drafter(args) -> int:
             )
         if not list_checkpoints(out / _CHECKPOINTS):
             raise UserError(f"--resume: --out {out} has no training checkpoints to continue from")
-    parent = out if out.is_dir() else out.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryDirectory(dir=parent).cleanup()
-    except OSError as e:
-        raise UserError(f"--out {out}: cannot write in {parent}: {e.strerror or e}") from None
+    _check_writable(out)
 
     if args.target:
         target = _load_folder(args.target, "--target")

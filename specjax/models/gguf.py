@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -351,30 +350,6 @@ def _gemma_fields(meta: dict, arch: str, config: dict, key, path: Path) -> dict:
     return fields
 
 
-class _Tensors(Mapping):
-    """Hugging Face name -> float32 array, dequantized only when looked up.
-
-    ``shapes`` is known up front, so that :func:`~specjax.models.hf.model_from_tensors`
-    checks every shape before any tensor is decoded.
-    """
-
-    def __init__(self, readers: dict[str, Callable[[], np.ndarray]], shapes: dict):
-        self._readers = readers
-        self.shapes = shapes
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self._readers[name]()
-
-    def __contains__(self, name) -> bool:
-        return name in self._readers
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._readers)
-
-    def __len__(self) -> int:
-        return len(self._readers)
-
-
 def _hf_tensor_name(name: str, arch: str, path: Path) -> str:
     norms = _NORMS["gemma" if arch in _GEMMA else "llama"]
     stem, dot, leaf = name.rpartition(".")
@@ -546,7 +521,7 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> Model:
     template = meta.get("tokenizer.chat_template")
     return hf.model_from_tensors(
         config,
-        _Tensors(readers, hf_shapes),
+        hf.LazyTensors(readers, hf_shapes),
         dtype=dtype,
         tokenizer=tokenizer_from_gguf(meta, architecture=arch, source=str(path)),
         chat_template=template if isinstance(template, str) else None,

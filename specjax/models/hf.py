@@ -25,7 +25,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import jax
@@ -624,7 +624,7 @@ def load_pretrained(
                 f"tensor {bad[0]} is stored as {storage[bad[0]]}, expected a floating "
                 f"dtype ({', '.join(sorted(_FLOAT_STORAGE))})"
             )
-        tensors = _LazyTensors(
+        tensors = LazyTensors(
             {n: (lambda n=n: handles[located[n]].get_tensor(n)) for n in located},
             {n: tuple(handles[located[n]].get_slice(n).get_shape()) for n in located},
         )
@@ -640,15 +640,29 @@ def load_pretrained(
     return model
 
 
-class _LazyTensors(dict):
-    """Tensor name -> array, read only when looked up; ``shapes`` known up front."""
+class LazyTensors(Mapping):
+    """Hugging Face tensor name -> array, read (or dequantized) only when looked up.
 
-    def __init__(self, readers: dict, shapes: dict):
-        super().__init__(readers)
+    ``shapes`` (name -> shape) is known up front, so that :func:`model_from_tensors`
+    checks every shape before any tensor is read. Safetensors folders and GGUF files
+    both hand their tensors over this way.
+    """
+
+    def __init__(self, readers: dict[str, Callable[[], np.ndarray]], shapes: dict):
+        self._readers = readers
         self.shapes = shapes
 
-    def __getitem__(self, name):
-        return super().__getitem__(name)()
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._readers[name]()
+
+    def __contains__(self, name) -> bool:
+        return name in self._readers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._readers)
+
+    def __len__(self) -> int:
+        return len(self._readers)
 
 
 def _read_tokenizer(folder: Path):
