@@ -6,13 +6,16 @@ probe times, in float32 at batch 1, for T = 1, 5 and 8:
 
 * **MLP stack**: 30 SwiGLU MLPs of SmolLM2's shape (E = 576, F = 1536; 318 MB of
   weights, so nothing stays in cache), with kernels stored ``[in, out]``
-  (``x @ W``, the layout of ``nnx.Linear`` and of specjax today) or ``[out, in]``
-  (``einsum("bte,fe->btf")``, the layout of ``torch.nn.Linear`` and Hugging Face
-  checkpoints), and with gate and up fused into one ``[E, 2F]`` kernel;
+  (``x @ W``, the layout of ``nnx.Linear``, which specjax used before) or
+  ``[out, in]`` (``einsum("bte,fe->btf")``, the layout of ``torch.nn.Linear``,
+  Hugging Face checkpoints and specjax's ``Dense`` now), and with gate and up
+  fused into one ``[E, 2F]`` kernel;
 * **LM head**: ``[T, 576] @ [576, 49152]`` (the tied embedding stored as the head
-  kernel ``[E, V]``) against ``einsum`` over the table ``[V, E]``.
+  kernel ``[E, V]``, as specjax did before) against ``einsum`` over the table
+  ``[V, E]`` (specjax now).
 
-It only measures; it changes nothing in the library.
+It only measures; it changes nothing in the library (specjax has since
+switched to ``[out, in]``, see BENCHMARKS.md).
 
     python scripts/probe_matmul_layouts.py
 """

@@ -20,6 +20,11 @@ Usage::
     python scripts/profile_decode.py --method plain
     python scripts/profile_decode.py --batch 16 --top 30
     python scripts/profile_decode.py --quick              # tiny random pair, seconds
+    python scripts/profile_decode.py --method forward --target SmolLM2-135M-Instruct.Q4_1.gguf
+
+``--method forward`` profiles the target's forward alone, at T = 1 and at
+T = γ + 1 (the verification width), against a cache of ``--prompt-tokens``: the
+two costs whose ratio decides whether verifying γ drafts is cheap.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from flax import struct
 
 import specjax
 from specjax import decode
-from specjax.benchmarking import draft_cost, forward_costs, interleaved_cost
+from specjax.benchmarking import draft_cost, forward_costs, forward_loop, interleaved_cost
 from specjax.decode import resolve_cache_len
 
 # Trace events that are containers or runtime bookkeeping rather than XLA ops.
@@ -185,11 +190,44 @@ def op_profile(fn, shapes: dict[str, str], steps: int, runs: int = 3):
     return total, count
 
 
+def profile_forward(target, args, inner: int = 10) -> int:
+    """Per-op profiles of the target's T = 1 and T = γ+1 forwards, and their ratio."""
+    medians = {}
+    for width in (1, args.gamma + 1):
+        fn, fn_args = forward_loop(
+            target, args.batch, args.prompt_tokens, width, inner=inner,
+            cache_len=args.prompt_tokens + args.max_new_tokens + args.gamma + 1,
+        )  # fmt: skip
+        hlo = fn.lower(*fn_args).compile().as_text()
+        shapes = dict(re.findall(r"%([\w.\-]+) = (\S+\[[\d,]*\])", hlo))
+        call = lambda fn=fn, fn_args=fn_args: fn(*fn_args)  # noqa: E731
+        jax.block_until_ready(call())
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(call())
+            times.append((time.perf_counter() - start) / inner * 1e3)
+        medians[width] = statistics.median(times)
+        total, count = op_profile(call, shapes, inner)
+        print(
+            f"\nforward of T={width} (batch {args.batch}, context {args.prompt_tokens}): "
+            f"{medians[width]:.2f} ms median, {min(times):.2f} min; per-op profile "
+            f"(µs per forward, profiler on; sum {sum(total.values()):.0f} µs):"
+        )
+        for op, us in total.most_common(args.top):
+            print(f"{us:9.1f} µs  {count[op]:6.1f}×  {op[0]:<32} {op[1]}")
+    ratio = medians[args.gamma + 1] / medians[1]
+    print(f"\nT={args.gamma + 1} / T=1: {ratio:.2f}×")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", help="Hugging Face folder of the target (default: bundled)")
     parser.add_argument("--draft", help="Hugging Face folder of the draft")
-    parser.add_argument("--method", choices=["draft", "lookup", "block", "plain"], default="draft")
+    parser.add_argument(
+        "--method", choices=["draft", "lookup", "block", "plain", "forward"], default="draft"
+    )
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -204,6 +242,8 @@ def main(argv=None) -> int:
         args.prompt_tokens, args.max_new_tokens, args.repeats = 8, 12, 2
 
     target, draft, tokenizer = load(args)
+    if args.method == "forward":
+        return profile_forward(target, args)
     prompts = prompts_of(args, target.vocab_size, tokenizer)
     sampling = specjax.SamplingConfig(temperature=args.temperature)
     drafter = (

@@ -1,6 +1,14 @@
-"""Trains the bundled BlockDrafter for the bundled target (reproduces the shipped one).
+"""Trains a BlockDrafter for a target: the bundled one, or a real model such as SmolLM2.
 
     python scripts/train_block_drafter.py --out specjax/assets/default/block_drafter
+    python scripts/train_block_drafter.py --target SmolLM2-135M-Instruct.Q4_1.gguf \
+        --out specjax/assets/smollm2/block_drafter --block-size 6 --minutes 45
+
+The first reproduces the bundled drafter. With ``--target`` (a ``.gguf`` file or a
+Hugging Face folder) stage 2 also asks an instruction-tuned target (one with a chat
+template) to answer instruction-style prompts built from the corpus (explain, rewrite,
+document or test a stdlib function; write a function for a task; explain a concept),
+so that the drafter learns the target's own chat answers.
 
 Stages (each logged with its time; the training itself shows a progress bar):
 
@@ -41,6 +49,20 @@ def log(msg: str) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/block_drafter")
+    p.add_argument("--target", help="a .gguf file or Hugging Face folder (default: bundled)")
+    p.add_argument(
+        "--chat-fraction",
+        type=float,
+        default=0.75,
+        help="with a chat template: share of generated tokens that are chat answers",
+    )
+    p.add_argument("--answer-tokens", type=int, default=160, help="chat answers: token budget")
+    p.add_argument(
+        "--generate-minutes",
+        type=float,
+        default=None,
+        help="stop generating after this many minutes (default: no limit)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny budget; about a minute")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--num-layers", type=int, default=2)
@@ -56,35 +78,203 @@ def parse_args(argv=None):
     p.add_argument("--generated-tokens", type=int, default=200_000)
     p.add_argument("--generated-fraction", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-gammas", type=int, nargs="+", default=[1, 2, 3, 5, 7])
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
 
 
-def generate_continuations(target, corpus, n_tokens, *, seed, batch=32, prompt_len=32, new=96):
+def generate_continuations(
+    target, corpus, n_tokens, *, seed, batch=32, prompt_len=32, new=96, minutes=None
+):
     """Target continuations of random corpus windows; rows alternate T=0 and T=1."""
     rng = np.random.default_rng(seed)
-    temps = jnp.asarray([0.0, 1.0] * (batch // 2), jnp.float32)
-    sampling = specjax.SamplingConfig(temperature=temps)
-    out, made, t0 = [], 0, time.time()
-    call = 0
-    while made < n_tokens:
+
+    def prompts():
         starts = rng.integers(0, len(corpus) - prompt_len, batch)
-        prompts = np.stack([corpus[s : s + prompt_len] for s in starts])
+        return np.stack([corpus[s : s + prompt_len] for s in starts])
+
+    return _sequences(target, prompts, n_tokens, key_offset=seed, new=new, minutes=minutes,
+                      label="generated")  # fmt: skip
+
+
+def _sequences(target, prompts, n_tokens, *, key_offset, new, minutes, label, eos_id=None):
+    """``int32[N]``: prompt + target output sequences, batch after batch of ``prompts()``.
+
+    Rows alternate T=0 and T=1 (per-row temperatures in one batch); it stops after
+    ``n_tokens`` generated tokens or ``minutes``.
+    """
+    out, made, t0, call = [np.zeros((0,), np.int32)], 0, time.time(), 0
+    while made < n_tokens and not _out_of_time(t0, minutes):
+        rows = prompts()
+        temps = jnp.asarray([0.0, 1.0] * (len(rows) // 2), jnp.float32)
         res = specjax.generate(
-            jax.random.key(seed + call), target, prompts, max_new_tokens=new, sampling=sampling
-        )
-        for p_row, row in zip(prompts, res.to_lists(), strict=True):
-            out.append(np.concatenate([p_row, np.asarray(row, np.int32)]))
+            jax.random.key(key_offset + call), target, [list(map(int, r)) for r in rows],
+            max_new_tokens=new, sampling=specjax.SamplingConfig(temperature=temps),
+            eos_id=eos_id,
+        )  # fmt: skip
+        for p_row, row in zip(rows, res.to_lists(), strict=True):
+            out.append(np.concatenate([np.asarray(p_row, np.int32), np.asarray(row, np.int32)]))
             made += len(row)
         call += 1
-        log(f"generated {made:,}/{n_tokens:,} tokens ({made / (time.time() - t0):,.0f} tok/s)")
+        log(f"{label}: {made:,}/{n_tokens:,} tokens ({made / (time.time() - t0):,.0f} tok/s)")
     return np.concatenate(out).astype(np.int32)
 
 
-def evaluate(target, drafter, heldout, *, gammas, n_prompts=16, prompt_len=32, new=64):
+def _out_of_time(t0: float, minutes: float | None) -> bool:
+    return minutes is not None and time.time() - t0 > 60 * minutes
+
+
+# Instruction-style prompts for an instruct target, built from the corpus so that there
+# are as many distinct ones as the budget needs. Answers are the target's own.
+CODE_TASKS = (
+    "Explain what this Python function does, step by step.",
+    "Rewrite this function so that it is easier to read. Keep its behaviour.",
+    "Add type hints and a Google-style docstring to this function.",
+    "Write pytest unit tests for this function.",
+    "Rename the variables of this function to descriptive names and show the result.",
+    "Is there a bug or an edge case this function does not handle? Explain and fix it.",
+    "Summarise this code in two sentences.",
+    "Convert the loops in this function to comprehensions where it makes sense.",
+)
+WRITE_TASKS = (
+    "Write a Python function that {}.",
+    "How would you {} in Python? Show the code.",
+    "Write a short program that {}, with comments.",
+)
+ACTIONS = (
+    "reverses a string",
+    "checks whether a number is prime",
+    "merges two sorted lists",
+    "counts the words in a text file",
+    "parses a CSV file into dictionaries",
+    "computes the nth Fibonacci number",
+    "removes duplicates from a list keeping order",
+    "flattens a nested list",
+    "finds the longest common prefix of strings",
+    "validates an email address",
+    "converts Celsius to Fahrenheit",
+    "reads a JSON file and prints its keys",
+    "sorts a dictionary by value",
+    "computes a factorial recursively",
+    "checks whether a string is a palindrome",
+    "downloads nothing but builds a URL with query parameters",
+    "implements binary search",
+    "groups words by their first letter",
+    "computes the mean and median of numbers",
+    "generates all permutations of a list",
+    "implements a stack class",
+    "renames all files in a folder to lower case",
+    "finds the most common element",
+    "splits a list into chunks of size n",
+    "transposes a matrix",
+)
+CONCEPTS = (
+    "recursion",
+    "a hash table",
+    "Big-O notation",
+    "a Python decorator",
+    "a generator",
+    "a context manager",
+    "list comprehensions",
+    "the difference between a list and a tuple",
+    "object-oriented programming",
+    "unit testing",
+    "a linked list",
+    "version control",
+    "photosynthesis",
+    "gravity",
+    "the water cycle",
+    "inflation in economics",
+    "a neural network",
+    "the internet",
+    "climate change",
+    "how vaccines work",
+    "the French Revolution",
+    "a healthy breakfast",
+    "time management",
+    "how to write a good essay",
+    "prime numbers",
+)
+CONCEPT_TASKS = (
+    "Explain {} in simple terms.",
+    "What is {}? Give an example.",
+    "Write a short paragraph about {} for a beginner.",
+    "Give three facts about {}.",
+)
+
+
+def code_snippets(documents: list[str], *, max_lines: int = 24) -> list[str]:
+    """Top-level functions of the corpus documents that fit in ``max_lines`` lines."""
+    snippets = []
+    for doc in documents:
+        lines = doc.splitlines()
+        starts = [i for i, line in enumerate(lines) if line.startswith("def ")]
+        for i in starts:
+            j = i + 1
+            while j < len(lines) and (not lines[j] or lines[j][0] in " \t#"):
+                j += 1
+            if 3 <= j - i <= max_lines:
+                snippets.append("\n".join(lines[i:j]).rstrip())
+    return snippets
+
+
+def instruction_prompts(snippets: list[str], n: int, rng: np.random.Generator) -> list[str]:
+    """``n`` user messages: half about corpus functions, half writing/explaining tasks."""
+    out = []
+    for i in range(n):
+        kind = i % 4
+        if kind < 2 and snippets:
+            task = CODE_TASKS[rng.integers(len(CODE_TASKS))]
+            out.append(f"{task}\n\n```python\n{snippets[rng.integers(len(snippets))]}\n```")
+        elif kind == 2:
+            out.append(
+                WRITE_TASKS[rng.integers(len(WRITE_TASKS))].format(
+                    ACTIONS[rng.integers(len(ACTIONS))]
+                )
+            )
+        else:
+            out.append(
+                CONCEPT_TASKS[rng.integers(len(CONCEPT_TASKS))].format(
+                    CONCEPTS[rng.integers(len(CONCEPTS))]
+                )
+            )
+    return out
+
+
+def chat_ids(target, message: str) -> np.ndarray:
+    """``int32[P]``: one user message rendered with the target's chat template."""
+    messages = [{"role": "user", "content": message}]
+    return np.asarray(specjax.apply_chat_template(target, messages, tokenize=True), np.int32)
+
+
+def generate_answers(
+    target, snippets, n_tokens, *, seed, batch=32, new=160, max_prompt=320, minutes=None
+):
+    """The target's chat answers to `instruction_prompts`, rows alternating T=0 and T=1.
+
+    Each sequence is the rendered prompt followed by the answer up to and including
+    its end-of-turn token, so the drafter sees the template as decoding will.
+    """
+    from specjax.chat import end_of_turn_ids
+
+    rng = np.random.default_rng(seed + 1)
+
+    def prompts():
+        rows = []
+        while len(rows) < batch:
+            ids = chat_ids(target, instruction_prompts(snippets, 1, rng)[0])
+            if len(ids) <= max_prompt:
+                rows.append(ids)
+        return rows
+
+    return _sequences(
+        target, prompts, n_tokens, key_offset=seed + 10_000, new=new, minutes=minutes,
+        label="chat answers", eos_id=list(end_of_turn_ids(target)),
+    )  # fmt: skip
+
+
+def evaluate(target, drafter, prompts, *, gammas, new=64):
     """Tokens per target call (τ) and acceptance on held-out prompts, T=0 and T=1."""
-    starts = np.linspace(0, len(heldout) - prompt_len - 1, n_prompts).astype(int)
-    prompts = np.stack([heldout[s : s + prompt_len] for s in starts])
     report = {}
     for temperature in (0.0, 1.0):
         sampling = specjax.SamplingConfig(temperature=temperature)
@@ -101,6 +291,16 @@ def evaluate(target, drafter, heldout, *, gammas, n_prompts=16, prompt_len=32, n
     return report
 
 
+def heldout_prompts(target, heldout, *, chat, corpus_kw, n_prompts=16, prompt_len=32):
+    """Evaluation prompts: held-out corpus windows, or chat prompts about held-out code."""
+    if chat:
+        snippets = code_snippets(data.stdlib_documents("heldout", **corpus_kw))
+        rng = np.random.default_rng(12345)
+        return [chat_ids(target, m).tolist() for m in instruction_prompts(snippets, n_prompts, rng)]
+    starts = np.linspace(0, len(heldout) - prompt_len - 1, n_prompts).astype(int)
+    return np.stack([heldout[s : s + prompt_len] for s in starts])
+
+
 def main(argv=None):
     args = parse_args(argv)
     out = Path(args.out)
@@ -109,7 +309,12 @@ def main(argv=None):
         shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
-    target, _, tok = specjax.default_pair()
+    if args.target:
+        target = specjax.load_pretrained(args.target, dtype=jnp.float32)
+        tok = target.tokenizer
+    else:
+        target, _, tok = specjax.default_pair()
+    chat = bool(args.target and target.chat_template)
     n_target = target.config.num_params() / 1e6
     log(f"jax {jax.__version__} on {jax.default_backend()}; target {n_target:.1f}M params")
 
@@ -128,7 +333,21 @@ def main(argv=None):
         log(f"generated continuations: reused {len(generated):,} tokens")
     else:
         t0 = time.time()
-        generated = generate_continuations(target, corpus, n_gen, seed=args.seed)
+        n_chat = round(n_gen * args.chat_fraction) if chat else 0
+        minutes = args.generate_minutes
+        parts = []
+        if n_chat:
+            snippets = code_snippets(data.stdlib_documents("train", **corpus_kw))
+            log(f"chat prompts: {len(snippets):,} corpus functions to ask about")
+            parts.append(generate_answers(
+                target, snippets, n_chat, seed=args.seed, new=args.answer_tokens,
+                minutes=None if minutes is None else minutes * args.chat_fraction,
+            ))  # fmt: skip
+        left = None if minutes is None else max(0.0, minutes - (time.time() - t0) / 60)
+        parts.append(generate_continuations(
+            target, corpus, n_gen - sum(map(len, parts)), seed=args.seed, minutes=left
+        ))  # fmt: skip
+        generated = np.concatenate(parts)
         np.save(gen_path, generated, allow_pickle=False)
         log(f"generated continuations: {len(generated):,} tokens in {time.time() - t0:.0f} s")
     # Repeat the generated stream so that it makes up --generated-fraction of the mix.
@@ -147,7 +366,7 @@ def main(argv=None):
         batch_size=2 if args.quick else args.batch,
         seq_len=64 if args.quick else args.seq_len,
         learning_rate=args.lr,
-        warmup_steps=5 if args.quick else 100,
+        warmup_steps=5 if args.quick else min(100, args.steps // 10),
         weight_decay=0.01,
         num_anchors=4 if args.quick else args.anchors,
         decay=args.decay,
@@ -171,9 +390,10 @@ def main(argv=None):
     )
     drafter = result.model
 
-    gammas = (1, 3) if args.quick else (1, 2, 3, 5, 7, 9, 11, 15)
+    gammas = (1, 3) if args.quick else tuple(args.eval_gammas)
     gammas = tuple(g for g in gammas if g < args.block_size)
-    evaluation = evaluate(target, drafter, heldout, gammas=gammas, new=16 if args.quick else 64)
+    prompts = heldout_prompts(target, heldout, chat=chat, corpus_kw=corpus_kw)
+    evaluation = evaluate(target, drafter, prompts, gammas=gammas, new=16 if args.quick else 64)
     save_block_drafter(
         drafter.with_draft(7 if args.block_size > 7 else args.block_size - 1),
         out,
@@ -190,6 +410,7 @@ def main(argv=None):
         final_train_loss=result.losses[-1],
         loss_first_100=float(np.mean(result.losses[:100])),
         loss_last_100=float(np.mean(result.losses[-100:])),
+        target=args.target or "bundled",
         generated_tokens=int(len(generated)),
         generated_repeats=reps,
         train_config=dataclasses.asdict(config),

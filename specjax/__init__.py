@@ -25,6 +25,7 @@ from specjax.models import load_pretrained as load_pretrained
 from specjax.models import save_pretrained as save_pretrained
 from specjax.pretrained import default_drafter as default_drafter
 from specjax.pretrained import default_pair as default_pair
+from specjax.pretrained import smollm2_drafter as smollm2_drafter
 from specjax.sampling import SamplingConfig as SamplingConfig
 from specjax.sampling import probs_from_logits as probs_from_logits
 from specjax.sampling import sample as sample

@@ -37,6 +37,25 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _default_file_modes(root: Path) -> None:
+    """Gives the files under ``root`` the mode ``open()`` would (``0o666 & ~umask``).
+
+    safetensors writes its files ``0o600``, so a checkpoint saved on a shared
+    machine could not be read by the rest of the group.
+    """
+    # The mode a plain open() gives, read off a probe file: asking os.umask would
+    # set the process-wide umask for a moment, which other threads would see.
+    probe = root / ".mode-probe"
+    probe.touch()
+    mode = probe.stat().st_mode & 0o777
+    probe.unlink()
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            file = Path(dirpath) / name
+            if not file.is_symlink():
+                os.chmod(file, mode)
+
+
 def fsync_tree(path: str | os.PathLike) -> None:
     """Flushes every file and folder under ``path`` (and ``path``) to stable storage.
 
@@ -104,6 +123,7 @@ def replace_folder(
     tmp.mkdir()
     try:
         write(tmp)
+        _default_file_modes(tmp)
         fsync_tree(tmp)
         if not (target.exists() or target.is_symlink()):
             os.replace(tmp, target)

@@ -97,17 +97,43 @@ def forward_costs(
 
     Returns ``{T: seconds}`` for each ``T`` in ``widths``.
     """
-    cache_len = cache_len or context + max(widths) + 1
+    costs = {}
+    for t in widths:
+        run, args = forward_loop(
+            model, batch_size, context, t, inner=inner,
+            cache_len=cache_len or context + max(widths) + 1, feature_layers=feature_layers,
+        )  # fmt: skip
+        timing, _ = time_fn(run, *args, repeats=repeats)
+        costs[t] = timing.median_s / inner
+    return costs
+
+
+def forward_loop(
+    model,
+    batch_size: int,
+    context: int,
+    width: int,
+    *,
+    inner: int = 10,
+    cache_len: int | None = None,
+    feature_layers: tuple[int, ...] = (),
+):
+    """``(fn, args)``: ``fn(*args)`` runs ``inner`` forwards of ``width`` tokens.
+
+    The forwards run back to back in one ``fori_loop`` against a cache holding
+    ``context`` tokens: inside the decode loop nothing is dispatched from the host,
+    so per-call dispatch overhead must not count. Each forward's tokens depend on
+    the previous logits, so XLA cannot hoist it out of the loop, and the cache is
+    carried, as in the decode loop, so that its update is in place rather than a
+    copy per call. `forward_costs` times it; ``scripts/profile_decode.py
+    --method forward`` profiles it op by op (``fn.lower(*args)`` gives the HLO).
+    """
+    cache_len = cache_len or context + width + 1
     prompts = jnp.ones((batch_size, context), jnp.int32)
     _, cache, _ = jax.jit(prefill, static_argnums=3)(
         model, prompts, jnp.full((batch_size,), context, jnp.int32), cache_len
     )
 
-    # `inner` forwards back to back in one fori_loop: inside the decode loop
-    # nothing is dispatched from the host, so per-call dispatch overhead must
-    # not count. Each step's tokens depend on the previous logits, so XLA cannot
-    # hoist the forward out of the loop. The cache is carried, as in the decode
-    # loop, so that its update is in place rather than a copy per call.
     def run(m, tokens, positions, cache):
         def body(_, carry):
             tokens, cache = carry
@@ -119,15 +145,9 @@ def forward_costs(
 
         return jax.lax.fori_loop(0, inner, body, (tokens, cache))[0]
 
-    fwd = jax.jit(run)
-    costs = {}
-    for t in widths:
-        tokens = jnp.ones((batch_size, t), jnp.int32)
-        offsets = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (batch_size, t))
-        positions = (context - 1) + offsets
-        timing, _ = time_fn(fwd, model, tokens, positions, cache, repeats=repeats)
-        costs[t] = timing.median_s / inner
-    return costs
+    tokens = jnp.ones((batch_size, width), jnp.int32)
+    offsets = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch_size, width))
+    return jax.jit(run), (model, tokens, (context - 1) + offsets, cache)
 
 
 def _drafter_at_context(drafter, batch_size: int, context: int, cache_len: int, target=None):

@@ -56,7 +56,14 @@ from flax import nnx, struct
 from specjax.drafters import Drafter, Proposal, TargetFeatures
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
-from specjax.models.llama import MLP, RMSNorm, _linear, apply_rope, rope_inv_freq
+from specjax.models.llama import (
+    MLP,
+    Dense,
+    RMSNorm,
+    apply_rope,
+    rope_inv_freq,
+    upgrade_legacy_layout,
+)
 from specjax.sampling import greedy_tokens, mask_vocab, probs_from_logits, sample
 
 __all__ = [
@@ -100,10 +107,10 @@ class BlockAttention(nnx.Module):
         c = config
         d = c.head_dim
         self.config = c
-        self.q_proj = _linear(c.hidden_size, c.num_heads * d, c.attention_bias, dtype, rngs)
-        self.k_proj = _linear(c.hidden_size, c.num_kv_heads * d, c.attention_bias, dtype, rngs)
-        self.v_proj = _linear(c.hidden_size, c.num_kv_heads * d, c.attention_bias, dtype, rngs)
-        self.o_proj = _linear(c.num_heads * d, c.hidden_size, c.o_proj_bias, dtype, rngs)
+        self.q_proj = Dense(c.hidden_size, c.num_heads * d, c.attention_bias, dtype, rngs)
+        self.k_proj = Dense(c.hidden_size, c.num_kv_heads * d, c.attention_bias, dtype, rngs)
+        self.v_proj = Dense(c.hidden_size, c.num_kv_heads * d, c.attention_bias, dtype, rngs)
+        self.o_proj = Dense(c.num_heads * d, c.hidden_size, c.o_proj_bias, dtype, rngs)
         if c.qk_norm:
             self.q_norm = RMSNorm(d, c.rms_norm_eps, dtype)
             self.k_norm = RMSNorm(d, c.rms_norm_eps, dtype)
@@ -179,7 +186,7 @@ class BlockDraftNet(nnx.Module):
     def __init__(self, config: ModelConfig, num_features: int, *, dtype=jnp.float32, rngs):
         e = config.hidden_size
         self.config = config
-        self.fc = _linear(num_features * e, e, False, dtype, rngs)
+        self.fc = Dense(num_features * e, e, False, dtype, rngs)
         self.hidden_norm = RMSNorm(e, config.rms_norm_eps, dtype)
         self.mask_embedding = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (e,), dtype))
         self.layers = nnx.List([BlockLayer(config, dtype, rngs) for _ in range(config.num_layers)])
@@ -573,6 +580,9 @@ def load_block_drafter(
 ) -> BlockDrafter:
     """Loads a drafter written by `save_block_drafter` for ``target``.
 
+    Files from before the ``[out, in]`` weight layout (``...['kernel']``
+    ``[in, out]``) are converted as they are read (`upgrade_legacy_layout`).
+
     Raises:
         FileNotFoundError: ``path`` holds no block drafter.
         ValueError: it was built for a target of another shape.
@@ -603,7 +613,7 @@ def load_block_drafter(
     target_layers = tuple(meta["target_layers"])
     net = BlockDraftNet(config, len(target_layers), dtype=target.dtype, rngs=nnx.Rngs(0))
     graphdef, template = nnx.split(net)
-    arrays = load_file(str(path / WEIGHTS_FILE))
+    arrays = upgrade_legacy_layout(load_file(str(path / WEIGHTS_FILE)))
     expected = _flat_params(template)
     if set(arrays) != set(expected) or any(arrays[k].shape != expected[k].shape for k in expected):
         raise ValueError(f"path {path}: {WEIGHTS_FILE} does not match {CONFIG_FILE}")

@@ -51,6 +51,7 @@ def _load_models(args):
             target, draft, _ = default_pair()
         except (FileNotFoundError, ValueError, OSError) as e:
             raise UserError(f"cannot load the bundled pair: {e}") from None
+    _resolve_drafter_path(args)
     if args.drafter == "auto":
         # The bundled pair: the fastest drafter measured for it (BENCHMARKS.md). A
         # user's own target: its draft model if given, else a block drafter if given,
@@ -79,6 +80,26 @@ def _load_models(args):
         draft = _load_block_drafter(args, target)
     del specjax
     return target, draft, tokenizer
+
+
+DRAFTER_NAMES = ("auto", "block", "model", "lookup", "none")
+
+
+def _resolve_drafter_path(args) -> None:
+    """``--drafter PATH`` means ``--drafter block --block-drafter PATH``."""
+    if args.drafter in DRAFTER_NAMES:
+        return
+    path = Path(args.drafter)
+    if not path.is_dir():
+        names = ", ".join(DRAFTER_NAMES)
+        raise UserError(
+            f"--drafter {args.drafter!r}: neither one of {names} nor a block drafter folder"
+        )
+    if args.block_drafter and Path(args.block_drafter) != path:
+        raise UserError(
+            f"--drafter {args.drafter} and --block-drafter {args.block_drafter} name two drafters"
+        )
+    args.drafter, args.block_drafter = "block", str(path)
 
 
 def _load_block_drafter(args, target):
@@ -732,10 +753,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--draft", help="draft model folder for --drafter model (with --model)")
     g.add_argument(
-        "--drafter", choices=["auto", "block", "model", "lookup", "none"], default="auto",
+        "--drafter", default="auto", metavar="{auto,block,model,lookup,none,PATH}",
         help="who drafts: the block drafter (reads the target's hidden states), the draft "
-        "model, prompt lookup (n-gram copy), or none (plain decoding); auto (default): the "
-        f"fastest measured for the bundled pair ({FASTEST_BUNDLED_DRAFTER})",
+        "model, prompt lookup (n-gram copy), none (plain decoding), or the path of a block "
+        "drafter folder (the same as --drafter block --block-drafter PATH); auto (default): "
+        f"the fastest measured for the bundled pair ({FASTEST_BUNDLED_DRAFTER})",
     )  # fmt: skip
     g.add_argument(
         "--block-mode", choices=["argmax", "sample"], default="sample",

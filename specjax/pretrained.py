@@ -98,3 +98,39 @@ def default_drafter(kind: str = "block", *, num_draft: int | None = None, dtype=
             f"the bundled block drafter is missing from {path}; reinstall specjax"
         )
     return load_block_drafter(path, target, num_draft=num_draft)
+
+
+SMOLLM2_DRAFTER_DIR = "smollm2"
+
+
+def smollm2_drafter_path() -> Path:
+    """Folder of the bundled `~specjax.BlockDrafter` trained for SmolLM2-135M-Instruct."""
+    return Path(str(importlib.resources.files("specjax") / "assets" / SMOLLM2_DRAFTER_DIR))
+
+
+def smollm2_drafter(target, *, num_draft: int | None = None, mode: str | None = None):
+    """The bundled block drafter trained for SmolLM2-135M-Instruct, bound to ``target``.
+
+    It was trained by ``scripts/train_block_drafter.py`` (the command is in
+    BENCHMARKS.md) on the target's own chat answers and the stdlib corpus; it reads
+    the target's hidden states, so ``target`` must be SmolLM2-135M(-Instruct), e.g.
+    ``specjax.load_pretrained(specjax.fetch.smollm2_gguf())``.
+
+    Args:
+        target: the loaded SmolLM2 target.
+        num_draft: γ; default its saved γ (the fastest measured, BENCHMARKS.md).
+        mode: ``"argmax"`` or ``"sample"`` drafts (default: as saved).
+
+    Returns:
+        the drafter, to pass with ``target`` to `specjax.speculative_generate`.
+
+    Raises:
+        FileNotFoundError: the package was installed without its assets.
+        ValueError: ``target`` is not shaped like SmolLM2-135M.
+    """
+    from specjax.block_drafter import load_block_drafter
+
+    path = smollm2_drafter_path()
+    if not (path / "block_drafter.json").is_file():
+        raise FileNotFoundError(f"the SmolLM2 block drafter is missing from {path}")
+    return load_block_drafter(path, target, num_draft=num_draft, mode=mode)

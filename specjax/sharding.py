@@ -55,18 +55,18 @@ DEFAULT_AXIS_NAMES = ("data", "model")
 # Parameter-path rules: (regex on "a/b/c" paths, logical name of each array
 # axis). A logical name is one of LOGICAL_DIMS and goes to the model axis;
 # None means that axis is not split. A path no rule matches is replicated.
+# Weights are [out, in] (specjax.models.llama.Dense), the embedding [V, E].
 PARAM_RULES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
-    (r"(^|/)q_proj/kernel$", (None, "heads")),
+    (r"(^|/)q_proj/weight$", ("heads", None)),
     (r"(^|/)q_proj/bias$", ("heads",)),
-    (r"(^|/)[kv]_proj/kernel$", (None, "kv_heads")),
+    (r"(^|/)[kv]_proj/weight$", ("kv_heads", None)),
     (r"(^|/)[kv]_proj/bias$", ("kv_heads",)),
-    (r"(^|/)o_proj/kernel$", ("heads", None)),
-    (r"(^|/)(gate|up)_proj/kernel$", (None, "mlp")),
+    (r"(^|/)o_proj/weight$", (None, "heads")),
+    (r"(^|/)(gate|up)_proj/weight$", ("mlp", None)),
     (r"(^|/)(gate|up)_proj/bias$", ("mlp",)),
-    (r"(^|/)down_proj/kernel$", ("mlp", None)),
-    (r"(^|/)embed_tokens/embedding$", ("vocab", None)),
-    (r"(^|/)embed_tokens/kernel$", (None, "vocab")),  # tied: stored as the head [E, V]
-    (r"(^|/)lm_head/kernel$", (None, "vocab")),
+    (r"(^|/)down_proj/weight$", (None, "mlp")),
+    (r"(^|/)embed_tokens/embedding$", ("vocab", None)),  # tied or not
+    (r"(^|/)lm_head/weight$", ("vocab", None)),
 )
 
 # Logical dimension -> the ModelConfig field whose size must divide the model
@@ -179,7 +179,7 @@ def param_partition_specs(
 
     Args:
         params: a parameter pytree (e.g. ``Model.params``, an ``nnx.State``);
-            paths are joined with ``/`` (``layers/0/self_attn/q_proj/kernel``).
+            paths are joined with ``/`` (``layers/0/self_attn/q_proj/weight``).
         mesh: the device mesh.
         config: optional object with the fields of :data:`LOGICAL_DIMS`
             (a :class:`~specjax.ModelConfig`); divisibility is checked on those

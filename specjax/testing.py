@@ -80,11 +80,10 @@ def perturbed(model, seed: int = 0):
     for key, (path, var) in zip(keys, flat, strict=True):
         x = var.get_value()
         noise = jax.random.normal(key, x.shape, jnp.float32)
-        # By name, not rank: a scanned model stacks every layer's leaves [L, ...].
-        if path[-1] == "embedding":  # [V, E]
+        # A scanned model stacks every layer's leaves [L, ...]; that axis does not count.
+        rank = x.ndim - (model.config.scan_layers and path[0] == "layers")
+        if rank == 2:  # weights [out, in] and the embedding [V, E]: contracted on the last axis
             value = noise / np.sqrt(x.shape[-1])
-        elif path[-1] == "kernel":  # [(L,) in, out], a tied embedding [E, V] too
-            value = noise / np.sqrt(x.shape[-2])
         elif path[-1] == "weight":  # RMSNorm scales
             value = 1 + 0.3 * noise
         else:  # biases

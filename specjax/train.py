@@ -52,7 +52,7 @@ from tqdm.auto import tqdm
 
 from specjax import atomic
 from specjax import data as data_lib
-from specjax.models.llama import Model
+from specjax.models.llama import Model, upgrade_legacy_layout
 from specjax.validation import check_float, check_int, check_int_array
 
 TRAIN_STATE_FILE = "train_state.safetensors"
@@ -533,6 +533,7 @@ def load_checkpoint(
     params = _unflatten_named(model.params, _flatten_named(loaded.params), "params")
     template = make_optimizer(config).init(model.params)
     opt = {k[len("opt_state/") :]: v for k, v in arrays.items() if k.startswith("opt_state/")}
+    opt = upgrade_legacy_layout(opt)  # a checkpoint from before the [out, in] layout
     state = TrainState(
         params=params,
         opt_state=_unflatten_named(template, opt, "opt_state"),

@@ -40,7 +40,7 @@ BATCH, PROMPT_LEN, NEW_TOKENS, CACHE_LEN, GAMMA = 8, 5, 10, 32, 3
 TARGET = dict(vocab_size=V, num_heads=8, num_kv_heads=4, hidden_size=32, intermediate_size=64)
 DRAFT = dict(
     vocab_size=V, num_heads=4, num_kv_heads=2, hidden_size=16, intermediate_size=32,
-    tie_word_embeddings=True,  # the tied [E, V] kernel, split by vocabulary
+    tie_word_embeddings=True,  # the tied [V, E] table, split by vocabulary
 )  # fmt: skip
 GREEDY = specjax.SamplingConfig.greedy()
 SAMPLED = specjax.SamplingConfig(temperature=1.0, top_p=0.9)
@@ -107,25 +107,25 @@ def check_mesh(shape, target, draft, prompts, reference):
     att, mlp = p["layers"][0]["self_attn"], p["layers"][0]["mlp"]
     kv = "model" if kv_split else None
     expected = {
-        f"{layer}/self_attn/q_proj/kernel": (att["q_proj"]["kernel"][...], P(None, "model")),
-        f"{layer}/self_attn/k_proj/kernel": (att["k_proj"]["kernel"][...], P(None, kv)),
-        f"{layer}/self_attn/v_proj/kernel": (att["v_proj"]["kernel"][...], P(None, kv)),
-        f"{layer}/self_attn/o_proj/kernel": (att["o_proj"]["kernel"][...], P("model", None)),
-        f"{layer}/mlp/gate_proj/kernel": (mlp["gate_proj"]["kernel"][...], P(None, "model")),
-        f"{layer}/mlp/down_proj/kernel": (mlp["down_proj"]["kernel"][...], P("model", None)),
+        f"{layer}/self_attn/q_proj/weight": (att["q_proj"]["weight"][...], P("model", None)),
+        f"{layer}/self_attn/k_proj/weight": (att["k_proj"]["weight"][...], P(kv, None)),
+        f"{layer}/self_attn/v_proj/weight": (att["v_proj"]["weight"][...], P(kv, None)),
+        f"{layer}/self_attn/o_proj/weight": (att["o_proj"]["weight"][...], P(None, "model")),
+        f"{layer}/mlp/gate_proj/weight": (mlp["gate_proj"]["weight"][...], P("model", None)),
+        f"{layer}/mlp/down_proj/weight": (mlp["down_proj"]["weight"][...], P(None, "model")),
         "embed_tokens/embedding": (p["embed_tokens"]["embedding"][...], P("model", None)),
-        "lm_head/kernel": (p["lm_head"]["kernel"][...], P(None, "model")),
+        "lm_head/weight": (p["lm_head"]["weight"][...], P("model", None)),
         "norm/weight": (p["norm"]["weight"][...], P()),
     }
     rec["params_ok"] = {k: equivalent(x, mesh, s) for k, (x, s) in expected.items()}
     rec["params_spec"] = {k: spec_str(x) for k, (x, _) in expected.items()}
-    q = att["q_proj"]["kernel"][...]
+    q = att["q_proj"]["weight"][...]
     rec["q_shard_shape"] = list(q.addressable_shards[0].data.shape)
     rec["q_shape"] = list(q.shape)
-    draft_q = sd.params["layers"][0]["self_attn"]["q_proj"]["kernel"][...]
-    rec["draft_q_ok"] = equivalent(draft_q, mesh, P(None, "model" if draft_tp else None))
-    draft_embed = sd.params["embed_tokens"]["kernel"][...]  # tied: [E, V], vocab split
-    rec["draft_embed_ok"] = equivalent(draft_embed, mesh, P(None, "model" if draft_tp else None))
+    draft_q = sd.params["layers"][0]["self_attn"]["q_proj"]["weight"][...]
+    rec["draft_q_ok"] = equivalent(draft_q, mesh, P("model" if draft_tp else None, None))
+    draft_embed = sd.params["embed_tokens"]["embedding"][...]  # tied: [V, E], vocab split
+    rec["draft_embed_ok"] = equivalent(draft_embed, mesh, P("model" if draft_tp else None, None))
     rec["prompts_ok"] = equivalent(sharded_prompts, mesh, P("data"))
 
     # Caches: built under jit, and as they come out of the decode loops.

@@ -109,6 +109,15 @@ def test_save_over_the_same_family_replaces_it_whole(tmp_path, llama, llama_othe
     assert leftovers(tmp_path, ["ckpt"]) == []
 
 
+def test_saved_files_get_the_default_mode_not_safetensors_0600(tmp_path, llama):
+    probe = tmp_path / "probe"
+    probe.touch()
+    default = probe.stat().st_mode & 0o777
+    save_pretrained(llama, tmp_path / "ckpt")
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "ckpt").iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {default}, modes
+
+
 def test_save_to_a_file_is_refused(tmp_path, llama):
     (tmp_path / "model").write_text("not a folder")
     with pytest.raises(ValueError, match="path .* is a file"):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -25,12 +26,11 @@ def _load_script():
     return sys.modules["bench_e2e"]
 
 
-def _run_script(path: Path, *args: str) -> str:
+def _run_script(path: Path, *args: str, timeout: float = 600) -> str:
     """Runs a script on CPU; its stdout, after asserting it exited 0."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run(
-        [sys.executable, str(path), *args], capture_output=True, text=True, env=env, timeout=600
-    )
+    command = [sys.executable, str(path), *args]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout
 
@@ -85,11 +85,96 @@ def test_quick_run_covers_the_block_drafter(quick_run):
 
 
 @pytest.mark.slow
+def test_quick_run_on_smollm2(smollm2_path, tmp_path):
+    """``--quick --target`` benchmarks the real model end to end: every system at T=0
+    and 1 on both workloads, greedy outputs equal, the real-model targets reported.
+
+    Measured: 430 s under this suite's XLA flags on a 2-core Xeon shared with a
+    training job (load average 5); most of it compiles the 30-layer model's decode
+    loops (one per prompt width, system and batch) and cost probes. Its settings are
+    the fewest that reach every system: see ``quick_real`` in the script.
+    """
+    out = _run_script(
+        SCRIPT, "--quick", "--target", str(smollm2_path), "--out", str(tmp_path), timeout=2400
+    )
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["config"]["real_model"] and results["config"]["draft_dir"] is None
+    assert results["config"]["block_drafter"].startswith("random weights")
+    five = {("specjax", m) for m in ("plain", "block", "lookup")}
+    five |= {("transformers", m) for m in ("plain", "lookup")}
+    for rows in (results["rows"], results["workload_rows"]):
+        found = {(r["framework"], r["method"], r["temperature"]) for r in rows if r["batch"] == 1}
+        assert found == {(*s, t) for s in five for t in (0.0, 1.0)}
+    assert not any(r["method"] == "draft" for r in results["rows"])  # no draft model
+    assert {r["workload"] for r in results["workload_rows"]} == {"chat", "code-edit"}
+    assert any(r["batch"] == 2 for r in results["rows"])
+    assert all(r["tokens"] == 2 * 8 for r in results["rows"] if r["batch"] == 1)
+    # The greedy check ran on every T=0 system and passed (the script exits 1 on a
+    # mismatch), with no near-tie tolerated.
+    checked = results["greedy_checked"]
+    for fw, m in five:
+        assert any(n.startswith(f"{fw} {m} ") and n.endswith(" T=0") for n in checked), (fw, m)
+    assert results["near_ties"] == []
+    keys = {t["target"] for t in results["targets"]}
+    assert {"over_plain:best", "over_hf_plain:best", "over_plain_t1:best"} <= keys
+    assert {"realized_over_predicted:lookup", "verify_over_step"} <= keys
+    assert all(t["value"] is not None for t in results["targets"])
+    text = (tmp_path / "results.md").read_text()
+    assert text.strip() == out.strip()
+    assert "agree token for token" in text
+    assert "Targets:" in text and "| target | required | measured | met |" in text
+    assert "| specjax target forward of 5 tokens / of 1 token" in text
+    assert (
+        "Assisted generation needs an assistant model; there is none for SmolLM2-135M, "
+        "so it is not measured."
+    ) in text
+    assert (tmp_path / "workloads.png").stat().st_size > 0
+
+
+@pytest.mark.slow
 def test_profile_script_quick_run_prints_ops_and_breakdown():
     out = _run_script(SCRIPT.parent / "profile_decode.py", "--quick", "--top", "5")
     assert "draft decoding, batch 1" in out and "ms/step median" in out
     assert "per-op profile" in out and "cost breakdown" in out
     assert "loop machinery (trivial models, min)" in out
+
+
+@pytest.mark.slow
+def test_profile_script_profiles_the_forward_at_both_widths():
+    out = _run_script(
+        SCRIPT.parent / "profile_decode.py", "--quick", "--method", "forward", "--top", "3"
+    )
+    assert "forward of T=1 " in out and "forward of T=5 " in out
+    assert out.count("per-op profile") == 2 and "T=5 / T=1: " in out
+
+
+@pytest.mark.slow
+def test_train_block_drafter_script_quick_run(tmp_path):
+    """The script that made the shipped drafters runs every stage (bundled target)."""
+    out_dir = tmp_path / "block"
+    _run_script(SCRIPT.parent / "train_block_drafter.py", "--quick", "--no-progress",
+                "--out", str(out_dir))  # fmt: skip
+    report = json.loads((out_dir / "train_report.json").read_text())
+    assert report["target"] == "bundled" and report["steps"] == 20
+    assert {"T0_gamma1", "T1_gamma3"} <= set(report["evaluation"])
+    import specjax
+    from specjax.block_drafter import load_block_drafter
+
+    drafter = load_block_drafter(out_dir, specjax.default_pair()[0])
+    assert drafter.num_draft == 7
+
+
+def test_instruction_prompts_for_chat_targets():
+    spec = importlib.util.spec_from_file_location(
+        "train_block_drafter", SCRIPT.parent / "train_block_drafter.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    doc = "import os\n\ndef f(x):\n    # twice\n    return 2 * x\n\nX = 1\ndef g():\n    pass\n"
+    assert module.code_snippets([doc]) == ["def f(x):\n    # twice\n    return 2 * x"]
+    prompts = module.instruction_prompts(module.code_snippets([doc]), 8, np.random.default_rng(0))
+    assert len(prompts) == 8 and sum("```python\ndef f(x):" in p for p in prompts) == 4
+    assert all(p.strip() and "{}" not in p for p in prompts)
 
 
 @pytest.mark.slow
@@ -165,3 +250,56 @@ def test_costs_of_a_feature_drafter():
         draft_cost(drafter, 1, 8, sampling, repeats=1, inner=1)
     seconds = interleaved_cost(target, drafter, 1, 8, sampling, repeats=1, inner=1)
     assert 0 < seconds < 60
+
+
+def test_specjax_mismatches_are_never_tolerated_as_ties():
+    bench = _load_script()
+    reference, gaps = [[1, 2, 3]], (lambda m: {"specjax": 2e-6, "transformers": -1e-6})
+    outputs = {"transformers lookup": [[1, 7, 7]], "specjax lookup": [[1, 2, 3]]}
+    ties = bench.check_greedy_outputs(
+        reference, outputs, logit_gaps=gaps, tie_tol=1e-5, strict={"specjax lookup"}
+    )
+    assert [m.system for m in ties] == ["transformers lookup"]
+    outputs["specjax lookup"] = [[1, 7, 7]]  # the same near-tie, but within specjax
+    with pytest.raises(bench.GreedyMismatchError, match="specjax lookup"):
+        bench.check_greedy_outputs(
+            reference, outputs, logit_gaps=gaps, tie_tol=1e-5, strict={"specjax lookup"}
+        )
+
+
+def test_helpers_for_real_targets():
+    bench = _load_script()
+    assert bench.model_name(Path("SmolLM2-135M-Instruct.Q4_1.gguf")) == "SmolLM2-135M"
+    assert bench.model_name(Path("Qwen2.5-0.5B-Instruct-Q4_K_M.gguf")) == "Qwen2.5-0.5B"
+    # A large batch cycles through a workload's prompts to fill its last batch.
+    assert bench.batches_of([1, 2, 3], 2) == [[1, 2], [3, 1]]
+    assert bench.batches_of([1, 2, 3], 1) == [[1], [2], [3]]
+
+
+def test_real_targets_judge_the_best_method_and_each():
+    bench = _load_script()
+
+    def row(framework, method, t, tok_s, speedup=None, rp=None):
+        gamma = None if method == "plain" else 4
+        keys = ("framework", "method", "temperature", "gamma", "tok_s", "speedup")
+        values = (framework, method, t, gamma, tok_s, speedup)
+        return dict(zip(keys, values, strict=True), batch=1, realized_over_predicted=rp)
+
+    rows = [
+        row("specjax", "plain", 0.0, 10.0),
+        row("transformers", "plain", 0.0, 4.0),
+        row("specjax", "lookup", 0.0, 25.0, 2.5, 0.95),
+        row("specjax", "block", 0.0, 15.0, 1.5, 0.8),
+        row("specjax", "plain", 1.0, 10.0),
+        row("specjax", "lookup", 1.0, 11.0, 1.1),
+        row("specjax", "block", 1.0, 17.0, 1.7),
+    ]
+    found = {t["target"]: t for t in bench.real_targets_of(rows, {"1": 10.0, "5": 12.0})}
+    assert found["over_plain:best"]["system"] == "best (lookup γ=4)"
+    assert found["over_plain:best"]["value"] == 2.5 and found["over_plain:best"]["met"]
+    assert found["over_plain:block"]["met"] is False
+    assert found["over_hf_plain:best"]["value"] == 25.0 / 4.0
+    assert found["over_plain_t1:best"]["system"] == "best (block γ=4)"  # fastest at T=1
+    assert found["realized_over_predicted:best"]["value"] == 0.95
+    verify = found["verify_over_step"]
+    assert verify["value"] == 1.2 and verify["at_most"] and verify["met"]

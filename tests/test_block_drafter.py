@@ -36,7 +36,7 @@ are traced; γ, the mode and the architecture are static).
    the tokens.
 4. Training: the loss falls, resume from a checkpoint is bit-identical (losses and
    weights), and `save_block_drafter` / `load_block_drafter` round-trip the weights and
-   the output.
+   the output; a file in the old ``kernel [in, out]`` layout loads to the same logits.
 5. The features contract: the whole decoder, traced through a counting wrapper, runs
    exactly two target forwards (the prefill and the loop body's verify forward), both
    asking for the drafter's layers; a `Model` called with ``feature_layers`` returns the
@@ -58,7 +58,7 @@ from flax import nnx, struct
 import specjax
 from specjax import train
 from specjax.block_drafter import BlockDrafter, load_block_drafter, save_block_drafter
-from specjax.drafters import Proposal
+from specjax.drafters import Proposal, TargetFeatures
 from specjax.models.llama import rope_inv_freq
 from specjax.sampling import greedy_tokens, probs_from_logits
 from specjax.testing import chi_square_pvalue, exact_sequence_probs, sequence_counts, tiny_model
@@ -480,6 +480,41 @@ def test_save_load_round_trip(target, trained, tmp_path):
     assert load_block_drafter(folder, target).num_draft == 1
 
 
+def _block_logits(drafter, tokens_BT):
+    """The drafter's block logits after the target has scored ``tokens`` (all rows full)."""
+    b, t = tokens_BT.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    target = drafter.target
+    _, _, hidden = target(tokens_BT, positions, None, feature_layers=drafter.target_layers)
+    lengths = jnp.full((b,), t, jnp.int32)
+    state = drafter.init(tokens_BT, lengths, 32, TargetFeatures(hidden, positions))
+    return drafter.block_logits(state, tokens_BT, lengths)
+
+
+def test_loads_a_file_in_the_old_kernel_layout(target, trained, tmp_path):
+    """Drafters saved before the [out, in] layout (the shipped one, runs under way) hold
+    nnx.Linear kernels: ``...['kernel'].value`` ``[in, out]``. They load to the same
+    weights and logits."""
+    from safetensors.numpy import save_file
+
+    from specjax.block_drafter import WEIGHTS_FILE, _flat_params
+
+    folder = save_block_drafter(trained, tmp_path / "drafter")
+    # In a block drafter the 2-D leaves are exactly the Dense weights (norms are 1-D).
+    old = {}
+    for name, a in _flat_params(trained.params).items():
+        if a.ndim == 2:
+            name, a = name.replace("['weight']", "['kernel']"), a.T
+        old[name] = np.ascontiguousarray(a)
+    assert "['fc']['kernel'].value" in old
+    save_file(old, str(folder / WEIGHTS_FILE))
+    loaded = load_block_drafter(folder, target)
+    for x, y in zip(jax.tree.leaves(trained.params), jax.tree.leaves(loaded.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, V, (2, 6)), jnp.int32)
+    np.testing.assert_array_equal(_block_logits(loaded, tokens), _block_logits(trained, tokens))
+
+
 # --------------------------------------------------------------------------------------
 # 5. The features contract.
 
@@ -595,3 +630,31 @@ def test_feature_layers_are_the_residual_stream(target):
         np.testing.assert_array_equal(np.asarray(logits), np.asarray(plain_logits))
     # The final norm of the last layer's stream is the model's own final hidden state.
     np.testing.assert_allclose(np.asarray(hidden), np.asarray(final), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_shipped_smollm2_drafter_is_exact_on_smollm2(smollm2_path):
+    """The bundled SmolLM2 drafter loads in one call, and greedy speculative decoding
+    with it equals plain greedy decoding of the real model, at its saved γ and at 4.
+
+    Slow: it compiles the 30-layer model's decode loop three times (about 2 min).
+    """
+    target = specjax.load_pretrained(smollm2_path, dtype=jnp.float32)
+    drafter = specjax.smollm2_drafter(target)
+    assert (drafter.num_draft, drafter.target_layers) == (1, (1, 14, 27))
+    messages = [
+        [{"role": "user", "content": "Write a Python function that adds two numbers."}],
+        [{"role": "user", "content": "What is a hash table?"}],
+    ]
+    prompts = [specjax.apply_chat_template(target, m, tokenize=True) for m in messages]
+    greedy = specjax.SamplingConfig.greedy()
+    key = jax.random.key(0)
+    plain = specjax.generate(key, target, prompts, max_new_tokens=24, sampling=greedy)
+    for gamma in (1, 4):
+        spec = specjax.speculative_generate(
+            key, target, drafter.with_draft(gamma), prompts, max_new_tokens=24, sampling=greedy
+        )
+        assert spec.to_lists() == plain.to_lists(), gamma
+        assert float(spec.tokens_per_call) > 1.0  # some of its drafts were accepted
+    with pytest.raises(ValueError, match="target"):
+        specjax.smollm2_drafter(specjax.testing.tiny_model(seed=0))

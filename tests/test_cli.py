@@ -222,3 +222,21 @@ def test_train_drafter_then_generate_with_it(model_folders, tmp_path):
         "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "block"
     )
     assert_user_error(missing, "--block-drafter")
+    # --drafter PATH is --drafter block --block-drafter PATH: the same tokens.
+    by_path = run_cli(
+        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", str(out),
+        "--max-new-tokens", "6", "--json", "--repeats", "1",
+    )  # fmt: skip
+    assert by_path.returncode == 0, by_path.stderr
+    by_path = json.loads(by_path.stdout)
+    assert (by_path["drafter"], by_path["gamma"]) == ("block", 3)
+    assert by_path["token_ids"] == result["token_ids"]
+    assert by_path["target_calls"] == result["target_calls"]
+    for bad in ("blok", str(tmp_path / "no_such_folder")):
+        proc = run_cli("generate", "x", "--model", model_folders["target"], "--drafter", bad)
+        assert_user_error(proc, "--drafter", bad, "block drafter folder")
+    proc = run_cli(
+        "generate", "x", "--model", model_folders["target"], "--drafter", str(out),
+        "--block-drafter", str(tmp_path),
+    )  # fmt: skip
+    assert_user_error(proc, "--drafter", "--block-drafter", "two drafters")

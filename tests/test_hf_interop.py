@@ -305,7 +305,7 @@ def test_scanned_layers_load_save_and_decode_like_transformers(checkpoint, tmp_p
     hf, folder = checkpoint("gemma2")
     model = load_pretrained(folder, scan_layers=True)
     assert model.config.scan_layers
-    assert model.params["layers"]["mlp"]["up_proj"]["kernel"][...].shape[0] == 3
+    assert model.params["layers"]["mlp"]["up_proj"]["weight"][...].shape[0] == 3
     assert _max_logit_diff(model, hf, _prompts(model.vocab_size)) < ATOL
     prompt = _prompts(model.vocab_size, lengths=(7,), seed=1)[0]
     with torch.no_grad():

@@ -204,19 +204,58 @@ def test_cache_contract():
     np.testing.assert_array_equal(new.lengths, [2, 6, 4])
 
 
-def test_tied_embedding_is_stored_as_the_head_kernel():
-    # Tied: one [E, V] kernel serves the lookup (its columns) and the head (a plain
-    # matmul, no per-call transpose). Untied: nnx.Embed's [V, E] plus the head.
+def test_weights_are_stored_out_by_in_and_the_embedding_vocab_by_hidden():
+    # Hugging Face's layouts: Dense weights [out, in]; one [V, E] table serves a
+    # tied model's lookup (its rows) and head. Untied: the same table plus lm_head [V, E].
     tied, untied = _model("qwen3_tied"), Model.random(ModelConfig(vocab_size=61))
     c = tied.config
-    kernel = tied.params["embed_tokens"]["kernel"][...]
-    assert kernel.shape == (c.hidden_size, c.vocab_size)
+    table = tied.params["embed_tokens"]["embedding"][...]
+    assert table.shape == (c.vocab_size, c.hidden_size)
     assert "lm_head" not in tied.params
+    assert tied.params["layers"][0]["mlp"]["up_proj"]["weight"][...].shape == (
+        c.intermediate_size,
+        c.hidden_size,
+    )
     module = nnx.merge(tied.graphdef, tied.params)
     tokens = _tokens((2, 3))
-    np.testing.assert_array_equal(module.embed_tokens(tokens), np.asarray(kernel).T[tokens])
+    np.testing.assert_array_equal(module.embed_tokens(tokens), np.asarray(table)[tokens])
     assert untied.params["embed_tokens"]["embedding"][...].shape == (61, untied.config.hidden_size)
-    assert untied.params["lm_head"]["kernel"][...].shape == (untied.config.hidden_size, 61)
+    assert untied.params["lm_head"]["weight"][...].shape == (61, untied.config.hidden_size)
+
+
+def test_decoding_copies_no_weight():
+    """The compiled decode loop reads every weight matrix in place.
+
+    The head as ``hidden @ table.T`` made XLA:CPU transpose (copy) the whole
+    table on every step; contracting the last axis of both operands must not.
+    Shapes are chosen so that no activation has a weight's shape.
+    """
+    import re
+
+    import specjax
+
+    config = ModelConfig(
+        vocab_size=1000, hidden_size=40, intermediate_size=72, num_layers=2, num_heads=4,
+        num_kv_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = Model.random(config)
+
+    @jax.jit
+    def decode(model, prompts):
+        greedy, key = specjax.SamplingConfig.greedy(), jax.random.key(0)
+        return specjax.generate(key, model, prompts, max_new_tokens=4, sampling=greedy).tokens
+
+    hlo = decode.lower(model, jnp.zeros((1, 3), jnp.int32)).compile().as_text()
+    matrices = {v.get_value().shape for _, v in nnx.to_flat_state(model.params)}
+    matrices = {s for s in matrices if len(s) == 2} | {s[::-1] for s in matrices if len(s) == 2}
+    assert (1000, 40) in matrices
+    moved = [
+        line.strip()
+        for line in hlo.splitlines()
+        if (m := re.search(r"= f32\[(\d+),(\d+)\]\{[^}]*\} (copy|transpose)\(", line))
+        and (int(m[1]), int(m[2])) in matrices
+    ]
+    assert not moved, moved
 
 
 @pytest.mark.parametrize(
@@ -263,8 +302,8 @@ _LLAMA3 = {
 def test_scanned_layers_compute_what_the_unrolled_layers_compute(name):
     unrolled = _model(name)
     scanned = unrolled.with_scan_layers()
-    q = scanned.params["layers"]["self_attn"]["q_proj"]["kernel"][...]
-    assert q.shape[0] == unrolled.config.num_layers  # stacked [L, E, H·D]
+    q = scanned.params["layers"]["self_attn"]["q_proj"]["weight"][...]
+    assert q.shape[0] == unrolled.config.num_layers  # stacked [L, H·D, E]
     tokens = _tokens((2, 9))
     positions = _positions(0, 9, 2)
 

@@ -74,9 +74,9 @@ def test_params_placed_by_rules(report, mesh):
     rec = report["meshes"][mesh]
     assert all(rec["params_ok"].values()), rec["params_spec"]
     assert rec["draft_q_ok"] and rec["draft_embed_ok"] and rec["prompts_ok"]
-    # The q projection really is split into H*D / model-size columns per device.
+    # The q projection [H*D, E] really is split into H*D / model-size rows per device.
     model_size = rec["shape"][1]
-    assert rec["q_shard_shape"] == [rec["q_shape"][0], rec["q_shape"][1] // model_size]
+    assert rec["q_shard_shape"] == [rec["q_shape"][0] // model_size, rec["q_shape"][1]]
 
 
 @pytest.mark.slow
@@ -103,10 +103,10 @@ def test_indivisible_kv_heads_raise_by_default_then_replicate(report):
     )
     # Fallback: only the k/v projections and the cache's head axis are whole.
     assert sorted(rec["replicated"]) == sorted(
-        [f"layers/{i}/self_attn/{p}_proj/kernel" for i in range(2) for p in "kv"] + ["kv_cache"]
+        [f"layers/{i}/self_attn/{p}_proj/weight" for i in range(2) for p in "kv"] + ["kv_cache"]
     )
-    assert rec["params_spec"]["layers/0/self_attn/q_proj/kernel"] == "P(None, 'model')"
-    assert rec["params_spec"]["layers/0/self_attn/k_proj/kernel"] == "P(None, None)"
+    assert rec["params_spec"]["layers/0/self_attn/q_proj/weight"] == "P('model', None)"
+    assert rec["params_spec"]["layers/0/self_attn/k_proj/weight"] == "P(None, None)"
 
 
 @pytest.mark.slow
@@ -134,21 +134,21 @@ def test_partition_specs_follow_rules_and_name_the_dimension():
         model.params, mesh, config=model.config, indivisible="replicate"
     )
     attn = specs["layers"][1]["self_attn"]
-    assert attn["q_proj"]["kernel"].get_value() == P(None, "model")
-    assert attn["k_proj"]["kernel"].get_value() == P(None, None)
-    assert specs["layers"][1]["mlp"]["down_proj"]["kernel"].get_value() == P("model", None)
+    assert attn["q_proj"]["weight"].get_value() == P("model", None)
+    assert attn["k_proj"]["weight"].get_value() == P(None, None)
+    assert specs["layers"][1]["mlp"]["down_proj"]["weight"].get_value() == P(None, "model")
     assert specs["norm"]["weight"].get_value() == P()
-    assert "layers/1/self_attn/v_proj/kernel" in replicated
+    assert "layers/1/self_attn/v_proj/weight" in replicated
     specs, replicated = sharding.param_partition_specs(model.params, mesh, model_axis=None)
-    assert replicated == () and specs["lm_head"]["kernel"].get_value() == P()
+    assert replicated == () and specs["lm_head"]["weight"].get_value() == P()
     # Scanned, every layer leaf has a leading [L] axis, which is never split.
     scanned = model.with_scan_layers()
     specs, _ = sharding.param_partition_specs(
         scanned.params, mesh, config=model.config, indivisible="replicate"
     )
     attn = specs["layers"]["self_attn"]
-    assert attn["q_proj"]["kernel"].get_value() == P(None, None, "model")
-    assert specs["layers"]["mlp"]["down_proj"]["kernel"].get_value() == P(None, "model", None)
+    assert attn["q_proj"]["weight"].get_value() == P(None, "model", None)
+    assert specs["layers"]["mlp"]["down_proj"]["weight"].get_value() == P(None, None, "model")
 
 
 def test_error_names_every_indivisible_dimension():

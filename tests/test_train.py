@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -198,6 +199,38 @@ def test_resume_is_bit_identical(corpus, tmp_path):
     # Resuming a finished run is a no-op that returns the full history.
     again = train.train(model, tokens, config, checkpoint_dir=ckpt, resume=True)
     assert again.losses == reference.losses and again.steps == 9
+
+
+def test_resumes_a_checkpoint_from_before_the_out_in_layout(corpus, tmp_path):
+    """The model files are Hugging Face's either way; the optimizer state used to be
+    named and shaped like nnx.Linear kernels ``['kernel']`` ``[in, out]`` (the tied
+    embedding ``['embed_tokens']['kernel']`` ``[E, V]``). Resuming converts it."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    tok, tokens, _ = corpus
+    model = Model.random(tiny_config(), seed=4).replace(tokenizer=tok)
+    config = tiny_train_config(steps=6, checkpoint_every=3)
+    ckpt = tmp_path / "ckpt"
+    reference = train.train(model, tokens, config, checkpoint_dir=ckpt)
+    first, last = train.list_checkpoints(ckpt)
+    shutil.rmtree(last)
+    state_file = str(first / train.TRAIN_STATE_FILE)
+    with safe_open(state_file, "np") as f:
+        metadata = f.metadata()
+        arrays = {k: f.get_tensor(k) for k in f.keys()}
+    old = {}
+    for name, a in arrays.items():
+        if name.startswith("opt_state/") and a.ndim == 2:  # Adam moments of the matrices
+            name = name.replace("['embed_tokens']['embedding']", "['embed_tokens']['kernel']")
+            name, a = name.replace("['weight']", "['kernel']"), np.ascontiguousarray(a.T)
+        old[name] = a
+    assert any("['embed_tokens']['kernel']" in name for name in old)
+    save_file(old, state_file, metadata=metadata)
+
+    resumed = train.train(model, tokens, config, checkpoint_dir=ckpt, resume=True)
+    assert resumed.start_step == 3 and resumed.losses == reference.losses
+    _assert_same_params(resumed.model, reference.model)
 
 
 def test_time_budget_stops_cleanly_then_resumes(corpus, tmp_path):

@@ -62,14 +62,14 @@ GREEDY = specjax.SamplingConfig.greedy()
 
 
 def _with_padded_rows(model, scale: float = 6.0):
-    """``model`` whose LM-head columns 60..63 are ``scale`` × (+c0, -c0, +c1, -c1)."""
+    """``model`` whose LM-head rows 60..63 are ``scale`` × (+r0, -r0, +r1, -r1)."""
     flat = []
     for path, var in nnx.to_flat_state(model.params):
-        if path == ("lm_head", "kernel"):
-            kernel = var.get_value()
-            c0, c1 = kernel[:, 0], kernel[:, 1]
-            padded = scale * jnp.stack([c0, -c0, c1, -c1], axis=1)
-            var = var.replace(kernel.at[:, V_REAL:].set(padded))
+        if path == ("lm_head", "weight"):  # [V, E]
+            weight = var.get_value()
+            r0, r1 = weight[0], weight[1]
+            padded = scale * jnp.stack([r0, -r0, r1, -r1])
+            var = var.replace(weight.at[V_REAL:].set(padded))
         flat.append((path, var))
     return model.replace(params=nnx.from_flat_state(flat))
 

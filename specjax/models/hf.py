@@ -6,12 +6,11 @@
 :class:`~specjax.models.llama.Model`; :func:`save_pretrained` writes one that
 ``transformers.AutoModelForCausalLM.from_pretrained`` loads unchanged.
 
-Parameter names mirror Hugging Face's module tree, so the mapping is
-mechanical: NNX path ``layers/3/self_attn/q_proj/kernel`` is tensor
-``model.layers.3.self_attn.q_proj.weight``, transposed (``nn.Linear`` stores
-``[out, in]``, NNX kernels ``[in, out]``); ``embedding`` is ``weight``;
-``lm_head`` has no ``model.`` prefix. A tied embedding is stored as the head's
-kernel (``embed_tokens/kernel``, ``[E, V]``), so it is transposed like one.
+Parameter names and layouts mirror Hugging Face's, so the mapping is
+mechanical and never transposes: NNX path ``layers/3/self_attn/q_proj/weight``
+(``[out, in]``, as ``nn.Linear``) is tensor ``model.layers.3.self_attn.q_proj.weight``;
+the embedding table ``embed_tokens/embedding`` (``[V, E]``, tied or not) is
+``model.embed_tokens.weight``; ``lm_head`` has no ``model.`` prefix.
 
 Anything the Llama-family decoder here would not compute exactly like
 ``transformers`` (a MoE, another activation, another RoPE scaling, a sliding
@@ -484,9 +483,9 @@ def _int_if_whole(x: float) -> float | int:
 
 
 def _hf_name(path: tuple) -> str:
-    """``('layers', 0, 'mlp', 'up_proj', 'kernel')`` -> ``model.layers.0.mlp.up_proj.weight``."""
+    """``('layers', 0, 'mlp', 'up_proj', 'weight')`` -> ``model.layers.0.mlp.up_proj.weight``."""
     *modules, leaf = (str(p) for p in path)
-    leaf = {"kernel": "weight", "embedding": "weight"}.get(leaf, leaf)
+    leaf = "weight" if leaf == "embedding" else leaf
     name = ".".join([*modules, leaf])
     return name if modules[0] == "lm_head" else f"model.{name}"
 
@@ -750,22 +749,17 @@ def model_from_tensors(
             f"checkpoint has unexpected tensor(s) {extra} that a {config.model_type} "
             f"with this config.json does not use"
         )
-    for name, (p, var) in expected.items():
+    for name, (_, var) in expected.items():
         want = tuple(var.get_value().shape)
-        want_hf = want[::-1] if p[-1] == "kernel" else want
         found = tuple(shape_of(name))
-        if found != want_hf:
-            raise ValueError(
-                f"tensor {name} has shape {found}, expected {want_hf} from config.json"
-            )
+        if found != want:
+            raise ValueError(f"tensor {name} has shape {found}, expected {want} from config.json")
 
     leaves = []
     for name, (p, var) in expected.items():
         array = tensors[name]
         if not jnp.issubdtype(array.dtype, jnp.floating):
             raise ValueError(f"tensor {name} is stored as {array.dtype}, expected a floating dtype")
-        if p[-1] == "kernel":
-            array = array.T
         leaves.append((p, var.replace(jnp.asarray(array, dtype=dtype))))
     params = nnx.from_flat_state(leaves)
     model = Model(
@@ -900,8 +894,7 @@ def _host_tensors(model: Model) -> dict[str, np.ndarray]:
     model = model.with_scan_layers(False)  # Hugging Face names each layer's tensors
     tensors = {}
     for p, var in nnx.to_flat_state(model.params):
-        array = np.asarray(jax.device_get(var.get_value()))
-        tensors[_hf_name(p)] = np.ascontiguousarray(array.T if p[-1] == "kernel" else array)
+        tensors[_hf_name(p)] = np.asarray(jax.device_get(var.get_value()))
     return tensors
 
 

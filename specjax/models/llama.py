@@ -19,6 +19,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from specjax.models.cache import KVCache
@@ -56,16 +57,53 @@ def softcap(x, cap: float | None):
     return x if cap is None else cap * jnp.tanh(x / cap)
 
 
-def _linear(din, dout, bias, dtype, rngs):
-    return nnx.Linear(
-        din,
-        dout,
-        use_bias=bias,
-        dtype=dtype,
-        param_dtype=dtype,
-        kernel_init=nnx.initializers.normal(0.02),
-        rngs=rngs,
-    )
+class Dense(nnx.Module):
+    """``x · weightᵀ + bias`` with ``weight`` stored ``[out, in]``, as ``torch.nn.Linear``.
+
+    Not ``nnx.Linear``'s ``[in, out]``: on XLA:CPU a T-token matmul (T > 1, as
+    in a verify forward) that contracts the last axis of both operands costs
+    20 to 40% less than ``x @ kernel``, and T = 1 no more
+    (``scripts/probe_matmul_layouts.py``). It is also Hugging Face's layout, so
+    checkpoints map without a transpose. It computes in the parameter dtype.
+
+    The weight is drawn ``[in, out]`` and transposed, and the zero bias takes
+    a key, as in ``nnx.Linear``: a seed then gives the same model as before the
+    layout changed.
+    """
+
+    def __init__(self, din: int, dout: int, bias: bool, dtype, rngs: nnx.Rngs):
+        init = nnx.initializers.normal(0.02)
+        self.weight = nnx.Param(init(rngs.params(), (din, dout), dtype).T)
+        zeros = nnx.initializers.zeros
+        self.bias = nnx.Param(zeros(rngs.params(), (dout,), dtype)) if bias else None
+
+    def __call__(self, x):
+        weight = self.weight[...]
+        y = jnp.einsum("...i,oi->...o", x.astype(weight.dtype), weight)
+        if self.bias is None:
+            return y
+        return y + self.bias[...].reshape((1,) * (y.ndim - 1) + (-1,))
+
+
+def upgrade_legacy_layout(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Arrays saved by parameter path in the layout before :class:`Dense`, in today's.
+
+    specjax's own checkpoints (block drafters, optimizer states) name arrays by
+    ``jax.tree_util.keystr`` of their parameter path. They used to hold
+    ``nnx.Linear`` kernels, ``...['kernel']`` ``[(L,) in, out]``, and a tied
+    embedding as the head's kernel ``['embed_tokens']['kernel']`` ``[E, V]``;
+    those become ``...['weight']`` ``[(L,) out, in]`` and
+    ``['embed_tokens']['embedding']`` ``[V, E]``. Other names pass unchanged, so
+    a checkpoint in today's layout comes back as it was.
+    """
+    out = {}
+    for name, array in arrays.items():
+        if "['kernel']" in name:
+            name = name.replace("['embed_tokens']['kernel']", "['embed_tokens']['embedding']")
+            name = name.replace("['kernel']", "['weight']")
+            array = np.swapaxes(array, -1, -2)
+        out[name] = array
+    return out
 
 
 def rope_inv_freq(config: ModelConfig, *, local: bool = False) -> jax.Array:
@@ -118,10 +156,10 @@ class Attention(nnx.Module):
         c = config
         self.config = c
         d = c.head_dim
-        self.q_proj = _linear(c.hidden_size, c.num_heads * d, c.attention_bias, dtype, rngs)
-        self.k_proj = _linear(c.hidden_size, c.num_kv_heads * d, c.attention_bias, dtype, rngs)
-        self.v_proj = _linear(c.hidden_size, c.num_kv_heads * d, c.attention_bias, dtype, rngs)
-        self.o_proj = _linear(c.num_heads * d, c.hidden_size, c.o_proj_bias, dtype, rngs)
+        self.q_proj = Dense(c.hidden_size, c.num_heads * d, c.attention_bias, dtype, rngs)
+        self.k_proj = Dense(c.hidden_size, c.num_kv_heads * d, c.attention_bias, dtype, rngs)
+        self.v_proj = Dense(c.hidden_size, c.num_kv_heads * d, c.attention_bias, dtype, rngs)
+        self.o_proj = Dense(c.num_heads * d, c.hidden_size, c.o_proj_bias, dtype, rngs)
         if c.qk_norm:
             self.q_norm = _norm(c, d, dtype)
             self.k_norm = _norm(c, d, dtype)
@@ -205,9 +243,9 @@ class MLP(nnx.Module):
 
     def __init__(self, config: ModelConfig, dtype, rngs):
         e, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = _linear(e, f, bias, dtype, rngs)
-        self.up_proj = _linear(e, f, bias, dtype, rngs)
-        self.down_proj = _linear(f, e, bias, dtype, rngs)
+        self.gate_proj = Dense(e, f, bias, dtype, rngs)
+        self.up_proj = Dense(e, f, bias, dtype, rngs)
+        self.down_proj = Dense(f, e, bias, dtype, rngs)
         self.act = _ACTIVATIONS[config.hidden_act]
 
     def __call__(self, x):
@@ -250,25 +288,28 @@ class DecoderLayer(nnx.Module):
 class TiedEmbedding(nnx.Module):
     """The token embedding of a model whose LM head reuses it (``tie_word_embeddings``).
 
-    It is stored as the head's ``kernel`` ``[E, V]``, not as ``nnx.Embed``'s
-    ``[V, E]``. Decoding runs the head on every step, where ``hidden @ kernel``
-    with a ``[V, E]`` table made XLA:CPU transpose (copy) the whole table on
-    each call; the lookup reads only T columns, which costs nothing in either
-    layout. Hugging Face import/export transposes it like any other kernel.
+    The table ``embedding`` is ``[V, E]``, like ``nnx.Embed``'s and Hugging
+    Face's: the lookup takes rows and the head contracts on E. Not
+    ``nnx.Embed.attend``'s ``hidden @ table.T``, which made XLA:CPU copy
+    (transpose) the whole table on every call; contracting both operands' last
+    axis needs no copy (``tests/test_models.py`` checks the compiled decode loop)
+    and is the cheaper head for T > 1 tokens.
     """
 
     def __init__(self, vocab_size: int, hidden_size: int, dtype, rngs: nnx.Rngs):
         init = nnx.initializers.normal(0.02)
-        self.kernel = nnx.Param(init(rngs.params(), (hidden_size, vocab_size), dtype))
+        # Drawn [E, V] and transposed, as when the table was stored that way:
+        # a seed gives the same model.
+        self.embedding = nnx.Param(init(rngs.params(), (hidden_size, vocab_size), dtype).T)
 
     def __call__(self, tokens_BT):
         """Embeddings ``[B, T, E]`` of ``tokens``."""
-        return jnp.moveaxis(jnp.take(self.kernel[...], tokens_BT, axis=1), 0, -1)
+        return jnp.take(self.embedding[...], tokens_BT, axis=0)
 
     def attend(self, hidden_BTE):
         """Logits ``[B, T, V]`` of hidden states."""
-        kernel = self.kernel[...]
-        return hidden_BTE.astype(kernel.dtype) @ kernel
+        table = self.embedding[...]
+        return jnp.einsum("bte,ve->btv", hidden_BTE.astype(table.dtype), table)
 
 
 class Transformer(nnx.Module):
@@ -293,7 +334,7 @@ class Transformer(nnx.Module):
         self.layers = _stack(layers) if config.scan_layers else nnx.List(layers)
         self.norm = _norm(config, config.hidden_size, dtype)
         if not config.tie_word_embeddings:
-            self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype, rngs)
+            self.lm_head = Dense(config.hidden_size, config.vocab_size, False, dtype, rngs)
 
     def head(self, hidden_BTE):
         """Logits ``float32[B, T, V]`` of (already normalised) hidden states."""
