@@ -1481,6 +1481,14 @@ def diagnosis(rows, forward_ms: dict | None = None) -> list[str]:
     return out
 
 
+def _save(fig, path: Path, plt) -> Path:
+    """Writes ``fig`` to ``path`` and closes it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot(results: dict, out: Path) -> list[Path]:
     import matplotlib
 
@@ -1512,10 +1520,7 @@ def plot_gamma_sweep(sweep, path: Path, plt) -> Path:
     ax2.set(xlabel="γ (draft tokens per step)", ylabel="speedup over plain", xticks=gammas)
     ax2.legend()
     fig.suptitle("specjax speculative decoding, draft model, T=0, batch 1")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, plt)
 
 
 def plot_throughput(results: dict, path: Path, plt) -> Path:
@@ -1533,10 +1538,7 @@ def plot_throughput(results: dict, path: Path, plt) -> Path:
         ax.set_xticks(x, [f"{fw}\n{m}" for fw, m in systems], fontsize=8)
         ax.set(ylabel="tokens/s", title=f"{title} (b={batch})")
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, plt)
 
 
 def plot_workloads(results: dict, path: Path, plt) -> Path:
@@ -1557,10 +1559,7 @@ def plot_workloads(results: dict, path: Path, plt) -> Path:
         ax.set(ylabel="tokens/s", title=f"batch 1, T={t:g}")
         ax.legend()
     fig.suptitle("throughput by workload")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, plt)
 
 
 def plot_block_sweep(results: dict, path: Path, plt) -> Path:
@@ -1584,10 +1583,7 @@ def plot_block_sweep(results: dict, path: Path, plt) -> Path:
     for ax in (ax1, ax2):
         ax.set_xticks(sorted({*bx, *dx}))
     fig.suptitle("specjax speculative decoding, block drafter vs draft model, T=0, batch 1")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, plt)
 
 
 def parse_args(argv=None):

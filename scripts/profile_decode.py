@@ -163,7 +163,12 @@ def compiled_shapes(method, target, drafter, prompts, args, sampling) -> dict[st
         "rejection",
     )  # fmt: skip
     lowered = decode._decode_jit.lower(*traced, **static)
-    return dict(re.findall(r"%([\w.\-]+) = (\S+\[[\d,]*\])", lowered.compile().as_text()))
+    return hlo_shapes(lowered.compile().as_text())
+
+
+def hlo_shapes(hlo_text: str) -> dict[str, str]:
+    """HLO instruction name -> output shape, from a compiled program's text."""
+    return dict(re.findall(r"%([\w.\-]+) = (\S+\[[\d,]*\])", hlo_text))
 
 
 def op_profile(fn, shapes: dict[str, str], steps: int, runs: int = 3):
@@ -198,8 +203,7 @@ def profile_forward(target, args, inner: int = 10) -> int:
             target, args.batch, args.prompt_tokens, width, inner=inner,
             cache_len=args.prompt_tokens + args.max_new_tokens + args.gamma + 1,
         )  # fmt: skip
-        hlo = fn.lower(*fn_args).compile().as_text()
-        shapes = dict(re.findall(r"%([\w.\-]+) = (\S+\[[\d,]*\])", hlo))
+        shapes = hlo_shapes(fn.lower(*fn_args).compile().as_text())
         call = lambda fn=fn, fn_args=fn_args: fn(*fn_args)  # noqa: E731
         jax.block_until_ready(call())
         times = []
