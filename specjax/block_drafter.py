@@ -403,6 +403,11 @@ class BlockDrafter(Drafter):
         return self.target.head(hidden[:, 1:])
 
     def propose(self, keys_BG, state: KVCache, seq_BS, seq_lengths_B, sampling) -> Proposal:
+        if self.num_draft == 0:
+            # A step that drafts nothing (adaptive γ): its context still arrives in update.
+            return Proposal(
+                tokens=jnp.zeros((seq_BS.shape[0], 0), jnp.int32), probs=None, state=state
+            )
         logits_BGV = self.block_logits(state, seq_BS, seq_lengths_B)
         if self.mode == "argmax":
             # Masked like the target's logits, so that a padded id is never drafted

@@ -49,6 +49,7 @@ from specjax.sampling import (
     per_row,
     probs_from_logits,
 )
+from specjax.slots import PromptOutputs, PromptQueue, insert_row, serving_order
 from specjax.validation import (
     INT32_MAX,
     as_prng_key,
@@ -95,9 +96,10 @@ class GenerationStats:
 
     Attributes:
         target_calls: ``int32[]`` target forward calls in the loop (iterations).
-        row_target_calls: ``int32[B]`` iterations in which each row was active.
-        drafted: ``int32[B]`` tokens drafted for each row while it was active.
-        accepted: ``int32[B]`` drafted tokens the verifier accepted per row.
+        row_target_calls: ``int32[N]`` iterations in which each prompt was active
+            (per slot, ``[B]``, inside a `DecodeState`).
+        drafted: ``int32[N]`` tokens drafted (proposed) for each prompt.
+        accepted: ``int32[N]`` drafted tokens the verifier accepted per prompt.
         accepted_hist: ``int32[γ+1]`` how often 0..γ drafts were accepted in
             one step (over active rows); one bin for plain decoding.
     """
@@ -119,18 +121,18 @@ class GenerationResult:
     """Output of :func:`generate`, :func:`speculative_generate` and :func:`result`.
 
     Attributes:
-        tokens: ``int32[B, N]`` generated tokens (N = the largest ``max_new_tokens``,
-            or fewer when the cache cannot hold that many); slots at or after a
-            row's length hold ``-1``.
-        lengths: ``int32[B]`` tokens generated per row, EOS included.
-        from_draft: ``bool[B, N]`` which tokens were accepted drafts (the rest
+        tokens: ``int32[N, W]`` generated tokens of the N prompts, in prompt order
+            (W = the largest ``max_new_tokens``, or fewer when the cache cannot hold
+            that many); slots at or after a row's length hold ``-1``.
+        lengths: ``int32[N]`` tokens generated per prompt, EOS included.
+        from_draft: ``bool[N, W]`` which tokens were accepted drafts (the rest
             came from the target: corrections and bonus tokens).
-        logprobs: ``float32[B, N]`` the target's log-probability of each token under
+        logprobs: ``float32[N, W]`` the target's log-probability of each token under
             the processed distribution it was sampled from (0 for greedy rows, whose
             distribution is one-hot); ``0`` after a row's length.
-        truncated: ``bool[B]`` rows stopped because their cache was full before
+        truncated: ``bool[N]`` rows stopped because their cache was full before
             reaching EOS or ``max_new_tokens``.
-        invalid: ``bool[B]`` rows stopped because the target's logits were NaN or all
+        invalid: ``bool[N]`` rows stopped because the target's logits were NaN or all
             ``-inf`` at the next position (a broken model or input); nothing is
             emitted for that position.
         stats: :class:`GenerationStats`.
@@ -181,7 +183,17 @@ class DecodeState:
         sampling: `SamplingConfig` with ``[B]`` leaves (``vocab_limit`` resolved).
         max_new_tokens: ``int32[B]`` each row's token budget.
         eos_ids: ``int32[K]`` ids that end a row (``-1`` pads).
-        stats: :class:`GenerationStats`.
+        stats: :class:`GenerationStats` (per slot; finished prompts' counts are in
+            ``outputs``).
+        queue: the `~specjax.slots.PromptQueue` of all N prompts (the fields above
+            are per slot, ``[B]``).
+        outputs: the `~specjax.slots.PromptOutputs` of the prompts handed on so far.
+        gamma_table: static ``((max_active_rows, γ), ...)`` pairs, ascending: a step
+            with ``a`` active rows drafts the γ of the first pair with
+            ``a <= max_active_rows`` (the last pair beyond). Empty: always the
+            drafter's γ.
+        draft_confidence: ``float32[]`` τ, or ``None``: a row stops proposing after
+            its first draft whose own probability is below τ.
     """
 
     target: object
@@ -202,6 +214,10 @@ class DecodeState:
     max_new_tokens: jax.Array
     eos_ids: jax.Array
     stats: GenerationStats
+    queue: PromptQueue
+    outputs: PromptOutputs
+    gamma_table: tuple[tuple[int, int], ...] = struct.field(pytree_node=False, default=())
+    draft_confidence: jax.Array | None = None
 
     @property
     def num_generated(self) -> jax.Array:
@@ -349,6 +365,56 @@ def _check_seeds(seeds, batch_size: int) -> jax.Array:
     return jnp.asarray(value, jnp.int32)
 
 
+def _check_num_slots(num_slots, num_prompts: int) -> int:
+    """B: the rows decoded at once, in ``[1, N]``; default one per prompt."""
+    if num_slots is None:
+        return num_prompts
+    num_slots = check_int("num_slots", num_slots, lo=1)
+    if num_slots > num_prompts:
+        raise ValueError(
+            f"num_slots={num_slots} is more than the {num_prompts} prompts: a slot would "
+            "never hold a prompt (use at most one slot per prompt)"
+        )
+    return num_slots
+
+
+def _check_gamma_table(table, max_gamma: int) -> tuple[tuple[int, int], ...]:
+    """``gamma_by_active_rows`` as sorted static ``((max_active_rows, γ), ...)`` pairs."""
+    if table is None:
+        return ()
+    name = "gamma_by_active_rows"
+    pairs = list(table.items()) if isinstance(table, dict) else table
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence) or not pairs:
+        raise ValueError(
+            f"{name} must be a non-empty dict {{max_active_rows: γ}} or list of "
+            f"(max_active_rows, γ) pairs, got {table!r:.80}"
+        )
+    out = []
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ValueError(f"{name}[{i}] must be a (max_active_rows, γ) pair, got {pair!r:.60}")
+        rows = check_int(f"{name}[{i}] max_active_rows", pair[0], lo=1)
+        gamma = check_int(f"{name}[{i}] γ", pair[1], lo=0, hi=max_gamma)
+        out.append((rows, gamma))
+    out.sort()
+    if len({rows for rows, _ in out}) != len(out):
+        raise ValueError(f"{name} names one max_active_rows twice: {out}")
+    return tuple(out)
+
+
+def _check_confidence(threshold):
+    """τ as a traced ``float32[]`` (or None): a probability in ``[0, 1]``."""
+    if threshold is None:
+        return None
+    if is_concrete(threshold):
+        if np.ndim(threshold) != 0 or isinstance(threshold, bool):
+            raise ValueError(f"draft_confidence must be a float in [0, 1], got {threshold!r:.60}")
+        value = float(threshold)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"draft_confidence must be a float in [0, 1], got {value}")
+    return jnp.asarray(threshold, jnp.float32)
+
+
 def _check_model(name: str, model) -> int:
     """The model contract's static members, checked; returns V."""
     missing = [m for m in ("vocab_size", "init_cache") if not hasattr(model, m)]
@@ -423,7 +489,7 @@ def _cache_bytes(model, batch_size: int, cache_len: int) -> int:
 
 def _prepare(
     key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
-    verification,
+    verification, num_slots=None, gamma_by_active_rows=None, draft_confidence=None,
 ):  # fmt: skip
     """Validates a decoder's inputs on the host, before anything compiles.
 
@@ -451,6 +517,8 @@ def _prepare(
     max_new_B = _check_max_new_tokens(max_new_tokens, b)
     check_sampling_config(sampling, b)
     sampling_B = per_row(resolve_vocab_limit(sampling, target, drafter), b)
+    num_prompts = b
+    b = _check_num_slots(num_slots, num_prompts)
     lookahead = drafter.num_draft + 1
     resolved = resolve_cache_len(cache_len, p, max_new_B, lookahead)
     name = (
@@ -458,7 +526,8 @@ def _prepare(
     )
     if resolved > INT32_MAX // 2:
         raise ValueError(f"{name}: a cache of {resolved} slots does not fit int32 positions")
-    nbytes = _cache_bytes(target, b, resolved) + b * resolved * 9  # + seq, logprobs, flags
+    # + seq, logprobs and flags per slot, and the same per prompt for the outputs.
+    nbytes = _cache_bytes(target, b, resolved) + (b + num_prompts) * resolved * 9
     if isinstance(drafter, DraftModel):
         nbytes += _cache_bytes(drafter.model, b, resolved)
     elif isinstance(drafter, BlockDrafter):
@@ -469,11 +538,15 @@ def _prepare(
     prompts_BP = jnp.pad(prompts_BP, [(0, 0), (0, width - p)])
     traced = (
         key, target, drafter, prompts_BP, lengths_B, jnp.asarray(max_new_B), sampling_B,
-        _eos_array(eos_id, vocab), _check_seeds(seeds, b),
+        _eos_array(eos_id, vocab), _check_seeds(seeds, num_prompts),
+        _check_confidence(draft_confidence),
     )  # fmt: skip
-    static = dict(cache_len=resolved, verification=verification)
+    static = dict(
+        cache_len=resolved, verification=verification, num_slots=b,
+        gamma_table=_check_gamma_table(gamma_by_active_rows, drafter.num_draft),
+    )  # fmt: skip
     # From host values (inside a user's jit the arrays above are already traced).
-    host_lengths = np.asarray(lengths_B) if is_concrete(lengths_B) else np.full((b,), p)
+    host_lengths = np.asarray(lengths_B) if is_concrete(lengths_B) else np.full((num_prompts,), p)
     return traced, static, _output_width(max_new_B, host_lengths, resolved)
 
 
@@ -482,20 +555,23 @@ def _prepare(
 
 
 def _init_state(
-    key, target, drafter, prompts_BP, prompt_lengths_B, max_new_B, sampling, eos_K, seeds_B,
-    *, cache_len, verification,
+    key, target, drafter, prompts_NP, prompt_lengths_N, max_new_N, sampling_N, eos_K, seeds_N,
+    draft_confidence, *, cache_len, verification, num_slots, gamma_table,
 ) -> DecodeState:  # fmt: skip
-    b, p = prompts_BP.shape
+    """Prefills the first ``num_slots`` prompts into the slots (one batched forward)."""
+    b = num_slots
+    num_prompts, p = prompts_NP.shape
+    order_N = serving_order(max_new_N, b)
+    first = lambda x: x[order_N[:b]]  # noqa: E731
+    prompts_BP, prompt_lengths_B, max_new_B = map(first, (prompts_NP, prompt_lengths_N, max_new_N))
+    row_keys_N = noise.row_keys(key, seeds_N)
     _, target_cache, features = prefill(
         target, prompts_BP, prompt_lengths_B, cache_len, drafter.target_layers
     )
     drafter_state = init_drafter(drafter, prompts_BP, prompt_lengths_B, cache_len, features)
     zeros = jnp.zeros((b,), jnp.int32)
-    gamma = drafter.num_draft
-    # A traced budget <= 0 gives the row no tokens (the host refuses concrete ones).
-    no_budget = max_new_B <= 0
-    no_room = prompt_lengths_B + gamma + 1 > cache_len
-    return DecodeState(
+    done, truncated = _starts_done(prompt_lengths_B, max_new_B, drafter.num_draft, cache_len)
+    state = DecodeState(
         target=target,
         drafter=drafter,
         verification=verification,
@@ -504,13 +580,13 @@ def _init_state(
         prompt_lengths=prompt_lengths_B,
         from_draft=jnp.zeros((b, cache_len), bool),
         logprobs=jnp.zeros((b, cache_len), jnp.float32),
-        done=no_budget | no_room,
-        truncated=no_room & ~no_budget,
+        done=done,
+        truncated=truncated,
         invalid=jnp.zeros((b,), bool),
         target_cache=target_cache,
         drafter_state=drafter_state,
-        row_keys=noise.row_keys(key, seeds_B),
-        sampling=sampling,
+        row_keys=first(row_keys_N),
+        sampling=jax.tree.map(first, sampling_N),
         max_new_tokens=max_new_B,
         eos_ids=eos_K,
         stats=GenerationStats(
@@ -518,9 +594,140 @@ def _init_state(
             row_target_calls=zeros,
             drafted=zeros,
             accepted=zeros,
-            accepted_hist=jnp.zeros((gamma + 1,), jnp.int32),
+            accepted_hist=jnp.zeros((drafter.num_draft + 1,), jnp.int32),
         ),
+        queue=PromptQueue(
+            prompts=prompts_NP,
+            prompt_lengths=prompt_lengths_N,
+            max_new_tokens=max_new_N,
+            sampling=sampling_N,
+            row_keys=row_keys_N,
+            order=order_N,
+            next_prompt=jnp.asarray(b, jnp.int32),
+            slot_prompt=order_N[:b],
+        ),
+        outputs=PromptOutputs.empty(num_prompts, cache_len),
+        gamma_table=gamma_table,
+        draft_confidence=draft_confidence,
     )
+    # Slots whose first prompt is done before it starts are handed on at once.
+    return _refill(state)
+
+
+def _starts_done(prompt_lengths, max_new_tokens, gamma: int, cache_len: int):
+    """``(done, truncated)`` of rows before their first step.
+
+    A traced budget <= 0 gives the row no tokens (the host refuses concrete ones); a
+    prompt with no room for one step is truncated.
+    """
+    no_budget = max_new_tokens <= 0
+    no_room = prompt_lengths + gamma + 1 > cache_len
+    return no_budget | no_room, no_room & ~no_budget
+
+
+# ----------------------------------------------------------------------------
+# Continuous batching: handing a finished slot on to the next prompt.
+
+
+def _slot_outputs(state: DecodeState, slots_M) -> PromptOutputs:
+    """Slots ``slots_M``' generated tokens gathered to ``[M, S]`` (padded with -1), with flags.
+
+    The full width keeps the output shape static per cache length, so that budgets of
+    any size share the compiled program; `_output_width` then says how much to keep.
+    """
+    width = state.seq.shape[1]
+    take = lambda x_B: x_B[slots_M]  # noqa: E731
+    lengths = take(state.num_generated)
+    idx = take(state.prompt_lengths)[:, None] + jnp.arange(width)[None]
+    valid = jnp.arange(width)[None] < lengths[:, None]
+    idx = jnp.minimum(idx, width - 1)
+    gather = lambda buffer: jnp.take_along_axis(take(buffer), idx, axis=1)  # noqa: E731
+    stats = state.stats
+    return PromptOutputs(
+        tokens=jnp.where(valid, gather(state.seq), -1),
+        from_draft=valid & gather(state.from_draft),
+        logprobs=jnp.where(valid, gather(state.logprobs), 0.0),
+        lengths=lengths,
+        truncated=take(state.truncated),
+        invalid=take(state.invalid),
+        row_target_calls=take(stats.row_target_calls),
+        drafted=take(stats.drafted),
+        accepted=take(stats.accepted),
+    )
+
+
+def _hand_on(state: DecodeState, slots_M) -> PromptOutputs:
+    """The outputs with the prompts in slots ``slots_M`` (``int32[M]``) written out.
+
+    Only those M rows are gathered: a refill hands on one slot, and must not cost a
+    pass over every slot's buffers.
+    """
+    rows = state.queue.slot_prompt[slots_M]
+    return state.outputs.write(rows, _slot_outputs(state, slots_M))
+
+
+def _load(state: DecodeState, slot) -> DecodeState:
+    """Prefills the next prompt served into slot ``slot`` (a one-row forward), resetting it.
+
+    The slot's cache lengths, drafter state, token buffer, flags, counters, budget,
+    sampling settings and row key all come from the prompt, so its output is the one
+    it would get in a slot of its own.
+    """
+    target, drafter, q = state.target, state.drafter, state.queue
+    b, cache_len = state.seq.shape
+    prompt = q.order[q.next_prompt]
+    take = lambda x_N: jax.lax.dynamic_index_in_dim(x_N, prompt, keepdims=False)  # noqa: E731
+    prompt_1P = jax.lax.dynamic_slice_in_dim(q.prompts, prompt, 1)
+    length_1 = jax.lax.dynamic_slice_in_dim(q.prompt_lengths, prompt, 1)
+    _, cache_1, features = prefill(target, prompt_1P, length_1, cache_len, drafter.target_layers)
+    drafter_1 = init_drafter(drafter, prompt_1P, length_1, cache_len, features)
+    length, max_new = length_1[0], take(q.max_new_tokens)
+    done, truncated = _starts_done(length, max_new, drafter.num_draft, cache_len)
+    row = jnp.zeros((cache_len,), jnp.int32).at[: prompt_1P.shape[1]].set(prompt_1P[0, :cache_len])
+    put = lambda x_B, value: x_B.at[slot].set(value)  # noqa: E731
+    stats = state.stats
+    return state.replace(
+        seq=put(state.seq, row),
+        seq_lengths=put(state.seq_lengths, length),
+        prompt_lengths=put(state.prompt_lengths, length),
+        from_draft=put(state.from_draft, False),
+        logprobs=put(state.logprobs, 0.0),
+        done=put(state.done, done),
+        truncated=put(state.truncated, truncated),
+        invalid=put(state.invalid, False),
+        target_cache=insert_row(state.target_cache, cache_1, slot, b),
+        drafter_state=insert_row(state.drafter_state, drafter_1, slot, b),
+        row_keys=put(state.row_keys, take(q.row_keys)),
+        sampling=jax.tree.map(lambda x_B, x_N: put(x_B, take(x_N)), state.sampling, q.sampling),
+        max_new_tokens=put(state.max_new_tokens, max_new),
+        stats=stats.replace(
+            row_target_calls=put(stats.row_target_calls, 0),
+            drafted=put(stats.drafted, 0),
+            accepted=put(stats.accepted, 0),
+        ),
+        queue=q.replace(next_prompt=q.next_prompt + 1, slot_prompt=put(q.slot_prompt, prompt)),
+    )
+
+
+def _refill(state: DecodeState) -> DecodeState:
+    """Hands every finished slot on to the next waiting prompt, on device.
+
+    A slot whose new prompt is done at once (no budget, or no room) is handed on again
+    in the same call. With one slot per prompt (N == B) nothing is compiled here.
+    """
+    b = state.seq.shape[0]
+    if state.queue.num_prompts == b:
+        return state
+
+    def waiting(s):
+        return jnp.any(s.done) & (s.queue.next_prompt < s.queue.num_prompts)
+
+    def hand_on(s):
+        slot = jnp.argmax(s.done)
+        s = s.replace(outputs=_hand_on(s, slot[None]))
+        return _load(s, slot)
+
+    return jax.lax.while_loop(waiting, hand_on, state)
 
 
 def _draft_probs(proposal, drafter, batch: int, gamma: int, vocab: int):
@@ -564,8 +771,71 @@ def _num_leading_true(flags_BT):
 
 
 def _body(state: DecodeState) -> DecodeState:
-    target, drafter = state.target, state.drafter
-    gamma = drafter.num_draft
+    """One loop iteration: a decode step (of the γ the schedule picks), then refills."""
+    table = state.gamma_table
+    if not table:
+        state = _decode_step(state, state.drafter.num_draft)
+    else:
+        # The step's γ is read from the table by the number of active rows: one
+        # precompiled variant per γ, picked on device.
+        max_rows = jnp.asarray([rows for rows, _ in table], jnp.int32)
+        active = jnp.sum(~state.done, dtype=jnp.int32)
+        index = jnp.minimum(jnp.searchsorted(max_rows, active), len(table) - 1)
+        branches = [lambda s, g=g: _decode_step(s, g) for _, g in table]
+        state = jax.lax.switch(index, branches, state)
+    return _refill(state)
+
+
+def _confident_drafts(draft_tokens_BG, draft_probs_BGV, threshold):
+    """``int32[B]`` drafts each row proposes: up to and including its first below τ.
+
+    A row stops proposing after the first draft whose own probability ``q_i(x_i)`` is
+    below τ, as HF's ``assistant_confidence_threshold`` does. That draft is still
+    proposed: whether position i is proposed must depend only on the drafts before
+    it. Cutting *at* the unconfident draft would make the proposal at i ``q_i``
+    restricted to confident tokens while the verifier divides by ``q_i``, which is not
+    exact (``tests/test_verify.py`` has that bug as a control, rejected).
+    """
+    gamma = draft_tokens_BG.shape[1]
+    q_at_BG = jnp.take_along_axis(draft_probs_BGV, draft_tokens_BG[..., None], axis=-1)[..., 0]
+    return jnp.minimum(_num_leading_true(q_at_BG >= threshold) + 1, gamma)
+
+
+def _score_drafted(target, drafter, tokens_BG1, positions_BG1, cache, width_index):
+    """The verify forward over only the ``width_index + 1`` leading positions.
+
+    One precompiled forward per width, picked on device by ``lax.switch``; logits
+    (and features) are padded back to ``γ + 1`` columns. The padding is never read:
+    no row drafted that far, so nothing there can be accepted or emitted.
+    """
+    g1 = tokens_BG1.shape[1]
+
+    def forward(width):
+        def run(cache):
+            logits, cache, features = score(
+                target, tokens_BG1[:, :width], positions_BG1[:, :width], cache,
+                drafter.target_layers,
+            )  # fmt: skip
+            pad = [(0, 0), (0, g1 - width), (0, 0)]
+            if features is not None:
+                # Positions stay real, so padded features land only in stale slots.
+                features = features.replace(
+                    hidden=jnp.pad(features.hidden, pad), positions=positions_BG1
+                )
+            return jnp.pad(logits, pad), cache, features
+
+        return run
+
+    return jax.lax.switch(width_index, [forward(w) for w in range(1, g1 + 1)], cache)
+
+
+def _decode_step(state: DecodeState, gamma: int) -> DecodeState:
+    """One decode step with γ = ``gamma`` drafts (at most the drafter's own γ)."""
+    target = state.target
+    drafter = state.drafter
+    if gamma != drafter.num_draft:
+        drafter = drafter.replace(num_draft=gamma)
+    max_gamma = state.drafter.num_draft
     b = state.seq.shape[0]
     rows = jnp.arange(b)
     lengths = state.seq_lengths
@@ -582,14 +852,34 @@ def _body(state: DecodeState) -> DecodeState:
     )
     draft_probs = _draft_probs(proposal, drafter, b, gamma, target.vocab_size)
     draft_tokens_BG = proposal.tokens.astype(jnp.int32)
+    active = ~state.done
 
     # Score the pending token and the γ drafts in one target call.
     pending_B = state.seq[rows, lengths - 1]
     tokens_in = jnp.concatenate([pending_B[:, None], draft_tokens_BG], axis=1)
     # A drafter's features come out of this same forward: no second target call.
-    logits_BG1V, target_cache, features = score(
-        target, tokens_in, positions_BG1, state.target_cache, drafter.target_layers
-    )
+    if state.draft_confidence is not None and draft_probs is None and gamma > 0:
+        raise ValueError(
+            f"draft_confidence needs a drafter that returns its q, and the "
+            f"{type(drafter).__name__} proposes one-hot drafts (probs=None): use a "
+            "DraftModel without greedy_draft, or BlockDrafter(mode='sample')"
+        )
+    if state.draft_confidence is None or gamma == 0:
+        num_drafted = jnp.full((b,), gamma, jnp.int32)
+        logits_BG1V, target_cache, features = score(
+            target, tokens_in, positions_BG1, state.target_cache, drafter.target_layers
+        )
+    else:
+        num_drafted = _confident_drafts(draft_tokens_BG, draft_probs, state.draft_confidence)
+        # A draft that was not proposed reads as out of vocabulary (-1): every verifier
+        # rejects it with q := 0, so the row's next token comes from p itself, exactly.
+        draft_tokens_BG = jnp.where(
+            offsets[None, :gamma] < num_drafted[:, None], draft_tokens_BG, -1
+        )
+        width_index = jnp.max(jnp.where(active, num_drafted, 0))
+        logits_BG1V, target_cache, features = _score_drafted(
+            target, drafter, tokens_in, positions_BG1, state.target_cache, width_index
+        )
     target_probs = probs_from_logits(logits_BG1V, state.sampling)
     if state.verification == "coupled":
         block_BG1, num_accepted = coupled_verify(keys_BG1, draft_tokens_BG, target_probs)
@@ -608,7 +898,6 @@ def _body(state: DecodeState) -> DecodeState:
 
     # Emit accepted drafts + the correction/bonus token, cut after EOS and
     # at the row's token budget; finished rows emit nothing.
-    active = ~state.done
     is_eos_BG1 = jnp.any(block_BG1[..., None] == state.eos_ids[None, None], axis=-1)
     is_eos_BG1 &= offsets[None] <= num_accepted[:, None]
     eos_cut = jnp.where(jnp.any(is_eos_BG1, axis=1), jnp.argmax(is_eos_BG1, axis=1) + 1, gamma + 1)
@@ -620,7 +909,8 @@ def _body(state: DecodeState) -> DecodeState:
 
     new_lengths = lengths + num_emit
     active_i = active.astype(jnp.int32)
-    accepted_one_hot = jax.nn.one_hot(num_accepted, gamma + 1, dtype=jnp.int32) * active_i[:, None]
+    accepted_one_hot = jax.nn.one_hot(num_accepted, max_gamma + 1, dtype=jnp.int32)
+    accepted_one_hot *= active_i[:, None]
     stats = state.stats
     state = state.replace(
         seq=_write(state.seq, block_BG1, lengths, num_emit),
@@ -634,7 +924,7 @@ def _body(state: DecodeState) -> DecodeState:
         stats=stats.replace(
             target_calls=stats.target_calls + 1,
             row_target_calls=stats.row_target_calls + active_i,
-            drafted=stats.drafted + gamma * active_i,
+            drafted=stats.drafted + num_drafted * active_i,
             accepted=stats.accepted + num_accepted * active_i,
             accepted_hist=stats.accepted_hist + jnp.sum(accepted_one_hot, axis=0),
         ),
@@ -644,12 +934,15 @@ def _body(state: DecodeState) -> DecodeState:
     hit_eos = jnp.any(emitted_BG1 & is_eos_BG1, axis=1)
     finished = hit_eos | (state.num_generated >= state.max_new_tokens)
     invalid = active & (num_usable == 0)
-    cache_full = new_lengths + gamma + 1 > state.seq.shape[1]
-    return state.replace(
+    # Judged by the largest γ, so that whether a row is truncated never depends on
+    # which variant ran.
+    cache_full = new_lengths + max_gamma + 1 > state.seq.shape[1]
+    state = state.replace(
         done=state.done | (active & (finished | cache_full | invalid)),
         truncated=state.truncated | (active & cache_full & ~finished & ~invalid),
         invalid=state.invalid | invalid,
     )
+    return state
 
 
 def _run(state: DecodeState, num_steps=None) -> DecodeState:
@@ -663,26 +956,22 @@ def _run(state: DecodeState, num_steps=None) -> DecodeState:
 
 
 def _result(state: DecodeState) -> GenerationResult:
-    """Gathers each row's generated slots into ``[B, S]`` (padded with -1).
+    """Every prompt's output in prompt order: those handed on, plus those still in a slot.
 
-    The full width keeps the output shape static per cache length, so that budgets of
-    any size share the compiled program; `_output_width` then says how much of it to
-    keep.
+    ``tokens`` etc. are ``[N, S]`` (padded with -1); `_output_width` says how much of
+    the width to keep.
     """
-    width = state.seq.shape[1]
-    lengths = state.num_generated
-    idx = state.prompt_lengths[:, None] + jnp.arange(width)[None]
-    valid = jnp.arange(width)[None] < lengths[:, None]
-    idx = jnp.minimum(idx, width - 1)
-    gather = lambda buffer: jnp.take_along_axis(buffer, idx, axis=1)
+    out = _hand_on(state, jnp.arange(state.seq.shape[0]))
     return GenerationResult(
-        tokens=jnp.where(valid, gather(state.seq), -1),
-        lengths=lengths,
-        from_draft=valid & gather(state.from_draft),
-        logprobs=jnp.where(valid, gather(state.logprobs), 0.0),
-        truncated=state.truncated,
-        invalid=state.invalid,
-        stats=state.stats,
+        tokens=out.tokens,
+        lengths=out.lengths,
+        from_draft=out.from_draft,
+        logprobs=out.logprobs,
+        truncated=out.truncated,
+        invalid=out.invalid,
+        stats=state.stats.replace(
+            row_target_calls=out.row_target_calls, drafted=out.drafted, accepted=out.accepted
+        ),
     )
 
 
@@ -706,7 +995,7 @@ def _trim(out: GenerationResult, width: int) -> GenerationResult:
     )
 
 
-_STATIC = ("cache_len", "verification")
+_STATIC = ("cache_len", "verification", "num_slots", "gamma_table")
 _decode_jit = jax.jit(lambda *a, **k: _result(_run(_init_state(*a, **k))), static_argnames=_STATIC)
 _init_jit = jax.jit(_init_state, static_argnames=_STATIC)
 _result_jit = jax.jit(_result)
@@ -744,6 +1033,9 @@ def init(
     seeds=None,
     cache_len: int | None = None,
     verification: str = "rejection",
+    num_slots: int | None = None,
+    gamma_by_active_rows=None,
+    draft_confidence: float | None = None,
 ) -> DecodeState:
     """Prefills the prompts and returns the `DecodeState` that `step` advances.
 
@@ -763,7 +1055,7 @@ def init(
     drafter = NoDraft() if drafter is None else drafter
     traced, static, width = _prepare(
         key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
-        verification,
+        verification, num_slots, gamma_by_active_rows, draft_confidence,
     )  # fmt: skip
     return _init_jit(*traced, **static)
 
@@ -795,11 +1087,14 @@ def step(state: DecodeState, num_steps=1) -> DecodeState:
 
 
 def result(state: DecodeState) -> GenerationResult:
-    """The output so far: every row's generated tokens, lengths, flags and stats.
+    """The output so far: every prompt's generated tokens, lengths, flags and stats.
 
-    ``tokens`` has width ``max(max_new_tokens)`` (or what the cache can hold).
+    Rows are prompts, in prompt order (also with fewer slots than prompts); a prompt
+    not started yet has length 0. ``tokens`` has width ``max(max_new_tokens)`` (or
+    what the cache can hold).
     """
-    width = _output_width(state.max_new_tokens, state.prompt_lengths, state.seq.shape[1])
+    q = state.queue
+    width = _output_width(q.max_new_tokens, q.prompt_lengths, state.seq.shape[1])
     return _trim(_result_jit(state), width)
 
 
@@ -816,9 +1111,9 @@ def stream(
         steps_per_chunk: loop iterations per chunk.
 
     Yields:
-        ``(state, new_tokens)``: the state after the chunk, and per row the list of
-        token ids generated in it (possibly empty). Use the last yielded state (e.g.
-        with `result`); earlier ones are donated to the next chunk.
+        ``(state, new_tokens)``: the state after the chunk, and per prompt (in prompt
+        order) the list of token ids generated in it (possibly empty). Use the last
+        yielded state (e.g. with `result`); earlier ones are donated to the next chunk.
 
     Example:
         >>> import jax, specjax
@@ -829,16 +1124,16 @@ def stream(
         6
     """
     steps_per_chunk = check_int("steps_per_chunk", steps_per_chunk, lo=1)
-    seen = np.asarray(state.num_generated)
+    seen = np.asarray(_result_jit(state).lengths)
     while True:
         state = step(state, steps_per_chunk)
-        seq, prompt_lengths, lengths, done = jax.device_get(
-            (state.seq, state.prompt_lengths, state.seq_lengths, state.done)
-        )
-        starts = prompt_lengths + seen
-        new = [row[s:e].tolist() for row, s, e in zip(seq, starts, lengths, strict=True)]
-        seen = lengths - prompt_lengths
+        out = _result_jit(state)
+        tokens, lengths, done = jax.device_get((out.tokens, out.lengths, state.done))
+        new = [row[s:e].tolist() for row, s, e in zip(tokens, seen, lengths, strict=True)]
+        seen = lengths
         yield state, new
+        # Refilling keeps every slot busy while prompts wait, so all slots done means
+        # every prompt is.
         if done.all():
             return
 
@@ -857,6 +1152,7 @@ def generate(
     eos_id=None,
     seeds=None,
     cache_len: int | None = None,
+    num_slots: int | None = None,
 ) -> GenerationResult:
     """Plain autoregressive decoding: prefill, then one ``lax.while_loop``.
 
@@ -886,9 +1182,14 @@ def generate(
         seeds: optional ``int[B]`` per-row seeds (default: the row index).
         cache_len: static cache length S; default ``P + max_new_tokens + 1``
             rounded up to a multiple of 64.
+        num_slots: rows decoded at once, B (default: one per prompt). With fewer
+            slots than prompts, a finished row's slot is prefilled with the next prompt
+            inside the same on-device loop (continuous batching), serving the longest
+            budgets first so that the shortest fill the tail; settings, seeds and
+            budgets follow the prompt, and outputs come back in prompt order.
 
     Returns:
-        :class:`GenerationResult` with ``tokens int32[B, max(max_new_tokens)]``.
+        :class:`GenerationResult` with ``tokens int32[N, max(max_new_tokens)]``.
 
     Example:
         >>> import jax, specjax
@@ -900,7 +1201,7 @@ def generate(
     """
     traced, static, width = _prepare(
         key, model, NoDraft(), prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
-        "rejection",
+        "rejection", num_slots,
     )  # fmt: skip
     return _decode(traced, static, width)
 
@@ -917,6 +1218,9 @@ def speculative_generate(
     seeds=None,
     cache_len: int | None = None,
     verification: str = "rejection",
+    num_slots: int | None = None,
+    gamma_by_active_rows=None,
+    draft_confidence: float | None = None,
 ) -> GenerationResult:
     """Speculative decoding in one jitted ``lax.while_loop``, exact in distribution.
 
@@ -963,9 +1267,28 @@ def speculative_generate(
             rounded up to a multiple of 64. A row that would overflow it stops
             and is flagged in ``truncated``.
         verification: ``"rejection"`` or ``"coupled"``.
+        num_slots: rows decoded at once, B (default: one per prompt). With fewer
+            slots than prompts, a finished row's slot is prefilled with the next prompt
+            inside the same on-device loop (continuous batching), serving the longest
+            budgets first so that the shortest fill the tail; settings, seeds and
+            budgets follow the prompt, and outputs come back in prompt order.
+        gamma_by_active_rows: optional table choosing each step's γ by the number of
+            active rows, a dict ``{max_active_rows: γ}`` or ``(max_active_rows, γ)``
+            pairs, each γ in ``[0, drafter.num_draft]``: a step with ``a`` active rows
+            drafts the γ of the smallest ``max_active_rows >= a`` (the largest entry's
+            beyond it), e.g. ``{1: 4, 8: 2, 64: 0}``; γ = 0 is a plain step, for batches
+            where verifying costs more than speculation saves. One variant per γ is
+            compiled and picked on device (``lax.switch``). Exact; with rejection
+            verification a row's sample then depends on how many rows are active.
+        draft_confidence: optional τ in ``[0, 1]``: a row stops proposing after its
+            first draft whose own probability ``q(x)`` is below τ (that draft is
+            still verified), and the verify forward covers only as many positions as
+            the longest active row proposed. Exact: whether a position is proposed
+            depends only on the drafts before it, and the drafts not proposed are
+            never accepted. Needs a drafter that returns q.
 
     Returns:
-        :class:`GenerationResult` with ``tokens int32[B, max(max_new_tokens)]``.
+        :class:`GenerationResult` with ``tokens int32[N, max(max_new_tokens)]``.
 
     Example:
         >>> import jax, specjax
@@ -978,6 +1301,6 @@ def speculative_generate(
     """
     traced, static, width = _prepare(
         key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
-        verification,
+        verification, num_slots, gamma_by_active_rows, draft_confidence,
     )  # fmt: skip
     return _decode(traced, static, width)

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.models.cache import KVCache
-from specjax.sampling import SamplingConfig, probs_from_logits, sample
+from specjax.sampling import SamplingConfig, greedy_tokens, mask_vocab, probs_from_logits, sample
 
 
 @struct.dataclass
@@ -203,13 +203,21 @@ class DraftModel(Drafter):
     The draft may have a smaller vocabulary than the target (a padded family, see
     `specjax.vocab`): its ``[B, γ, V_d]`` q is zero-padded by the decoder.
 
+    With ``greedy_draft=True`` it proposes its argmax instead (below the row's
+    ``vocab_limit``) and returns no q: the verifier then treats q as the one-hot of
+    each draft, which is exact (a draft ``x`` is accepted with probability
+    ``p(x)``), needs no ``[B, γ, V]`` buffer, and can accept more than the true q
+    when the draft ranks well but is underconfident (BENCHMARKS.md measures both).
+
     Attributes:
         model: the draft model (any object following the model contract).
         num_draft: γ, tokens proposed per step (static).
+        greedy_draft: propose the draft's argmax with one-hot q (static).
     """
 
     model: object
     num_draft: int = struct.field(pytree_node=False, default=4)
+    greedy_draft: bool = struct.field(pytree_node=False, default=False)
 
     @property
     def vocab_size(self) -> int:
@@ -238,8 +246,15 @@ class DraftModel(Drafter):
         tokens_B2 = self._readable(jnp.stack([seq_BS[rows, prev], seq_BS[rows, last]], axis=1))
         positions_B2 = jnp.stack([prev, last], axis=1)
         logits, cache = self.model(tokens_B2, positions_B2, state)
+        if self.num_draft == 0:
+            # A step that drafts nothing (adaptive γ): the two newest tokens are still
+            # fed, so that the cache never lacks more than the newest one.
+            return Proposal(tokens=jnp.zeros((b, 0), jnp.int32), probs=None, state=cache)
 
         def draw(keys_B, logits_BV):
+            if self.greedy_draft:
+                # No q to return, so no [B, V] probabilities are ever computed.
+                return greedy_tokens(mask_vocab(logits_BV, sampling.vocab_limit)), None
             probs = probs_from_logits(logits_BV, sampling)
             return sample(keys_B, probs), probs
 
@@ -257,6 +272,8 @@ class DraftModel(Drafter):
             step, (token, last + 1, cache), jnp.moveaxis(keys_BG[:, 1:], 1, 0), unroll=True
         )
         tokens = jnp.concatenate([token[:, None], jnp.moveaxis(tokens_rest, 0, 1)], axis=1)
+        if self.greedy_draft:
+            return Proposal(tokens=tokens, probs=None, state=cache)
         probs = jnp.concatenate([probs[:, None], jnp.moveaxis(probs_rest, 0, 1)], axis=1)
         return Proposal(tokens=tokens, probs=probs, state=cache)
 

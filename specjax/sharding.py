@@ -301,7 +301,10 @@ class ShardedModel:
     def cache_spec(self, batch_size: int, num_kv_heads: int) -> P:
         """``PartitionSpec`` of a cache's keys ``[L, B, K, D, S]`` / values ``[L, B, K, S, D]``."""
         data = self.data_axis
-        if not _fits(batch_size, self.mesh, data):
+        if batch_size == 1:
+            # One row cannot be split: replicated (a refill prefills one row at a time).
+            data = None
+        elif not _fits(batch_size, self.mesh, data):
             if self.indivisible == "raise":
                 raise ValueError(
                     _indivisible_msg({("batch_size", batch_size): "KV cache rows"}, self.mesh, data)

@@ -188,6 +188,33 @@ def test_reproducible_script_quick_run(tmp_path):
     assert {r["decoder"] for r in report["loop"]} == {"plain", "speculative"}
 
 
+@pytest.mark.slow
+def test_throughput_script_quick_run(tmp_path):
+    """bench_throughput.py --quick (about 12 small compiles, ~1 min): every system's
+    greedy output is checked against plain greedy inside the script, which exits 1 on
+    any difference; here its tables and the adaptive table it derives are checked."""
+    out = _run_script(SCRIPT.parent / "bench_throughput.py", "--quick", "--out", str(tmp_path))
+    assert "adaptive table" in out
+    report = json.loads((tmp_path / "throughput.json").read_text())
+    systems = {(r["system"], r["slots"]) for r in report["slots"]}
+    for slots in (1, 3):
+        for system in ("plain static batch", "plain refill", "spec γ=1 refill",
+                       "spec adaptive refill"):  # fmt: skip
+            assert (system, slots) in systems
+    assert set(report["table"]) == {"1", "3"} and set(report["table"].values()) <= {0, 1}
+    by = {(r["system"], r["slots"]): r for r in report["slots"]}
+    # With one slot nothing idles; refill never idles more than a static batch.
+    assert by["plain refill", 1]["idle"] == 0.0
+    assert by["plain refill", 3]["idle"] <= by["plain static batch", 3]["idle"]
+    assert {r["system"] for r in report["sampled"]} == {
+        "plain",
+        "draft q",
+        "draft argmax",
+        "draft q, τ=0.3",
+    }
+    assert (tmp_path / "throughput.md").read_text().count("|") > 20
+
+
 def test_equal_outputs_pass():
     bench = _load_script()
     reference = [[1, 2, 3], [4, 5, 6]]

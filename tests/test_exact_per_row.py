@@ -11,10 +11,14 @@ A second set runs batches with B == γ+1 (3 rows, γ = 2), where settings read a
 γ+1 positions instead of the rows would raise no shape error: the decoder is
 `jax.vmap`-ed over N keys, so each of the N instances is one such batch.
 
+A third set sends the mixed batch through 1,000 slots with ragged budgets
+(continuous batching): plain decoding, `DraftModel` with adaptive γ (a table by active
+rows plus a confidence threshold), and `DraftModel(greedy_draft=True)`.
+
 Sample sizes and false alarms: N_PER_GROUP = 10,000 rows per group and decoder (K = 2
 tokens; 3 for DraftModel, whose drafts reach the third position), each test rejecting
-at p < FALSE_ALARM = 1e-4. This file runs 30 + 9 = 39 such tests, so the family-wise
-false-alarm rate is below 0.4% (Bonferroni). Keys are fixed, so the outcome is
+at p < FALSE_ALARM = 1e-4. This file runs 30 + 9 + 18 = 57 such tests, so the
+family-wise false-alarm rate is below 0.6% (Bonferroni). Keys are fixed, so the outcome is
 deterministic. The negative controls show that the same test, at the same N, rejects a
 group's samples against another group's distribution (what reading the settings of
 the wrong row gives) and the draft's distribution against the target's.
@@ -123,12 +127,7 @@ def test_each_row_group_follows_its_own_distribution(pair, mixed_samples, decode
 @pytest.mark.parametrize("decoder", DECODERS, ids=lambda d: "-".join(d))
 def test_greedy_rows_equal_plain_greedy(pair, mixed_samples, decoder):
     target, _ = pair
-    tokens = mixed_samples[decoder][0 :: len(GROUPS)]
-    greedy = specjax.generate(
-        jax.random.key(0), target, [PROMPT], max_new_tokens=tokens.shape[1],
-        sampling=specjax.SamplingConfig.greedy(),
-    ).to_lists()[0]  # fmt: skip
-    assert (tokens == np.asarray(greedy)).all()
+    _assert_greedy_rows_equal_plain_greedy(target, mixed_samples[decoder])
 
 
 def test_coupled_output_equals_plain_output_token_for_token(mixed_samples):
@@ -206,3 +205,89 @@ def test_control_draft_distribution_is_rejected(pair, square_samples):
     tokens = square_samples["lookup", "rejection"][:, 1]
     exact = exact_sequence_probs(draft, PROMPT, 2, specjax.SamplingConfig(temperature=1.3))
     assert chi_square_pvalue(sequence_counts(tokens, V), exact) < FALSE_ALARM
+
+
+# --------------------------------------------------------------------------------------
+# Continuous batching: the mixed batch through REFILL_SLOTS slots, with ragged budgets
+# (K or K+1 by row pair) so that slots are refilled at different steps. Adaptive γ
+# (a table by active rows and a confidence threshold) and argmax drafting run here.
+
+REFILL_SLOTS = 1_000
+REFILL_DECODERS = {
+    "plain": None,
+    "draft_model_adaptive": dict(gamma_by_active_rows={500: 2, 10**6: 1}, draft_confidence=0.3),
+    "draft_model_argmax": None,
+}
+
+
+@pytest.fixture(scope="module")
+def refill_samples(pair):
+    """Tokens [N, K] of each decoder on the mixed batch through REFILL_SLOTS slots."""
+    target, draft = pair
+    num_rows = N_PER_GROUP * len(GROUPS)
+    prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (num_rows, len(PROMPT)))
+    sampling = _mixed_config(num_rows)
+    key = jax.random.key(2026)  # as mixed_samples: plain tokens must then agree
+    extra = (np.arange(num_rows) // len(GROUPS)) % 2
+    out = {}
+    for name, adaptive in REFILL_DECODERS.items():
+        k = 2 if name == "plain" else 3
+        kw = dict(max_new_tokens=k + extra, sampling=sampling, num_slots=REFILL_SLOTS)
+        if name == "plain":
+            res = specjax.generate(key, target, prompts, **kw)
+        else:
+            drafter = specjax.DraftModel(draft, num_draft=2, greedy_draft=name.endswith("argmax"))
+            res = specjax.speculative_generate(
+                key, target, drafter, prompts, **kw, **(adaptive or {})
+            )
+            stats = res.stats
+            if adaptive:
+                # The threshold left drafts unproposed, and the table ran both γ.
+                assert int(np.sum(stats.drafted)) < 2 * int(np.sum(stats.row_target_calls))
+                assert int(np.asarray(stats.accepted_hist)[2]) > 0
+            assert int(np.sum(stats.accepted)) > 0
+        np.testing.assert_array_equal(res.lengths, k + extra)
+        out[name] = np.asarray(res.tokens)[:, :k]
+    return out
+
+
+@pytest.mark.parametrize("group", SAMPLED)
+@pytest.mark.parametrize("decoder", list(REFILL_DECODERS))
+def test_refilled_rows_follow_their_own_distribution(pair, refill_samples, decoder, group):
+    target, _ = pair
+    rows = refill_samples[decoder][list(GROUPS).index(group) :: len(GROUPS)]
+    assert rows.shape[0] == N_PER_GROUP
+    p = chi_square_pvalue(sequence_counts(rows, V), _exact(target, group, rows.shape[1]))
+    assert p > FALSE_ALARM, f"{decoder}/{group} with refill: chi-square p = {p:.2e}"
+
+
+def test_refilled_plain_rows_equal_one_slot_per_row(mixed_samples, refill_samples):
+    """Plain sampling keys by prompt seed and position, so refill changes no token."""
+    np.testing.assert_array_equal(refill_samples["plain"], mixed_samples["plain", "rejection"])
+
+
+@pytest.mark.parametrize("decoder", list(REFILL_DECODERS))
+def test_refilled_greedy_rows_equal_plain_greedy(pair, refill_samples, decoder):
+    target, _ = pair
+    _assert_greedy_rows_equal_plain_greedy(target, refill_samples[decoder])
+
+
+def _assert_greedy_rows_equal_plain_greedy(target, tokens_NK):
+    """The temperature-0 group (rows 0, 7, 14, ...) equals plain greedy decoding."""
+    tokens = tokens_NK[0 :: len(GROUPS)]
+    greedy = specjax.generate(
+        jax.random.key(0), target, [PROMPT], max_new_tokens=tokens.shape[1],
+        sampling=specjax.SamplingConfig.greedy(),
+    ).to_lists()[0]  # fmt: skip
+    assert (tokens == np.asarray(greedy)).all()
+
+
+def test_control_refilled_rows_against_another_group_are_rejected(pair, refill_samples):
+    """Negative control at the same N: reading the settings of the prompt first in a
+    slot (instead of the prompt it serves now) mixes groups, which this test rejects."""
+    target, _ = pair
+    tokens = refill_samples["draft_model_adaptive"]
+    for group, other in (("t0.6", "t1.0"), ("t1.3_topp0.8", "t1.3")):
+        rows = tokens[list(GROUPS).index(group) :: len(GROUPS)]
+        p = chi_square_pvalue(sequence_counts(rows, V), _exact(target, other, rows.shape[1]))
+        assert p < FALSE_ALARM, f"{group} vs {other}: p = {p:.2e}"

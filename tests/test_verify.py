@@ -23,8 +23,11 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from specjax import noise
+from specjax.decode import _confident_drafts
 from specjax.sampling import SamplingConfig, probs_from_logits, sample
 from specjax.verify import (
+    _rejection_core,
+    _sequence_keys,
     coupled_verify_single,
     greedy_verify,
     greedy_verify_single,
@@ -329,6 +332,91 @@ def test_negative_control_coupled_checks_reject_bugs():
     overlap = float(np.minimum(target_probs[0], draft_probs[0]).sum())
     accepted = int((num_accepted >= 1).sum())
     assert stats.binomtest(accepted, NUM_DRAWS, overlap).pvalue < ALPHA * 1e-3
+
+
+# --------------------------------------------------------------------------------------
+# Drafts that were not proposed (the decoder's draft_confidence) read as -1.
+
+CUT = 1  # drafts 0..CUT-1 proposed, the rest not
+
+
+def _cut_drafts(key, draft_tokens_G, draft_probs_GxV, target_probs_G1xV):
+    """What the decoder does when a row stops proposing after ``CUT`` drafts."""
+    tokens = jnp.where(jnp.arange(draft_tokens_G.shape[0]) < CUT, draft_tokens_G, -1)
+    return rejection_sample_single(key, tokens, draft_probs_GxV, target_probs_G1xV)
+
+
+def _cut_drafts_rejected_with_residual(key, draft_tokens_G, draft_probs_GxV, target_probs_G1xV):
+    """A wrong way to stop: keep the drafts but force their rejection, so the next token
+    comes from the residual max(0, p - q) of a draft that was never proposed."""
+    cut_G = jnp.arange(draft_tokens_G.shape[0]) >= CUT
+    return _rejection_core(
+        _sequence_keys("control", key, target_probs_G1xV.shape[0]),
+        draft_tokens_G,
+        target_probs_G1xV,
+        draft_prob_at_G=lambda tokens_G: jnp.where(
+            cut_G, jnp.inf, jnp.take_along_axis(draft_probs_GxV, tokens_G[:, None], -1)[:, 0]
+        ),
+        draft_row=lambda i, _: draft_probs_GxV[i],
+    )
+
+
+def test_drafts_not_proposed_are_never_accepted_and_the_output_stays_exact():
+    """Position i given n >= i follows p_i with drafts past CUT = 1 set to -1; n <= CUT.
+    N = 200k, chi-square, ALPHA = 1e-6 per position (the positions up to CUT are reached)."""
+    draft_probs, target_probs = CASES["dirichlet_v50"]
+    tokens, num_accepted = _run(_cut_drafts, draft_probs, target_probs)
+    assert num_accepted.max() == CUT
+    pvalues = _position_pvalues(tokens, num_accepted, target_probs)
+    assert len(pvalues) == CUT + 1
+    assert min(pvalues) > ALPHA, pvalues
+
+
+def test_negative_control_stopping_with_the_residual_is_rejected():
+    """The same check rejects the residual of an unproposed draft at the stop position."""
+    draft_probs, target_probs = CASES["dirichlet_v50"]
+    tokens, num_accepted = _run(_cut_drafts_rejected_with_residual, draft_probs, target_probs)
+    assert num_accepted.max() == CUT
+    assert min(_position_pvalues(tokens, num_accepted, target_probs)) < ALPHA * 1e-3
+
+
+# The decoder's confidence rule (specjax.decode._confident_drafts), which depends on the
+# drafts themselves: TAU is about the median of q_i(x_i) in this case, so rows stop at
+# every position.
+TAU = 0.03
+
+
+def _stop_after_unconfident(key, draft_tokens_G, draft_probs_GxV, target_probs_G1xV):
+    n = _confident_drafts(draft_tokens_G[None], draft_probs_GxV[None], TAU)[0]
+    tokens = jnp.where(jnp.arange(draft_tokens_G.shape[0]) < n, draft_tokens_G, -1)
+    return rejection_sample_single(key, tokens, draft_probs_GxV, target_probs_G1xV)
+
+
+def _stop_at_unconfident(key, draft_tokens_G, draft_probs_GxV, target_probs_G1xV):
+    """The tempting bug: drop the unconfident draft itself. Whether position i is
+    proposed then depends on x_i, so what is verified at i is q_i restricted to
+    confident tokens, while the verifier divides by q_i."""
+    q_at = jnp.take_along_axis(draft_probs_GxV, draft_tokens_G[:, None], -1)[:, 0]
+    n = jnp.sum(jnp.cumprod((q_at >= TAU).astype(jnp.int32)))
+    tokens = jnp.where(jnp.arange(draft_tokens_G.shape[0]) < n, draft_tokens_G, -1)
+    return rejection_sample_single(key, tokens, draft_probs_GxV, target_probs_G1xV)
+
+
+def test_the_decoders_confidence_rule_is_exact():
+    """Stopping after the first draft with q_i(x_i) < TAU keeps every position exact.
+    N = 200k, chi-square, ALPHA = 1e-6 per position; rows stop at every length."""
+    draft_probs, target_probs = CASES["dirichlet_v50"]
+    tokens, num_accepted = _run(_stop_after_unconfident, draft_probs, target_probs)
+    pvalues = _position_pvalues(tokens, num_accepted, target_probs)
+    # Positions 0..γ-1 are reached often enough to test (the bonus position rarely).
+    assert len(pvalues) >= GAMMA
+    assert min(pvalues) > ALPHA, pvalues
+
+
+def test_negative_control_stopping_at_the_unconfident_draft_is_rejected():
+    draft_probs, target_probs = CASES["dirichlet_v50"]
+    tokens, num_accepted = _run(_stop_at_unconfident, draft_probs, target_probs)
+    assert min(_position_pvalues(tokens, num_accepted, target_probs)) < ALPHA * 1e-3
 
 
 # --------------------------------------------------------------------------------------
