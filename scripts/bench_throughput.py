@@ -58,11 +58,20 @@ def parse_args(argv=None):
     parser.add_argument("--confidences", type=float, nargs="+", default=[0.3, 0.6])
     parser.add_argument("--sampled-slots", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--table", default=None,
+                        help="'rows:γ,...' adaptive table to use as given: skips the static "
+                             "and fixed-γ runs that otherwise choose it")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("docs/bench_throughput"))
     args = parser.parse_args(argv)
     if args.quick:
         args.num_prompts, args.slots, args.gammas, args.repeats = 6, [1, 3], [1], 1
         args.min_new, args.max_new, args.sampled_slots, args.confidences = 4, 12, [3], [0.3]
+    if args.table is not None:
+        try:
+            pairs = [item.split(":") for item in args.table.split(",")]
+            args.table = {int(rows): int(gamma) for rows, gamma in pairs}
+        except ValueError:
+            parser.error(f"--table must look like '1:4,16:2,64:0', got {args.table!r}")
     if max(args.slots) > args.num_prompts:
         parser.error(f"--slots {max(args.slots)} is more than --num-prompts {args.num_prompts}")
     return args
@@ -149,6 +158,10 @@ def sweep_slots(args, target, block, eos, prompts, budgets):
         return result
 
     for slots in args.slots:
+        if args.table is not None:
+            record("plain refill", slots, lambda slots=slots: specjax.generate(
+                key, target, prompts, max_new_tokens=budgets, num_slots=slots, **kw))  # fmt: skip
+            continue
 
         def static(slots=slots):
             return [
@@ -177,7 +190,7 @@ def sweep_slots(args, target, block, eos, prompts, budgets):
             )  # fmt: skip
     # The table: at each slot count the fastest fixed γ (0: plain), for up to that many
     # active rows.
-    table = {
+    table = args.table or {
         slots: max([0, *args.gammas], key=lambda g, s=slots: fixed[s, g]["tokens_per_s"])
         for slots in args.slots
     }
@@ -226,7 +239,7 @@ def sweep_sampled(args, target, draft, eos, prompts, budgets):
 def targets(rows, slots_list):
     by = {(r["system"], r["slots"]): r for r in rows}
     out = []
-    if 16 in slots_list:
+    if 16 in slots_list and ("plain static batch", 16) in by:
         out.append(dict(
             target="idle row-steps with refill, 16 slots", required="<= 5%",
             measured=f"{by['plain refill', 16]['idle']:.1%} (static batch of 16: "
