@@ -97,6 +97,8 @@ def _mixed_sampling(num):
     return specjax.SamplingConfig(temperature=temps, top_k=top_k, top_p=top_p)
 
 
+# Slow when per prompt: three decoders over 40 prompts with mixed settings, ~13 s each.
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["per_prompt", "scalar"])
 @pytest.mark.parametrize("num_slots", [8, 4])
 def test_settings_seeds_and_budgets_follow_the_prompt(target, drafters, form, num_slots):
@@ -243,6 +245,9 @@ BOTH = dict(gamma_by_active_rows=[(2, 3), (6, 2), (40, 0)], draft_confidence=0.3
 PLAIN_AT_LARGE = dict(gamma_by_active_rows={3: 3, 40: 0})
 
 
+# Slow: each case compiles four decoders (greedy and coupled, with their plain
+# references) with up to four loop variants each, 15-35 s apiece on 2 cores.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "adaptive, num_slots",
     [(TABLE, 8), (TABLE, 4), (CONFIDENCE, None), (CONFIDENCE, 8), (BOTH, 4),
