@@ -158,9 +158,10 @@ def sweep_slots(args, target, block, eos, prompts, budgets):
         return result
 
     for slots in args.slots:
+        # γ = 0 in the table is a plain step: the plain run is its measurement.
+        fixed[slots, 0] = record("plain refill", slots, lambda slots=slots: specjax.generate(
+            key, target, prompts, max_new_tokens=budgets, num_slots=slots, **kw))  # fmt: skip
         if args.table is not None:
-            record("plain refill", slots, lambda slots=slots: specjax.generate(
-                key, target, prompts, max_new_tokens=budgets, num_slots=slots, **kw))  # fmt: skip
             continue
 
         def static(slots=slots):
@@ -176,9 +177,6 @@ def sweep_slots(args, target, block, eos, prompts, budgets):
             ]
 
         record("plain static batch", slots, static)
-        # γ = 0 in the table is a plain step: the plain run is its measurement.
-        fixed[slots, 0] = record("plain refill", slots, lambda slots=slots: specjax.generate(
-            key, target, prompts, max_new_tokens=budgets, num_slots=slots, **kw))  # fmt: skip
         for gamma in args.gammas:
             drafter = block.replace(num_draft=gamma)
             fixed[slots, gamma] = record(

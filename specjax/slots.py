@@ -55,6 +55,7 @@ class PromptQueue:
 
     @property
     def num_prompts(self) -> int:
+        """N, the number of prompts (static)."""
         return self.prompts.shape[0]
 
 

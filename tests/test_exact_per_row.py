@@ -89,13 +89,18 @@ def _exact(target, group, num_tokens):
     return exact_sequence_probs(target, PROMPT, num_tokens, specjax.SamplingConfig(**GROUPS[group]))
 
 
+def _mixed_batch():
+    """``(num_rows, prompts [N, P], sampling)``: N_PER_GROUP rows of each group, interleaved."""
+    num_rows = N_PER_GROUP * len(GROUPS)
+    prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (num_rows, len(PROMPT)))
+    return num_rows, prompts, _mixed_config(num_rows)
+
+
 @pytest.fixture(scope="module")
 def mixed_samples(pair):
     """Tokens [N, K] of every decoder on one mixed batch, same key and seeds throughout."""
     target, draft = pair
-    num_rows = N_PER_GROUP * len(GROUPS)
-    prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (num_rows, len(PROMPT)))
-    sampling = _mixed_config(num_rows)
+    num_rows, prompts, sampling = _mixed_batch()
     key = jax.random.key(2026)
     out = {}
     for name, verification in DECODERS:
@@ -224,9 +229,7 @@ REFILL_DECODERS = {
 def refill_samples(pair):
     """Tokens [N, K] of each decoder on the mixed batch through REFILL_SLOTS slots."""
     target, draft = pair
-    num_rows = N_PER_GROUP * len(GROUPS)
-    prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (num_rows, len(PROMPT)))
-    sampling = _mixed_config(num_rows)
+    num_rows, prompts, sampling = _mixed_batch()
     key = jax.random.key(2026)  # as mixed_samples: plain tokens must then agree
     extra = (np.arange(num_rows) // len(GROUPS)) % 2
     out = {}
