@@ -65,6 +65,7 @@ from specjax.models.llama import (
     upgrade_legacy_layout,
 )
 from specjax.sampling import greedy_tokens, mask_vocab, probs_from_logits, sample
+from specjax.tree import Tree, child_tokens
 
 __all__ = [
     "MODES",
@@ -271,6 +272,8 @@ class BlockDrafter(Drafter):
     block_size: int = struct.field(pytree_node=False, default=8)
     num_draft: int = struct.field(pytree_node=False, default=7)
     mode: str = struct.field(pytree_node=False, default="argmax")
+    tree: Tree | None = struct.field(pytree_node=False, default=None)
+    drafts_trees = True
 
     @classmethod
     def random(
@@ -336,6 +339,11 @@ class BlockDrafter(Drafter):
         check_int("num_draft", self.num_draft)  # the type; the range below names γ
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.tree is not None and self.tree.depth != self.num_draft:
+            raise ValueError(
+                f"num_draft (γ) must be the tree's depth {self.tree.depth}, got "
+                f"{self.num_draft}: use with_tree(tree) to set both"
+            )
         if not 1 <= self.num_draft <= self.block_size - 1:
             raise ValueError(
                 f"num_draft (γ) must be in [1, block_size - 1] = [1, {self.block_size - 1}] "
@@ -409,6 +417,14 @@ class BlockDrafter(Drafter):
                 tokens=jnp.zeros((seq_BS.shape[0], 0), jnp.int32), probs=None, state=state
             )
         logits_BGV = self.block_logits(state, seq_BS, seq_lengths_B)
+        if self.tree is not None:
+            # DDTree's expansion: every node at depth d takes the top-k of block position
+            # d, which does not depend on the path (one drafter forward for the tree).
+            tokens = jnp.concatenate([
+                child_tokens(logits_BGV[:, d : d + 1], self.tree, d, sampling.vocab_limit)
+                for d in range(self.tree.depth)
+            ], axis=1)  # fmt: skip
+            return Proposal(tokens=tokens, probs=None, state=state)
         if self.mode == "argmax":
             # Masked like the target's logits, so that a padded id is never drafted
             # (it would always be rejected: exact, but a wasted draft).

@@ -85,6 +85,28 @@ def _load_models(args):
 DRAFTER_NAMES = ("auto", "block", "model", "lookup", "none")
 
 
+def _parse_tree(args):
+    """``--tree 3,2,2,1`` as a `Tree` (None without it), refused for drafters without trees."""
+    if args.tree is None:
+        return None
+    from specjax.tree import Tree
+
+    try:
+        tree = Tree.parse(args.tree)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if args.drafter in ("lookup", "none"):
+        raise UserError(f"--tree needs a drafter that proposes trees (block or model), not "
+                        f"--drafter {args.drafter}")  # fmt: skip
+    if args.gamma is not None and args.gamma != tree.depth:
+        raise UserError(
+            f"--gamma {args.gamma} and --tree {args.tree} disagree: a tree drafts its depth "
+            f"({tree.depth}) per step; drop --gamma"
+        )
+    args.gamma = tree.depth
+    return tree
+
+
 def _resolve_drafter_path(args) -> None:
     """``--drafter PATH`` means ``--drafter block --block-drafter PATH``."""
     if args.drafter in DRAFTER_NAMES:
@@ -115,7 +137,8 @@ def _load_block_drafter(args, target):
         # better than argmax drafts at T=1 (BENCHMARKS.md); at T=0 the two are the same.
         return drafter.with_draft(args.gamma, mode=args.block_mode)
     except (FileNotFoundError, ValueError, OSError, KeyError) as e:
-        raise UserError(f"{flag} {path}: {e}") from None
+        tree = f" (--tree {args.tree} has depth {args.gamma})" if args.tree else ""
+        raise UserError(f"{flag} {path}: {e}{tree}") from None
 
 
 def _load_folder(path, flag):
@@ -255,6 +278,7 @@ def cmd_generate(args) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
 
+    tree = _parse_tree(args)
     target, draft, tokenizer = _load_models(args)
     if args.gamma is None:  # the drafter's own default: a block drafter's trained γ, else 4
         args.gamma = draft.num_draft if args.drafter == "block" else 4
@@ -268,11 +292,13 @@ def cmd_generate(args) -> int:
         ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
         stop_ids = [_eos_id(tokenizer, target)]
     context = target.config.max_position_embeddings
-    needed = len(ids) + args.max_new_tokens + args.gamma + 1
+    step_slots = (tree.num_nodes if tree is not None else args.gamma) + 1
+    needed = len(ids) + args.max_new_tokens + step_slots
     if needed > context:
+        drafts = f"--tree {args.tree}" if tree is not None else f"--gamma {args.gamma}"
         raise UserError(
             f"the prompt is {len(ids)} tokens; with --max-new-tokens {args.max_new_tokens} "
-            f"and --gamma {args.gamma} it needs {needed} positions, more than the model's "
+            f"and {drafts} it needs {needed} positions, more than the model's "
             f"context of {context}"
         )
     prompts = [ids] * args.batch
@@ -292,6 +318,11 @@ def cmd_generate(args) -> int:
         drafter = draft
     else:
         drafter = specjax.PromptLookup(ngram=args.ngram, num_draft=args.gamma)
+    if tree is not None:
+        try:  # e.g. a tree deeper than a block drafter's block
+            drafter = drafter.with_tree(tree)
+        except ValueError as e:
+            raise UserError(f"--tree {args.tree}: {e}") from None
     try:  # e.g. a draft smaller than the target's tokenizer (a padded family)
         specjax.vocab.resolve_vocab_limit(sampling, target, drafter)
     except ValueError as e:
@@ -771,6 +802,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--gamma", type=int, default=None,
         help="tokens drafted per target call (γ); default: 4, or the block drafter's own (2)",
+    )  # fmt: skip
+    g.add_argument(
+        "--tree", default=None, metavar="K1,K2,...",
+        help="draft a tree instead of a chain: K1 children at the root, K2 under each of "
+        "those, ... (e.g. 3,2,2,1; --drafter block or model); its depth is γ",
     )  # fmt: skip
     g.add_argument(
         "--ngram", type=int, default=3, help="longest n-gram matched by --drafter lookup"

@@ -39,10 +39,12 @@ from specjax.drafters import (
     DraftModel,
     NoDraft,
     init_drafter,
+    lookahead,
     prefill,
     score,
     update_drafter,
 )
+from specjax.models.cache import TreeMask
 from specjax.sampling import (
     SamplingConfig,
     check_sampling_config,
@@ -51,6 +53,7 @@ from specjax.sampling import (
     probs_from_logits,
 )
 from specjax.slots import PromptOutputs, PromptQueue, insert_row, serving_order
+from specjax.tree import Tree, compact_path, path_nodes_with_root, tree_verify
 from specjax.validation import (
     INT32_MAX,
     as_prng_key,
@@ -227,8 +230,8 @@ class DecodeState:
 
     @property
     def lookahead(self) -> int:
-        """Slots one step may write past a row's length (γ + 1)."""
-        return self.drafter.num_draft + 1
+        """Slots one step may write past a row's length (γ + 1, or N + 1 for a tree)."""
+        return lookahead(self.drafter)
 
 
 # ----------------------------------------------------------------------------
@@ -443,6 +446,38 @@ def check_drafter(target, drafter: Drafter):
         _check_features(target, drafter)
     if isinstance(drafter, BlockDrafter):
         drafter.check()
+    if getattr(drafter, "tree", None) is not None:
+        _check_tree(target, drafter)
+
+
+def _check_tree(target, drafter: Drafter) -> None:
+    """A tree drafter needs models that take ``tree=`` and a tree that fits them."""
+    tree, name = drafter.tree, type(drafter).__name__
+    if not isinstance(tree, Tree):
+        raise TypeError(f"drafter.tree must be a specjax.tree.Tree, got {type(tree).__name__}")
+    if drafter.num_draft != tree.depth:
+        raise ValueError(
+            f"drafter.num_draft (γ) must be the tree's depth {tree.depth}, got "
+            f"{drafter.num_draft}: use drafter.with_tree(tree) to set both"
+        )
+    models = [("target", target)]
+    if isinstance(drafter, DraftModel):
+        models.append(("drafter.model", drafter.model))
+    for role, model in models:
+        if not getattr(model, "supports_tree", False):
+            raise TypeError(
+                f"{role} ({type(model).__name__}) does not support tree attention (no "
+                f"supports_tree = True and tree= argument), and the {name} proposes a "
+                f"{tree!r}: see the README's 'Bring your own model', or use a chain"
+            )
+        windows = [w for w in getattr(getattr(model, "config", None), "layer_windows", ()) if w]
+        # Tree keys are masked by slot, which is >= their position; that is exact as long
+        # as the whole tree fits in the window (depth < window).
+        if windows and min(windows) <= tree.depth:
+            raise ValueError(
+                f"{role} has a sliding window of {min(windows)} tokens, not deeper than the "
+                f"depth {tree.depth} of the {tree!r}: use a shallower tree"
+            )
 
 
 def _check_features(target, drafter: Drafter) -> None:
@@ -501,6 +536,13 @@ def _prepare(
     key = as_prng_key("key", key)
     vocab = _check_model("target", target)
     check_drafter(target, drafter)
+    if drafter.tree is not None and (
+        gamma_by_active_rows is not None or draft_confidence is not None
+    ):
+        raise ValueError(
+            "gamma_by_active_rows and draft_confidence adapt a chain's γ; they cannot be "
+            f"used with a tree drafter ({drafter.tree!r})"
+        )
     if verification not in VERIFICATIONS:
         raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
     sampling = SamplingConfig() if sampling is None else sampling
@@ -520,8 +562,7 @@ def _prepare(
     sampling_B = per_row(resolve_vocab_limit(sampling, target, drafter), b)
     num_prompts = b
     b = _check_num_slots(num_slots, num_prompts)
-    lookahead = drafter.num_draft + 1
-    resolved = resolve_cache_len(cache_len, p, max_new_B, lookahead)
+    resolved = resolve_cache_len(cache_len, p, max_new_B, lookahead(drafter))
     name = (
         "cache_len" if cache_len is not None else "max_new_tokens (through the default cache_len)"
     )
@@ -571,7 +612,7 @@ def _init_state(
     )
     drafter_state = init_drafter(drafter, prompts_BP, prompt_lengths_B, cache_len, features)
     zeros = jnp.zeros((b,), jnp.int32)
-    done, truncated = _starts_done(prompt_lengths_B, max_new_B, drafter.num_draft, cache_len)
+    done, truncated = _starts_done(prompt_lengths_B, max_new_B, lookahead(drafter), cache_len)
     state = DecodeState(
         target=target,
         drafter=drafter,
@@ -615,14 +656,14 @@ def _init_state(
     return _refill(state)
 
 
-def _starts_done(prompt_lengths, max_new_tokens, gamma: int, cache_len: int):
+def _starts_done(prompt_lengths, max_new_tokens, step_slots: int, cache_len: int):
     """``(done, truncated)`` of rows before their first step.
 
     A traced budget <= 0 gives the row no tokens (the host refuses concrete ones); a
     prompt with no room for one step is truncated.
     """
     no_budget = max_new_tokens <= 0
-    no_room = prompt_lengths + gamma + 1 > cache_len
+    no_room = prompt_lengths + step_slots > cache_len
     return no_budget | no_room, no_room & ~no_budget
 
 
@@ -683,7 +724,7 @@ def _load(state: DecodeState, slot) -> DecodeState:
     _, cache_1, features = prefill(target, prompt_1P, length_1, cache_len, drafter.target_layers)
     drafter_1 = init_drafter(drafter, prompt_1P, length_1, cache_len, features)
     length, max_new = length_1[0], take(q.max_new_tokens)
-    done, truncated = _starts_done(length, max_new, drafter.num_draft, cache_len)
+    done, truncated = _starts_done(length, max_new, lookahead(drafter), cache_len)
     row = jnp.zeros((cache_len,), jnp.int32).at[: prompt_1P.shape[1]].set(prompt_1P[0, :cache_len])
     put = lambda x_B, value: x_B.at[slot].set(value)  # noqa: E731
     stats = state.stats
@@ -827,27 +868,67 @@ def _score_drafted(target, drafter, tokens_BG1, positions_BG1, cache, width_inde
     return jax.lax.switch(width_index, [forward(w) for w in range(1, g1 + 1)], cache)
 
 
-def _decode_step(state: DecodeState, gamma: int) -> DecodeState:
-    """One decode step with γ = ``gamma`` drafts (at most the drafter's own γ)."""
+@struct.dataclass
+class _Verified:
+    """What one step's verification decided, before it is committed (`_commit`).
+
+    Attributes:
+        drafter: the drafter as it ran this step (γ may differ from the state's).
+        drafter_state: the proposal's drafter state.
+        block: ``int32[B, G]`` the chain layout: accepted drafts, the target's token, -1.
+        num_accepted: ``int32[B]``.
+        num_drafted: ``int32[B]`` drafts the row proposed (the statistics' count).
+        probs: ``float32[B, G, V]`` the target's p that decided each emitted position.
+        usable: ``bool[B, G]`` that p is a distribution (not NaN / all masked).
+        target_cache: the target's cache, slot == position for the emitted positions.
+        features: the drafter's `TargetFeatures` at the G emitted positions, or None.
+    """
+
+    drafter: object
+    drafter_state: object
+    block: jax.Array
+    num_accepted: jax.Array
+    num_drafted: jax.Array
+    probs: jax.Array
+    usable: jax.Array
+    target_cache: object
+    features: object
+
+
+def _usable(logits_BTV, sampling) -> jax.Array:
+    """``bool[B, T]``: the logits give a distribution (not NaN or all -inf below the limit).
+
+    One reduction: max propagates NaN, and NaN > -inf is False.
+    """
+    return jnp.max(mask_vocab(logits_BTV, sampling.vocab_limit), axis=-1) > -jnp.inf
+
+
+def _step_keys(state: DecodeState, width: int):
+    """``(positions_BW, keys_BW)``: input i scores position ``length + i`` with its keys."""
+    positions_BW = (state.seq_lengths - 1)[:, None] + jnp.arange(width)[None]
+    return positions_BW, noise.position_keys(state.row_keys, positions_BW + 1)
+
+
+def _draft_keys(state: DecodeState, keys_BG1, gamma: int):
+    draft_stream = noise.SAMPLE if state.verification == "coupled" else noise.DRAFT
+    return noise.stream(keys_BG1[:, :gamma], draft_stream)
+
+
+def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
+    """Drafts a chain of ``gamma`` tokens, scores it in one target call, verifies it."""
     target = state.target
     drafter = state.drafter
     if gamma != drafter.num_draft:
         drafter = drafter.replace(num_draft=gamma)
-    max_gamma = state.drafter.num_draft
     b = state.seq.shape[0]
     rows = jnp.arange(b)
     lengths = state.seq_lengths
     offsets = jnp.arange(gamma + 1)
-
-    # Input position i (the pending token, then the drafts) scores the token at
-    # position lengths + i: that position's keys decide it.
-    positions_BG1 = (lengths - 1)[:, None] + offsets[None]
-    keys_BG1 = noise.position_keys(state.row_keys, positions_BG1 + 1)
-    draft_stream = noise.SAMPLE if state.verification == "coupled" else noise.DRAFT
-    draft_keys_BG = noise.stream(keys_BG1[:, :gamma], draft_stream)
+    positions_BG1, keys_BG1 = _step_keys(state, gamma + 1)
     proposal = drafter.propose(
-        draft_keys_BG, state.drafter_state, state.seq, lengths, state.sampling
-    )
+        _draft_keys(state, keys_BG1, gamma), state.drafter_state, state.seq, lengths,
+        state.sampling,
+    )  # fmt: skip
     draft_probs = _draft_probs(proposal, drafter, b, gamma, target.vocab_size)
     draft_tokens_BG = proposal.tokens.astype(jnp.int32)
     active = ~state.done
@@ -887,23 +968,98 @@ def _decode_step(state: DecodeState, gamma: int) -> DecodeState:
         block_BG1, num_accepted = rejection_sample(
             keys_BG1, draft_tokens_BG, draft_probs, target_probs
         )
+    return _Verified(
+        drafter=drafter, drafter_state=proposal.state, block=block_BG1,
+        num_accepted=num_accepted, num_drafted=num_drafted, probs=target_probs,
+        usable=_usable(logits_BG1V, state.sampling), target_cache=target_cache,
+        features=features,
+    )  # fmt: skip
 
-    # A position whose logits are NaN or all -inf (at the ids below the row's
-    # vocab_limit) has no distribution: emit nothing from it on, and flag the row when
-    # it is the next position. One reduction: max propagates NaN, and NaN > -inf is False.
-    usable_BG1 = jnp.max(mask_vocab(logits_BG1V, state.sampling.vocab_limit), axis=-1) > -jnp.inf
-    num_usable = _num_leading_true(usable_BG1)
+
+def _verify_tree(state: DecodeState) -> _Verified:
+    """Drafts the drafter's tree, scores all N + 1 nodes in one target call, verifies it.
+
+    The root (the pending token) is at slot ``last`` and node j at slot ``last + j``,
+    each at position ``last + depth``, attending to its ancestors only. After the
+    exact walk (`specjax.tree.tree_verify`) the accepted path is moved to consecutive
+    slots, and the path's probabilities and features are what the commit reads.
+    """
+    target, drafter = state.target, state.drafter
+    tree = drafter.tree
+    b = state.seq.shape[0]
+    rows = jnp.arange(b)
+    last = state.seq_lengths - 1
+    depth, n1 = tree.depth, tree.num_nodes + 1
+    _, keys_BD1 = _step_keys(state, depth + 1)
+    proposal = drafter.propose(
+        _draft_keys(state, keys_BD1, depth), state.drafter_state, state.seq,
+        state.seq_lengths, state.sampling,
+    )  # fmt: skip
+    node_tokens = proposal.tokens
+    if tuple(node_tokens.shape) != (b, tree.num_nodes) or proposal.probs is not None:
+        raise ValueError(
+            f"a tree drafter's propose must return tokens [B, N] = [{b}, {tree.num_nodes}] "
+            f"and probs=None; got tokens{list(node_tokens.shape)}, probs "
+            f"{None if proposal.probs is None else list(proposal.probs.shape)}"
+        )
+    node_tokens = node_tokens.astype(jnp.int32)
+    tokens_in = jnp.concatenate([state.seq[rows, last][:, None], node_tokens], axis=1)
+    mask = TreeMask(
+        start=last, slots=last[:, None] + jnp.arange(n1)[None],
+        visible=jnp.asarray(tree.ancestors),
+    )  # fmt: skip
+    logits_BN1V, target_cache, features = score(
+        target, tokens_in, last[:, None] + jnp.asarray(tree.depths)[None], state.target_cache,
+        drafter.target_layers, tree=mask,
+    )  # fmt: skip
+    target_probs = probs_from_logits(logits_BN1V, state.sampling)
+    block_BD1, num_accepted, path_BD = tree_verify(keys_BD1, node_tokens, target_probs, tree)
+    nodes_BD1 = path_nodes_with_root(path_BD)
+    along = lambda x_BN1: jnp.take_along_axis(  # noqa: E731
+        x_BN1, nodes_BD1.reshape(b, depth + 1, *([1] * (x_BN1.ndim - 2))), axis=1
+    )
+    if features is not None:
+        features = features.replace(
+            hidden=along(features.hidden), positions=last[:, None] + jnp.arange(depth + 1)[None]
+        )
+    return _Verified(
+        drafter=drafter, drafter_state=proposal.state, block=block_BD1,
+        num_accepted=num_accepted, num_drafted=jnp.full((b,), depth, jnp.int32),
+        probs=along(target_probs), usable=along(_usable(logits_BN1V, state.sampling)),
+        target_cache=compact_path(target_cache, last, path_BD), features=features,
+    )  # fmt: skip
+
+
+def _decode_step(state: DecodeState, gamma: int) -> DecodeState:
+    """One decode step with γ = ``gamma`` drafts (at most the drafter's own γ), or a tree."""
+    if state.drafter.tree is not None:
+        return _commit(state, _verify_tree(state))
+    return _commit(state, _verify_chain(state, gamma))
+
+
+def _commit(state: DecodeState, verified: _Verified) -> DecodeState:
+    """Emits the verified tokens, cut at EOS and budgets, and advances every row."""
+    max_gamma = state.drafter.num_draft
+    block_BG1, num_accepted = verified.block, verified.num_accepted
+    offsets = jnp.arange(block_BG1.shape[1])
+    lengths = state.seq_lengths
+    active = ~state.done
+    # A position with no distribution (NaN or all -inf logits): emit nothing from it on,
+    # and flag the row when it is the next position.
+    num_usable = _num_leading_true(verified.usable)
 
     # Emit accepted drafts + the correction/bonus token, cut after EOS and
     # at the row's token budget; finished rows emit nothing.
     is_eos_BG1 = jnp.any(block_BG1[..., None] == state.eos_ids[None, None], axis=-1)
     is_eos_BG1 &= offsets[None] <= num_accepted[:, None]
-    eos_cut = jnp.where(jnp.any(is_eos_BG1, axis=1), jnp.argmax(is_eos_BG1, axis=1) + 1, gamma + 1)
+    eos_cut = jnp.where(
+        jnp.any(is_eos_BG1, axis=1), jnp.argmax(is_eos_BG1, axis=1) + 1, block_BG1.shape[1]
+    )
     budget = state.max_new_tokens - state.num_generated
     num_emit = jnp.minimum(jnp.minimum(num_accepted + 1, eos_cut), jnp.minimum(budget, num_usable))
     num_emit = jnp.where(active, jnp.maximum(num_emit, 0), 0)
     block_BG1 = jnp.maximum(block_BG1, 0)
-    logprobs_BG1 = jnp.log(jnp.take_along_axis(target_probs, block_BG1[..., None], -1)[..., 0])
+    logprobs_BG1 = jnp.log(jnp.take_along_axis(verified.probs, block_BG1[..., None], -1)[..., 0])
 
     new_lengths = lengths + num_emit
     active_i = active.astype(jnp.int32)
@@ -917,12 +1073,14 @@ def _decode_step(state: DecodeState, gamma: int) -> DecodeState:
         ),
         logprobs=_write(state.logprobs, logprobs_BG1, lengths, num_emit),
         seq_lengths=new_lengths,
-        target_cache=target_cache.rollback(new_lengths - 1),
-        drafter_state=update_drafter(drafter, proposal.state, new_lengths, features),
+        target_cache=verified.target_cache.rollback(new_lengths - 1),
+        drafter_state=update_drafter(
+            verified.drafter, verified.drafter_state, new_lengths, verified.features
+        ),
         stats=stats.replace(
             target_calls=stats.target_calls + 1,
             row_target_calls=stats.row_target_calls + active_i,
-            drafted=stats.drafted + num_drafted * active_i,
+            drafted=stats.drafted + verified.num_drafted * active_i,
             accepted=stats.accepted + num_accepted * active_i,
             accepted_hist=stats.accepted_hist + jnp.sum(accepted_one_hot, axis=0),
         ),
@@ -932,9 +1090,9 @@ def _decode_step(state: DecodeState, gamma: int) -> DecodeState:
     hit_eos = jnp.any(emitted_BG1 & is_eos_BG1, axis=1)
     finished = hit_eos | (state.num_generated >= state.max_new_tokens)
     invalid = active & (num_usable == 0)
-    # Judged by the largest γ, so that whether a row is truncated never depends on
-    # which variant ran.
-    cache_full = new_lengths + max_gamma + 1 > state.seq.shape[1]
+    # Judged by the largest step, so that whether a row is truncated never depends on
+    # which γ variant ran.
+    cache_full = new_lengths + state.lookahead > state.seq.shape[1]
     state = state.replace(
         done=state.done | (active & (finished | cache_full | invalid)),
         truncated=state.truncated | (active & cache_full & ~finished & ~invalid),

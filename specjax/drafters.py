@@ -36,6 +36,14 @@ the model contract's ``feature_layers=``) and hands them over as `TargetFeatures
 No drafter ever runs a second target forward. Drafters with an empty
 ``target_layers`` (the default) get the two- and three-argument calls above.
 
+**Trees.** A drafter with a static ``tree`` (`specjax.tree.Tree`, set by
+``with_tree``) proposes ``tokens int32[B, N]``, one per drafted node in the tree's
+order, with ``probs=None`` (children are deterministic: the top-k of its
+distribution) and ``num_draft`` = the tree's depth D; it gets ``keys_BG`` ``[B, D]``
+and may ignore them. The decoder verifies the tree exactly (`specjax.tree`), and a
+feature-reading drafter's ``update`` gets the features of the root and of the
+accepted path, ``[B, D+1, ·]`` at consecutive positions, as for a chain.
+
 Writing another drafter (e.g. Medusa-style heads on the target's hidden states)
 means writing one such dataclass; see the README's "Writing a drafter".
 """
@@ -48,8 +56,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.models.cache import KVCache
+from specjax.models.cache import KVCache, TreeMask
 from specjax.sampling import SamplingConfig, greedy_tokens, mask_vocab, probs_from_logits, sample
+from specjax.tree import Tree, child_tokens
 
 
 @struct.dataclass
@@ -96,6 +105,25 @@ class Drafter(abc.ABC):
 
     num_draft: int
     target_layers: tuple[int, ...] = ()
+    tree: Tree | None = None
+    #: Whether the drafter can propose trees (`with_tree`).
+    drafts_trees: bool = False
+
+    def with_tree(self, tree) -> Drafter:
+        """The same drafter proposing ``tree`` (a `Tree`, a branching tuple or "3,2,2,1").
+
+        ``num_draft`` becomes the tree's depth. ``None`` goes back to a chain of
+        ``num_draft`` drafts.
+        """
+        if tree is None:
+            return self.replace(tree=None)
+        if not self.drafts_trees:
+            raise ValueError(f"{type(self).__name__} does not propose trees")
+        tree = as_tree(tree)
+        out = self.replace(tree=tree, num_draft=tree.depth)
+        if hasattr(out, "check"):
+            out.check()  # e.g. a BlockDrafter's block is at least the tree's depth
+        return out
 
     @property
     @abc.abstractmethod
@@ -134,25 +162,46 @@ class Drafter(abc.ABC):
         """Returns the state after verification left each row ``seq_lengths_B`` long."""
 
 
+def as_tree(tree) -> Tree:
+    """A `Tree` from a `Tree`, a branching sequence like ``(3, 2, 2, 1)``, or ``"3,2,2,1"``."""
+    if isinstance(tree, Tree):
+        return tree
+    if isinstance(tree, str):
+        return Tree.parse(tree)
+    return Tree.from_branching(tree)
+
+
+def lookahead(drafter: Drafter) -> int:
+    """Cache slots one step may write past a row's length: γ + 1, or N + 1 for a tree."""
+    tree = getattr(drafter, "tree", None)
+    return (tree.num_nodes if tree is not None else drafter.num_draft) + 1
+
+
 def prefill_positions(batch_size: int, length: int) -> jax.Array:
     """``int32[B, T]`` positions ``0..T-1`` for every row."""
     return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))
 
 
-def score(model, tokens_BT, positions_BT, cache, feature_layers: tuple[int, ...] = ()):
+def score(
+    model, tokens_BT, positions_BT, cache, feature_layers: tuple[int, ...] = (), tree=None
+):  # fmt: skip
     """One target forward, collecting a drafter's features when it reads any.
 
-    The one place that calls the model contract with or without ``feature_layers=``.
+    The one place that calls the model contract with or without ``feature_layers=``
+    (and ``tree=``, a `~specjax.models.cache.TreeMask`, for a tree of drafts).
 
     Returns:
         ``(logits float32[B, T, V], new_cache, features)``: ``features`` are the
         `TargetFeatures` of ``feature_layers`` at ``positions_BT``, or ``None`` when
         ``feature_layers`` is empty (the plain three-argument call).
     """
+    extra = {} if tree is None else {"tree": tree}
     if not feature_layers:
-        logits, cache = model(tokens_BT, positions_BT, cache)
+        logits, cache = model(tokens_BT, positions_BT, cache, **extra)
         return logits, cache, None
-    logits, cache, hidden = model(tokens_BT, positions_BT, cache, feature_layers=feature_layers)
+    logits, cache, hidden = model(
+        tokens_BT, positions_BT, cache, feature_layers=feature_layers, **extra
+    )
     return logits, cache, TargetFeatures(hidden=hidden, positions=positions_BT)
 
 
@@ -218,6 +267,8 @@ class DraftModel(Drafter):
     model: object
     num_draft: int = struct.field(pytree_node=False, default=4)
     greedy_draft: bool = struct.field(pytree_node=False, default=False)
+    tree: Tree | None = struct.field(pytree_node=False, default=None)
+    drafts_trees = True
 
     @property
     def vocab_size(self) -> int:
@@ -235,6 +286,8 @@ class DraftModel(Drafter):
         return cache
 
     def propose(self, keys_BG, state: KVCache, seq_BS, seq_lengths_B, sampling):
+        if self.tree is not None:
+            return self._propose_tree(state, seq_BS, seq_lengths_B, sampling)
         b = seq_BS.shape[0]
         rows = jnp.arange(b)
         last = seq_lengths_B - 1
@@ -277,8 +330,50 @@ class DraftModel(Drafter):
         probs = jnp.concatenate([probs[:, None], jnp.moveaxis(probs_rest, 0, 1)], axis=1)
         return Proposal(tokens=tokens, probs=probs, state=cache)
 
+    def _propose_tree(self, state: KVCache, seq_BS, seq_lengths_B, sampling) -> Proposal:
+        """Expands the top-k of each node, one draft forward per level.
+
+        The draft cache holds committed tokens only (``state.lengths`` of them): tree
+        nodes are written past the pending token and forgotten by `update`, since the
+        accepted ones sit at tree slots, not at their positions. So a step first feeds
+        every committed token the cache lacks (at most D + 1: the accepted path and the
+        pending token), then the levels, each attending to its ancestors.
+        """
+        tree = self.tree
+        b, s = seq_BS.shape
+        rows = jnp.arange(b)
+        last = seq_lengths_B - 1
+        fed = jnp.minimum(state.lengths, last)
+        positions_BW = fed[:, None] + jnp.arange(tree.depth + 1)[None]
+        # Positions past `last` feed stale tokens into slots the levels overwrite (or
+        # past the cache's end, dropped); no committed query sees them.
+        tokens_BW = self._readable(seq_BS[rows[:, None], jnp.minimum(positions_BW, s - 1)])
+        logits_BWV, cache = self.model(tokens_BW, positions_BW, state)
+        parent_logits = logits_BWV[rows, last - fed][:, None]  # the root: [B, 1, V]
+        visible = jnp.asarray(tree.ancestors)
+        levels = []
+        for d in range(tree.depth):
+            levels.append(child_tokens(parent_logits, tree, d, sampling.vocab_limit))
+            if d + 1 == tree.depth:
+                break  # the leaves' own children are never drafted
+            first, stop = tree.level(d + 1)
+            nodes = jnp.arange(first, stop)[None]
+            logits_BnV, cache = self.model(
+                self._readable(levels[-1]),
+                jnp.broadcast_to(last[:, None] + d + 1, (b, stop - first)),
+                cache,
+                tree=TreeMask(start=last, slots=last[:, None] + nodes, visible=visible[first:stop]),
+            )
+            parent_logits = logits_BnV
+        return Proposal(
+            tokens=jnp.concatenate(levels, axis=1), probs=None,
+            state=cache.rollback(last + 1),
+        )  # fmt: skip
+
     def update(self, state: KVCache, seq_lengths_B):
-        return state.rollback(seq_lengths_B - 1)
+        # A tree step leaves its committed length in state.lengths (below the new
+        # length); a chain step's cache holds every accepted draft.
+        return state.rollback(jnp.minimum(state.lengths, seq_lengths_B - 1))
 
 
 @struct.dataclass

@@ -279,6 +279,11 @@ class ShardedModel:
     replicated: tuple[str, ...] = struct.field(pytree_node=False, default=())
 
     @property
+    def supports_tree(self) -> bool:
+        """Whether the wrapped model takes ``tree=`` (the tree-drafter extension)."""
+        return bool(getattr(self.model, "supports_tree", False))
+
+    @property
     def vocab_size(self) -> int:
         return self.model.vocab_size
 

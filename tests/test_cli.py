@@ -240,3 +240,33 @@ def test_train_drafter_then_generate_with_it(model_folders, tmp_path):
         "--block-drafter", str(tmp_path),
     )  # fmt: skip
     assert_user_error(proc, "--drafter", "--block-drafter", "two drafters")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["model", "block"])
+def test_generate_with_a_tree_greedy_equals_plain(drafter):
+    """``--tree``: the bundled pair with a tree drafter; greedy output equals plain."""
+    proc = run_cli(
+        "generate", "def fibonacci(n):", "--max-new-tokens", "24", "--compare", "--json",
+        "--no-eos", "--drafter", drafter, "--tree", "2,2,1", "--repeats", "1",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert (out["drafter"], out["gamma"]) == (drafter, 3)
+    assert out["greedy_outputs_equal"] is True
+    assert out["tokens_per_target_call"] > 1.0
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--tree", "2,x"], ["--tree", "comma-separated"]),
+        (["--tree", "2,0"], ["branching"]),
+        (["--tree", "2,2", "--drafter", "lookup"], ["--tree", "lookup"]),
+        (["--tree", "2,2", "--gamma", "3"], ["--gamma 3", "--tree 2,2", "disagree"]),
+        (["--tree", "2,2,2,2,2,2,2,2", "--drafter", "block"], ["--tree", "block_size"]),
+    ],
+)  # fmt: skip
+def test_generate_refuses_bad_trees(args, fragments):
+    proc = run_cli("generate", "x", "--max-new-tokens", "4", *args)
+    assert_user_error(proc, *fragments)

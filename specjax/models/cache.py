@@ -54,3 +54,28 @@ class KVCache:
     def rollback(self, lengths: jax.Array) -> KVCache:
         """Returns the cache truncated to ``lengths`` (int32[B]) per row; O(1)."""
         return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
+
+
+@struct.dataclass
+class TreeMask:
+    """Where a tree forward writes its tokens and what each of them sees.
+
+    Passed to the model contract as ``tree=``. Token t of row b is written to cache
+    slot ``slots[b, t]`` (not its position: the nodes of one depth share a position)
+    and attends to
+
+    * every committed slot ``s < start[b]``, and
+    * the slots ``start[b] + r`` of the tree region (``0 <= r < R``) with
+      ``visible[t, r]``: its ancestors in the tree, and itself.
+
+    Without ``tree=`` a forward writes slot == position and is causal.
+
+    Attributes:
+        start: ``int32[B]`` the first slot of the tree region (the root's slot).
+        slots: ``int32[B, T]`` the slot each new token is written to.
+        visible: ``bool[T, R]`` which region slots each new token sees.
+    """
+
+    start: jax.Array
+    slots: jax.Array
+    visible: jax.Array

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.models.cache import KVCache
+from specjax.models.cache import KVCache, TreeMask
 from specjax.models.config import ModelConfig
 
 
@@ -164,11 +164,14 @@ class Attention(nnx.Module):
             self.q_norm = _norm(c, d, dtype)
             self.k_norm = _norm(c, d, dtype)
 
-    def __call__(self, x_BTE, positions_BT, k_LBKDS, v_LBKSD, layer: int, inv_freq, window):
+    def __call__(
+        self, x_BTE, positions_BT, k_LBKDS, v_LBKSD, layer: int, inv_freq, window, tree=None
+    ):
         """Attends ``x`` to the cache after writing its keys/values into layer ``layer``.
 
         ``inv_freq`` and ``window`` (``None`` for full attention) are this layer's
-        RoPE frequencies and sliding window.
+        RoPE frequencies and sliding window. ``tree`` (a `TreeMask`) gives the slots
+        written and the tree region's visibility instead of slot == position.
 
         The whole cache (keys ``[L, B, K, D, S]``, values ``[L, B, K, S, D]``)
         goes in and out, so that inside a loop that carries it XLA updates it in
@@ -198,12 +201,11 @@ class Attention(nnx.Module):
             # cache a no-op instead of XLA's default of clamping onto the last
             # slot. (Indexing puts the broadcast [B, T] dims first: [B, T, K, D].)
             rows = jnp.arange(b)[:, None]
-            k_LBKDS = k_LBKDS.at[layer, rows, :, :, positions_BT].set(
+            slots_BT = positions_BT if tree is None else tree.slots
+            k_LBKDS = k_LBKDS.at[layer, rows, :, :, slots_BT].set(
                 k.astype(k_LBKDS.dtype), mode="drop"
             )
-            v_LBKSD = v_LBKSD.at[layer, rows, :, positions_BT].set(
-                v.astype(v_LBKSD.dtype), mode="drop"
-            )
+            v_LBKSD = v_LBKSD.at[layer, rows, :, slots_BT].set(v.astype(v_LBKSD.dtype), mode="drop")
             keys_BKDS, values_BKSD = k_LBKDS[layer], v_LBKSD[layer]
             key_pos_BS = jnp.arange(values_BKSD.shape[2])[None]
 
@@ -220,7 +222,11 @@ class Attention(nnx.Module):
         query_pos = positions_BT[:, :, None]
         visible = key_pos <= query_pos  # [B, T, S]
         if window is not None:
+            # In a tree region a key's slot is >= its position, and the tree is shallower
+            # than the window (checked by the decoder), so every tree key is inside it.
             visible &= key_pos > query_pos - window
+        if tree is not None:
+            visible = _tree_visible(tree, key_pos_BS, visible)
         visible_BQS = jnp.tile(visible, (1, g, 1))  # rows (g, t), as in q_BKQD
         # A finite minimum rather than -inf: a query with nothing visible (only
         # possible for positions beyond the cache, whose writes are dropped)
@@ -230,6 +236,17 @@ class Attention(nnx.Module):
         out_BKQD = jnp.einsum("bkqs,bksd->bkqd", weights, values_BKSD)
         out = out_BKQD.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h * d)
         return self.o_proj(out), k_LBKDS, v_LBKSD
+
+
+def _tree_visible(tree, slots_1S, visible_BTS):
+    """``bool[B, T, S]``: committed slots before the region, and the region's mask."""
+    region = tree.visible.shape[1]
+    rel_BS = slots_1S - tree.start[:, None]
+    in_region_B1S = ((rel_BS >= 0) & (rel_BS < region))[:, None]
+    # [T, R] gathered at each row's relative slot: [T, B, S] -> [B, T, S].
+    mask_BTS = jnp.take(tree.visible, jnp.clip(rel_BS, 0, region - 1), axis=1).transpose(1, 0, 2)
+    committed_B1S = (rel_BS < 0)[:, None]
+    return jnp.where(in_region_B1S, mask_BTS, committed_B1S & visible_BTS)
 
 
 _ACTIVATIONS = {
@@ -272,9 +289,9 @@ class DecoderLayer(nnx.Module):
             self.post_feedforward_layernorm = _norm(config, e, dtype)
         self.mlp = MLP(config, dtype, rngs)
 
-    def __call__(self, x, positions, k_cache, v_cache, layer, inv_freq, window):
+    def __call__(self, x, positions, k_cache, v_cache, layer, inv_freq, window, tree=None):
         attn, k_cache, v_cache = self.self_attn(
-            self.input_layernorm(x), positions, k_cache, v_cache, layer, inv_freq, window
+            self.input_layernorm(x), positions, k_cache, v_cache, layer, inv_freq, window, tree
         )
         if self.is_gemma:
             x = x + self.post_attention_layernorm(attn)
@@ -352,15 +369,18 @@ class Transformer(nnx.Module):
             x = x * jnp.asarray(math.sqrt(self.config.hidden_size), x.dtype)
         return x
 
-    def __call__(self, tokens_BT, positions_BT, cache: KVCache | None, feature_layers=()):
+    def __call__(
+        self, tokens_BT, positions_BT, cache: KVCache | None, feature_layers=(), tree=None
+    ):
         x = self.embed(tokens_BT)
         k, v = (None, None) if cache is None else (cache.k, cache.v)
         run = self._scanned_layers if self.config.scan_layers else self._layer_loop
-        x, k, v, features_NBTE = run(x, positions_BT, k, v, feature_layers)
+        x, k, v, features_NBTE = run(x, positions_BT, k, v, feature_layers, tree)
         hidden = self.norm(x)
         new_cache = None
         if cache is not None:
-            new_cache = KVCache(k=k, v=v, lengths=positions_BT[:, -1].astype(jnp.int32) + 1)
+            last_BT = positions_BT if tree is None else tree.slots
+            new_cache = KVCache(k=k, v=v, lengths=last_BT[:, -1].astype(jnp.int32) + 1)
         # In the order asked for, not layer order: the drafter's fusion matrix expects it.
         features_BTF = jnp.concatenate(list(features_NBTE), axis=-1) if feature_layers else None
         return self.head(hidden), new_cache, hidden, features_BTF
@@ -371,16 +391,16 @@ class Transformer(nnx.Module):
         freqs = {False: rope_inv_freq(self.config), True: rope_inv_freq(self.config, local=True)}
         return [freqs[w is not None] for w in windows], windows
 
-    def _layer_loop(self, x, positions_BT, k, v, feature_layers):
+    def _layer_loop(self, x, positions_BT, k, v, feature_layers, tree):
         """The layers unrolled: XLA compiles each one (compile time grows with depth)."""
         inv_freqs, windows = self._layer_inputs()
         collected = {}
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, positions_BT, k, v, i, inv_freqs[i], windows[i])
+            x, k, v = layer(x, positions_BT, k, v, i, inv_freqs[i], windows[i], tree)
             collected[i] = x
         return x, k, v, [collected[i] for i in feature_layers]
 
-    def _scanned_layers(self, x, positions_BT, k, v, feature_layers):
+    def _scanned_layers(self, x, positions_BT, k, v, feature_layers, tree):
         """The layers as one ``lax.scan`` over stacked parameters: compiled once.
 
         The per-layer differences (RoPE frequencies, sliding window) become
@@ -400,7 +420,7 @@ class Transformer(nnx.Module):
         def body(carry, inputs):
             x, k, v, features = carry
             params, i, inv_freq, window = inputs
-            x, k, v = nnx.merge(graphdef, params)(x, positions_BT, k, v, i, inv_freq, window)
+            x, k, v = nnx.merge(graphdef, params)(x, positions_BT, k, v, i, inv_freq, window, tree)
             features = jnp.where((wanted == i)[:, None, None, None], x[None], features)
             return (x, k, v, features), None
 
@@ -473,6 +493,9 @@ class Model:
     config: ModelConfig
     tokenizer: object = None
     chat_template: str | None = None
+
+    # The contract's optional extension for tree drafters: ``__call__`` takes ``tree=``.
+    supports_tree = True
 
     def __post_init__(self):
         object.__setattr__(self, "_tokenizer_key", _TokenizerKey(self.tokenizer))
@@ -548,6 +571,7 @@ class Model:
         *,
         return_hidden: bool = False,
         feature_layers: tuple[int, ...] = (),
+        tree: TreeMask | None = None,
     ):
         """Scores ``tokens`` at ``positions`` against ``cache``.
 
@@ -564,12 +588,20 @@ class Model:
                 outputs (residual stream) of those layers concatenated in the
                 order given, collected inside the same forward. Drafters that read
                 the target (`specjax.BlockDrafter`) ask for them.
+            tree: a `~specjax.models.cache.TreeMask` for a tree of drafts: token t
+                is written to slot ``tree.slots[:, t]`` (not its position) and sees
+                the slots before ``tree.start`` plus the tree-region slots that
+                ``tree.visible[t]`` marks (its ancestors). ``None``: slot ==
+                position, causal.
 
         Returns:
             ``(logits float32[B, T, V], new_cache)``, then the hidden states if
             ``return_hidden``, then the features if ``feature_layers``; here
-            ``new_cache.lengths == positions[:, -1] + 1``.
+            ``new_cache.lengths == positions[:, -1] + 1`` (``tree.slots[:, -1] + 1``
+            with a tree).
         """
+        if tree is not None and cache is None:
+            raise ValueError("tree= needs a cache: tree nodes are written to cache slots")
         feature_layers = tuple(int(i) for i in feature_layers)
         bad = [i for i in feature_layers if not 0 <= i < self.config.num_layers]
         if bad:
@@ -578,7 +610,9 @@ class Model:
                 f"[0, {self.config.num_layers}) of this {self.config.num_layers}-layer model"
             )
         module = nnx.merge(self.graphdef, self.params)
-        logits, cache, hidden, features = module(tokens_BT, positions_BT, cache, feature_layers)
+        logits, cache, hidden, features = module(
+            tokens_BT, positions_BT, cache, feature_layers, tree
+        )
         out = (logits, cache)
         if return_hidden:
             out += (hidden,)
