@@ -19,6 +19,8 @@ issue's target: best tree ≥ 1.15 × best chain at batch 1).
 
     python scripts/bench_tree.py              # bundled pair, ~20 min here
     python scripts/bench_tree.py --quick      # tiny random pair, ~1 min
+    python scripts/bench_tree.py --target SmolLM2-135M-Instruct.Q4_1.gguf --batches 1 \\
+        --gammas 2 3 --trees 2,1 2,2 3,1,1 --prompts 2 --max-new 32 --out docs/bench_tree_smollm2
 
 Writes ``tree.json`` and ``tree.md`` under ``--out``.
 """
@@ -51,6 +53,10 @@ def parse_args(argv=None):
     parser.add_argument("--prompts", type=int, default=8, help="prompts through one slot")
     parser.add_argument("--max-new", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--target", type=Path, default=None,
+                        help="SmolLM2-135M(-Instruct) as a .gguf file or folder: measure its "
+                             "shipped block drafter (specjax.smollm2_drafter) instead of the "
+                             "bundled pair's drafters")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("docs/bench_tree"))
     args = parser.parse_args(argv)
     if args.quick:
@@ -74,6 +80,12 @@ def load(args):
         rng = np.random.default_rng(0)
         prompts = [rng.integers(0, 64, n).tolist() for n in (5, 9, 7, 4, 6, 8)]
         return target, drafters, prompts
+    if args.target is not None:
+        import jax.numpy as jnp
+
+        target = specjax.load_pretrained(args.target, dtype=jnp.float32)
+        drafters = {"block": specjax.smollm2_drafter(target)}
+        return target, drafters, _stdlib_prompts(target)
     target, draft, _ = specjax.default_pair()
     drafters = {"model": specjax.DraftModel(draft)}
     if "block" in args.drafters:
@@ -83,11 +95,16 @@ def load(args):
             drafters["eagle"] = specjax.default_drafter("eagle")
         except (ValueError, FileNotFoundError, OSError) as e:
             print(f"  (no eagle drafter: {e})", flush=True)
+    drafters = {k: v for k, v in drafters.items() if k in args.drafters}
+    return target, drafters, _stdlib_prompts(target)
+
+
+def _stdlib_prompts(target, count: int = 32):
+    """``count`` ragged prompts (16 to 64 tokens) cut from held-out stdlib files."""
     stream = data.tokenize_documents(target.tokenizer, data.stdlib_documents("heldout"))
-    starts = np.linspace(0, len(stream) - 65, 32).astype(int)
-    lengths = np.random.default_rng(0).integers(16, 65, size=32)
-    prompts = [stream[s : s + n].tolist() for s, n in zip(starts, lengths, strict=True)]
-    return target, {k: v for k, v in drafters.items() if k in args.drafters}, prompts
+    starts = np.linspace(0, len(stream) - 65, count).astype(int)
+    lengths = np.random.default_rng(0).integers(16, 65, size=count)
+    return [stream[s : s + n].tolist() for s, n in zip(starts, lengths, strict=True)]
 
 
 def max_chain(drafter) -> int:

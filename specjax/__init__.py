@@ -18,6 +18,7 @@ from specjax.drafters import DraftModel as DraftModel
 from specjax.drafters import NoDraft as NoDraft
 from specjax.drafters import PromptLookup as PromptLookup
 from specjax.drafters import Proposal as Proposal
+from specjax.eagle import EagleDrafter as EagleDrafter
 from specjax.models import KVCache as KVCache
 from specjax.models import Model as Model
 from specjax.models import ModelConfig as ModelConfig

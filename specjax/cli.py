@@ -78,11 +78,20 @@ def _load_models(args):
             raise UserError(f"--draft {args.draft}: {e}") from None
     if args.drafter == "block":
         draft = _load_block_drafter(args, target)
+    if args.drafter == "eagle":
+        if args.model:
+            raise UserError("--drafter eagle: the bundled EAGLE head only fits the bundled target")
+        try:
+            # Sampled drafts with their true q measured better than argmax at T=1.
+            mode = "sample" if args.temperature > 0 else "argmax"
+            draft = specjax.default_drafter("eagle").with_draft(mode=mode)
+        except (FileNotFoundError, ValueError, OSError) as e:
+            raise UserError(f"bundled EAGLE head: {e}") from None
     del specjax
     return target, draft, tokenizer
 
 
-DRAFTER_NAMES = ("auto", "block", "model", "lookup", "none")
+DRAFTER_NAMES = ("auto", "block", "eagle", "model", "lookup", "none")
 
 
 def _parse_tree(args):
@@ -96,7 +105,7 @@ def _parse_tree(args):
     except ValueError as e:
         raise UserError(str(e)) from None
     if args.drafter in ("lookup", "none"):
-        raise UserError(f"--tree needs a drafter that proposes trees (block or model), not "
+        raise UserError(f"--tree needs a drafter that proposes trees (block, eagle or model), not "
                         f"--drafter {args.drafter}")  # fmt: skip
     if args.gamma is not None and args.gamma != tree.depth:
         raise UserError(
@@ -281,7 +290,7 @@ def cmd_generate(args) -> int:
     tree = _parse_tree(args)
     target, draft, tokenizer = _load_models(args)
     if args.gamma is None:  # the drafter's own default: a block drafter's trained γ, else 4
-        args.gamma = draft.num_draft if args.drafter == "block" else 4
+        args.gamma = draft.num_draft if args.drafter in ("block", "eagle") else 4
     if args.chat is not None:
         # The model sees the rendered template; only the answer is printed, and a
         # row stops at the end of the assistant's turn.
@@ -314,8 +323,8 @@ def cmd_generate(args) -> int:
         drafter = None
     elif args.drafter == "model":
         drafter = specjax.DraftModel(draft, num_draft=args.gamma)
-    elif args.drafter == "block":
-        drafter = draft
+    elif args.drafter in ("block", "eagle"):
+        drafter = draft if args.drafter == "block" else draft.with_draft(args.gamma)
     else:
         drafter = specjax.PromptLookup(ngram=args.ngram, num_draft=args.gamma)
     if tree is not None:
@@ -784,8 +793,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--draft", help="draft model folder for --drafter model (with --model)")
     g.add_argument(
-        "--drafter", default="auto", metavar="{auto,block,model,lookup,none,PATH}",
-        help="who drafts: the block drafter (reads the target's hidden states), the draft "
+        "--drafter", default="auto", metavar="{auto,block,eagle,model,lookup,none,PATH}",
+        help="who drafts: the block drafter (reads the target's hidden states), the bundled "
+        "EAGLE-style head (eagle: reads them too, drafts step by step), the draft "
         "model, prompt lookup (n-gram copy), none (plain decoding), or the path of a block "
         "drafter folder (the same as --drafter block --block-drafter PATH); auto (default): "
         f"the fastest measured for the bundled pair ({FASTEST_BUNDLED_DRAFTER})",

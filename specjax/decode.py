@@ -444,8 +444,8 @@ def check_drafter(target, drafter: Drafter):
     check_drafter_vocab(target, drafter)
     if drafter.target_layers:
         _check_features(target, drafter)
-    if isinstance(drafter, BlockDrafter):
-        drafter.check()
+    if isinstance(drafter, BlockDrafter) or callable(getattr(drafter, "check", None)):
+        drafter.check()  # e.g. BlockDrafter, EagleDrafter: γ, mode, layers, tree
     if getattr(drafter, "tree", None) is not None:
         _check_tree(target, drafter)
 
@@ -1012,8 +1012,10 @@ def _verify_tree(state: DecodeState) -> _Verified:
         target, tokens_in, last[:, None] + jnp.asarray(tree.depths)[None], state.target_cache,
         drafter.target_layers, tree=mask,
     )  # fmt: skip
-    target_probs = probs_from_logits(logits_BN1V, state.sampling)
-    block_BD1, num_accepted, path_BD = tree_verify(keys_BD1, node_tokens, target_probs, tree)
+    # Logits in: only the D + 1 nodes on the path become distributions.
+    block_BD1, num_accepted, path_BD, probs_BD1V = tree_verify(
+        keys_BD1, node_tokens, logits_BN1V, tree, state.sampling
+    )
     nodes_BD1 = path_nodes_with_root(path_BD)
     along = lambda x_BN1: jnp.take_along_axis(  # noqa: E731
         x_BN1, nodes_BD1.reshape(b, depth + 1, *([1] * (x_BN1.ndim - 2))), axis=1
@@ -1025,7 +1027,7 @@ def _verify_tree(state: DecodeState) -> _Verified:
     return _Verified(
         drafter=drafter, drafter_state=proposal.state, block=block_BD1,
         num_accepted=num_accepted, num_drafted=jnp.full((b,), depth, jnp.int32),
-        probs=along(target_probs), usable=along(_usable(logits_BN1V, state.sampling)),
+        probs=probs_BD1V, usable=_usable(along(logits_BN1V), state.sampling),
         target_cache=compact_path(target_cache, last, path_BD), features=features,
     )  # fmt: skip
 

@@ -46,7 +46,8 @@ def default_pair(dtype=jnp.float32):
 
 
 BLOCK_DRAFTER_DIR = "block_drafter"
-DRAFTER_KINDS = ("block", "model", "lookup")
+EAGLE_DRAFTER_DIR = "eagle_drafter"
+DRAFTER_KINDS = ("block", "eagle", "model", "lookup")
 
 
 def default_drafter(kind: str = "block", *, num_draft: int | None = None, dtype=jnp.float32):
@@ -54,11 +55,13 @@ def default_drafter(kind: str = "block", *, num_draft: int | None = None, dtype=
 
     Args:
         kind: ``"block"`` (the bundled `~specjax.BlockDrafter`, trained on the target's
-            hidden states; the fastest measured, see BENCHMARKS.md), ``"model"`` (the
-            bundled draft LM in a `~specjax.DraftModel`) or ``"lookup"``
-            (`~specjax.PromptLookup`, no weights).
+            hidden states; the fastest measured, see BENCHMARKS.md), ``"eagle"`` (the
+            bundled EAGLE-3-style head, `~specjax.EagleDrafter`, trained by
+            ``scripts/train_eagle.py``), ``"model"`` (the bundled draft LM in a
+            `~specjax.DraftModel`) or ``"lookup"`` (`~specjax.PromptLookup`, no weights).
         num_draft: γ; default 4, or for ``"block"`` its saved γ, 2: the fastest measured
-            on this CPU (it was trained for blocks of up to 8, so γ ≤ 7).
+            on this CPU (it was trained for blocks of up to 8, so γ ≤ 7); for ``"eagle"``
+            its saved γ (any γ works; it was trained for chains of its saved γ).
         dtype: the weights' dtype, as for `default_pair`.
 
     Returns:
@@ -90,6 +93,15 @@ def default_drafter(kind: str = "block", *, num_draft: int | None = None, dtype=
         from specjax.drafters import DraftModel
 
         return DraftModel(draft, num_draft=num_draft or 4)
+    if kind == "eagle":
+        from specjax.eagle import load_eagle_drafter
+
+        path = default_pair_path() / EAGLE_DRAFTER_DIR
+        if not (path / "eagle_drafter.json").is_file():
+            raise FileNotFoundError(
+                f"the bundled EAGLE drafter is missing from {path}; reinstall specjax"
+            )
+        return load_eagle_drafter(path, target, num_draft=num_draft)
     from specjax.block_drafter import load_block_drafter
 
     path = default_pair_path() / BLOCK_DRAFTER_DIR

@@ -17,6 +17,10 @@ Two objectives:
   per-token acceptance probability of speculative sampling (DistillSpec, Zhou
   et al. 2024). Teacher logits are computed on the fly inside the same jit.
 
+Drafters that read the target's hidden states are trained the same way, the frozen
+target scoring each batch inside the step: `train_block_drafter` (DFlash's anchored
+blocks) and `train_eagle` (EAGLE-3's training-time test).
+
 Checkpoints are Hugging Face folders (``save_pretrained``: ``config.json``,
 ``model.safetensors``, ``tokenizer.json``) in the training dtype, plus
 ``train_state.safetensors`` holding the optimizer state, step, data key and
@@ -170,6 +174,30 @@ class BlockTrainConfig(TrainConfig):
         object.__setattr__(self, "decay", check_float("decay", self.decay, lo=0.0, lo_open=True))
 
 
+@dataclasses.dataclass(frozen=True)
+class EagleTrainConfig(TrainConfig):
+    """A `TrainConfig` for `specjax.EagleDrafter`'s training-time-test objective.
+
+    Attributes:
+        ttt_steps: k, head steps unrolled per position (about the γ it will draft).
+        step_weight: step i's loss is weighted ``step_weight ** i`` (EAGLE-3: 0.8).
+    """
+
+    ttt_steps: int = 4
+    step_weight: float = 0.8
+
+    def __post_init__(self):
+        super().__post_init__()
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        set_("ttt_steps", check_int("ttt_steps", self.ttt_steps, lo=1))
+        set_("step_weight", check_float("step_weight", self.step_weight, lo=0.0, lo_open=True))
+        if self.ttt_steps > self.seq_len:
+            raise ValueError(
+                f"ttt_steps={self.ttt_steps} must be at most seq_len={self.seq_len}: step i "
+                "predicts from positions >= i of each sequence"
+            )
+
+
 @struct.dataclass
 class TrainState:
     """Everything that evolves during training.
@@ -266,6 +294,17 @@ def _is_block_drafter(model) -> bool:
     return isinstance(model, BlockDrafter)
 
 
+def _is_eagle(model) -> bool:
+    from specjax.eagle import EagleDrafter
+
+    return isinstance(model, EagleDrafter)
+
+
+def _reads_target(model) -> bool:
+    """A drafter trained on its frozen target's features (the target is its teacher)."""
+    return _is_block_drafter(model) or _is_eagle(model)
+
+
 def _loss_fn(params, batch_BT1, key, *, model, teacher_params, teacher, config):
     if _is_block_drafter(model):
         # The frozen target is the "teacher": its params come in traced, like a
@@ -276,6 +315,18 @@ def _loss_fn(params, batch_BT1, key, *, model, teacher_params, teacher, config):
         return anchored_block_loss(
             params, drafter, batch_BT1, key, num_anchors=config.num_anchors, decay=config.decay
         )
+    if _is_eagle(model):
+        from specjax.eagle import eagle_ttt_loss
+
+        drafter = model.replace(target=teacher.replace(params=teacher_params))
+        loss, metrics = eagle_ttt_loss(
+            params, drafter, batch_BT1, num_steps=config.ttt_steps, step_weight=config.step_weight
+        )
+        # Scalars only in the step's metrics (the per-step vectors are for evaluation).
+        return loss, {
+            "loss": loss, "accuracy": metrics["accuracy"][0], "tau": metrics["tau"],
+            **{f"loss_step{i}": x for i, x in enumerate(metrics["step_losses"])},
+        }  # fmt: skip
     del key
     inputs_BT, targets_BT = batch_BT1[:, :-1], batch_BT1[:, 1:]
     logits_BTV = forward(model.replace(params=params), inputs_BT)
@@ -464,6 +515,10 @@ def save_checkpoint(
             from specjax.block_drafter import write_block_drafter
 
             write_block_drafter(model.replace(params=state.params), tmp)
+        elif _is_eagle(model):
+            from specjax.eagle import write_eagle_drafter
+
+            write_eagle_drafter(model.replace(params=state.params), tmp)
         else:
             _write_pretrained(model.replace(params=state.params), tmp)
         arrays = {f"opt_state/{k}": v for k, v in _flatten_named(state.opt_state).items()}
@@ -528,6 +583,10 @@ def load_checkpoint(
         from specjax.block_drafter import load_block_drafter
 
         loaded = load_block_drafter(path, model.target)
+    elif _is_eagle(model):
+        from specjax.eagle import load_eagle_drafter
+
+        loaded = load_eagle_drafter(path, model.target)
     else:
         loaded = load_pretrained(path, dtype=model.dtype)
     params = _unflatten_named(model.params, _flatten_named(loaded.params), "params")
@@ -564,6 +623,14 @@ def _check_inputs(model, tokens, config, teacher, checkpoint_dir) -> jax.Array:
             )
         if teacher is not model.target:
             raise ValueError("teacher must be the BlockDrafter's own target (model.target)")
+    elif _is_eagle(model):
+        if not isinstance(config, EagleTrainConfig):
+            raise TypeError(
+                f"config must be an EagleTrainConfig to train an EagleDrafter, got "
+                f"{type(config).__name__}"
+            )
+        if teacher is not model.target:
+            raise ValueError("teacher must be the EagleDrafter's own target (model.target)")
     elif not isinstance(model, Model):
         raise TypeError(f"model must be a specjax Model, got {type(model).__name__}")
     if not isinstance(config, TrainConfig):
@@ -675,7 +742,7 @@ def train(
     # Static parts only (params=None), so that the compiled step is cached
     # across calls that share architecture and trajectory settings.
     static_model = model.replace(params=None)
-    if _is_block_drafter(model):
+    if _reads_target(model):
         static_model = static_model.replace(target=None)  # arrays; passed as the teacher
     step_fn = functools.partial(
         _jit_train_step,
@@ -819,6 +886,54 @@ def train_block_drafter(
         >>> config = BlockTrainConfig(steps=2, batch_size=2, seq_len=32, num_anchors=4,
         ...                           progress=False)
         >>> train_block_drafter(drafter, tokens, config).steps
+        2
+    """
+    return train(
+        drafter, tokens, config, teacher=getattr(drafter, "target", None),
+        checkpoint_dir=checkpoint_dir, resume=resume, callback=callback,
+    )  # fmt: skip
+
+
+def train_eagle(
+    drafter,
+    tokens: np.ndarray | jax.Array,
+    config: EagleTrainConfig,
+    *,
+    checkpoint_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    callback: Callable[[int, dict], None] | None = None,
+) -> TrainResult:
+    """Trains a `specjax.EagleDrafter` head for its (frozen) target on windows of ``tokens``.
+
+    The objective is EAGLE-3's training-time test (`specjax.eagle.eagle_ttt_loss`): the
+    target scores each sequence once inside the jitted step, and the head is unrolled
+    ``config.ttt_steps`` steps over all positions, step i fed its own output features of
+    step i-1 and weighted ``config.step_weight ** i``. Everything else is :func:`train`:
+    the same optimizer, time budget, progress bar, atomic safetensors checkpoints
+    (``eagle_drafter.json`` + ``model.safetensors`` + ``train_state.safetensors``) and
+    bit-identical resume.
+
+    Args:
+        drafter: the `EagleDrafter` to train (e.g. ``EagleDrafter.random(target, ...)``).
+        tokens: ``int32[N]`` training stream in the target's vocabulary.
+        config: an :class:`EagleTrainConfig`; ``seq_len + 1`` tokens per sequence.
+        checkpoint_dir, resume, callback: as for :func:`train`.
+
+    Returns:
+        A :class:`TrainResult` whose ``model`` is the trained drafter; metrics passed to
+        ``callback`` also hold ``accuracy`` (step 0's top-1 agreement with the target),
+        ``tau`` (teacher-forced greedy tokens per call at γ = ttt_steps) and
+        ``loss_step{i}``.
+
+    Example:
+        >>> import jax, numpy as np, specjax
+        >>> from specjax.train import EagleTrainConfig, train_eagle
+        >>> target = specjax.testing.tiny_model(seed=0, num_layers=4)
+        >>> drafter = specjax.EagleDrafter.random(target, key=jax.random.key(0), num_draft=3)
+        >>> tokens = np.arange(2000) % 64
+        >>> config = EagleTrainConfig(steps=2, batch_size=2, seq_len=32, ttt_steps=3,
+        ...                           progress=False)
+        >>> train_eagle(drafter, tokens, config).steps
         2
     """
     return train(

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import noise
-from specjax.sampling import mask_vocab, sample
+from specjax.sampling import mask_vocab, probs_from_logits, sample
 
 __all__ = ["Tree", "child_tokens", "compact_path", "path_nodes_with_root", "tree_verify"]
 
@@ -201,35 +201,40 @@ def child_tokens(parent_logits_BPV, tree: Tree, depth: int, vocab_limit=None) ->
     return top_BPK[:, local, ranks].astype(jnp.int32)
 
 
-def tree_verify(keys_BD1, node_tokens_BN, target_probs_BN1V, tree: Tree):
+def tree_verify(keys_BD1, node_tokens_BN, target_BN1V, tree: Tree, sampling=None):
     """Exact verification of a tree with deterministic children, for a batch.
 
     At each node on the path, the target's token is ``sample(stream(keys[depth],
     SAMPLE), p_node)``; if it equals one of the node's drafted children the path
     descends into that child, otherwise (or at a leaf) that token is emitted and the
-    step ends (see the module docstring for why this is exact).
+    step ends (see the module docstring for why this is exact). Only the D + 1 nodes
+    on the path are ever turned into distributions and sampled, not all N + 1.
 
     Args:
         keys_BD1: position keys ``[B, D+1]``: depth d decides the token at the row's
             position ``length + d`` (as in the chain verifiers).
         node_tokens_BN: ``int32[B, N]`` the drafted tokens of nodes ``1..N``; an id
             outside ``[0, V)`` (e.g. -1) never matches.
-        target_probs_BN1V: ``float32[B, N+1, V]`` the target's processed p at every
-            node, the root first.
+        target_BN1V: ``[B, N+1, V]`` the target at every node, the root first: its
+            processed probabilities p, or its logits when ``sampling`` is given.
         tree: the static `Tree`.
+        sampling: ``None``, or the rows' `~specjax.SamplingConfig` (``[B]`` leaves):
+            then ``target_BN1V`` holds logits, and p is
+            ``probs_from_logits(logits, sampling)`` at the path's nodes.
 
     Returns:
-        ``(tokens int32[B, D+1], num_accepted int32[B], path_BD int32[B, D])``:
-        ``tokens`` in the chain layout (the n accepted drafts, then the target's token,
-        then -1), and ``path_BD[:, d]`` the node accepted at depth d + 1 (for
-        ``d >= num_accepted`` it repeats the last accepted node, or 0).
+        ``(tokens int32[B, D+1], num_accepted int32[B], path_BD int32[B, D],
+        probs_BD1V float32[B, D+1, V])``: ``tokens`` in the chain layout (the n accepted
+        drafts, then the target's token, then -1); ``path_BD[:, d]`` the node accepted
+        at depth d + 1 (for ``d >= num_accepted`` it repeats the last accepted node, or
+        0); ``probs_BD1V[:, d]`` the p that decided position d (at the path's node).
     """
     b, n = node_tokens_BN.shape
-    if tuple(target_probs_BN1V.shape[:2]) != (b, n + 1) or n != tree.num_nodes:
+    if tuple(target_BN1V.shape[:2]) != (b, n + 1) or n != tree.num_nodes:
         raise ValueError(
-            f"tree_verify: node_tokens_BN must be [B, N] and target_probs_BN1V [B, N+1, V] "
+            f"tree_verify: node_tokens_BN must be [B, N] and target_BN1V [B, N+1, V] "
             f"for the tree's N = {tree.num_nodes} nodes; got node_tokens_BN"
-            f"{list(node_tokens_BN.shape)}, target_probs_BN1V{list(target_probs_BN1V.shape)}"
+            f"{list(node_tokens_BN.shape)}, target_BN1V{list(target_BN1V.shape)}"
         )
     depth = tree.depth
     if tuple(keys_BD1.shape) != (b, depth + 1):
@@ -237,39 +242,48 @@ def tree_verify(keys_BD1, node_tokens_BN, target_probs_BN1V, tree: Tree):
             f"tree_verify: keys_BD1 must be [B, D+1] = [{b}, {depth + 1}]; got "
             f"{list(keys_BD1.shape)}"
         )
-    # One draw per node with its depth's key: nodes of one depth share noise, and only
-    # one of them can be on the path, so each position's noise decides one token.
-    keys_BN1 = noise.stream(keys_BD1[:, tree.depths], noise.SAMPLE)
-    samples_BN1 = sample(keys_BN1, target_probs_BN1V)
+    sample_keys_BD1 = noise.stream(keys_BD1, noise.SAMPLE)
     tokens_BN1 = jnp.concatenate(
         [jnp.full((b, 1), -1, jnp.int32), node_tokens_BN.astype(jnp.int32)], axis=1
     )
     children = jnp.asarray(tree.children)
     rows = jnp.arange(b)
+
+    def target_at(node_B):
+        row_BV = target_BN1V[rows, node_B]
+        if sampling is None:
+            return row_BV.astype(jnp.float32)
+        return probs_from_logits(row_BV, sampling)
+
     node_B = jnp.zeros((b,), jnp.int32)
     alive_B = jnp.ones((b,), bool)
     num_accepted = jnp.zeros((b,), jnp.int32)
-    path, emitted = [], []
-    for _ in range(depth):  # static and small: unrolled
+    path, emitted, probs = [], [], []
+    for d in range(depth + 1):  # static and small: unrolled
+        # The node on the path at depth d draws with position d's noise: nodes of one
+        # depth share it, and only one of them can be on the path.
+        p_BV = target_at(node_B)
+        target_B = sample(sample_keys_BD1[:, d], p_BV)
+        emitted.append(target_B)
+        probs.append(p_BV)
+        if d == depth:
+            break
         kids_BK = children[node_B]
         kid_tokens_BK = tokens_BN1[rows[:, None], jnp.maximum(kids_BK, 0)]
-        target_B = samples_BN1[rows, node_B]
         match_BK = (kid_tokens_BK == target_B[:, None]) & (kids_BK >= 0) & alive_B[:, None]
         found_B = jnp.any(match_BK, axis=1)
         child_B = kids_BK[rows, jnp.argmax(match_BK, axis=1)]
-        emitted.append(target_B)
         node_B = jnp.where(found_B, child_B, node_B)
         alive_B &= found_B
         num_accepted += found_B.astype(jnp.int32)
         path.append(node_B)
-    emitted.append(samples_BN1[rows, node_B])
     offsets = jnp.arange(depth + 1)[None]
     # Along the path the target's sample at depth d is the accepted draft itself, so
     # the emitted block is the sequence of target samples up to and including the
     # first one no child matched.
     tokens_BD1 = jnp.where(offsets <= num_accepted[:, None], jnp.stack(emitted, axis=1), -1)
     path_BD = jnp.stack(path, axis=1) if path else jnp.zeros((b, 0), jnp.int32)
-    return tokens_BD1, num_accepted, path_BD
+    return tokens_BD1, num_accepted, path_BD, jnp.stack(probs, axis=1)
 
 
 def path_nodes_with_root(path_BD: jax.Array) -> jax.Array:

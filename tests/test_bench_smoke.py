@@ -330,3 +330,22 @@ def test_real_targets_judge_the_best_method_and_each():
     assert found["realized_over_predicted:best"]["value"] == 0.95
     verify = found["verify_over_step"]
     assert verify["value"] == 1.2 and verify["at_most"] and verify["met"]
+
+
+@pytest.mark.slow
+def test_tree_script_quick_run(tmp_path):
+    """bench_tree.py --quick (about 10 small compiles, ~1 min): every system's greedy
+    output is checked against plain greedy inside the script, which exits 1 on any
+    difference; here the chain/tree rows and the summary are checked."""
+    out = _run_script(SCRIPT.parent / "bench_tree.py", "--quick", "--out", str(tmp_path))
+    assert "tree / chain" in out
+    report = json.loads((tmp_path / "tree.json").read_text())
+    systems = {(r["batch"], r["drafter"], r["system"]) for r in report["results"]}
+    for batch in (1, 3):
+        assert (batch, "plain", "plain") in systems
+        for drafter in ("model", "block"):
+            assert {(batch, drafter, "chain γ=2"), (batch, drafter, "tree 2,1")} <= systems
+    assert {(s["batch"], s["drafter"]) for s in report["summary"]} == {
+        (1, "model"), (1, "block"), (3, "model"), (3, "block")
+    }
+    assert all(r["tau"] >= 1.0 for r in report["results"])

@@ -243,7 +243,7 @@ def test_train_drafter_then_generate_with_it(model_folders, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["model", "block"])
+@pytest.mark.parametrize("drafter", ["model", "block", "eagle"])
 def test_generate_with_a_tree_greedy_equals_plain(drafter):
     """``--tree``: the bundled pair with a tree drafter; greedy output equals plain."""
     proc = run_cli(
@@ -270,3 +270,15 @@ def test_generate_with_a_tree_greedy_equals_plain(drafter):
 def test_generate_refuses_bad_trees(args, fragments):
     proc = run_cli("generate", "x", "--max-new-tokens", "4", *args)
     assert_user_error(proc, *fragments)
+
+
+@pytest.mark.slow
+def test_generate_with_the_eagle_head_chain_greedy_equals_plain():
+    proc = run_cli(
+        "generate", "def fibonacci(n):", "--max-new-tokens", "24", "--compare", "--json",
+        "--no-eos", "--drafter", "eagle", "--repeats", "1",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["drafter"] == "eagle" and out["greedy_outputs_equal"] is True
+    assert out["tokens_per_target_call"] > 1.0

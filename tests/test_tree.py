@@ -9,7 +9,7 @@
 3. `compact_path` moves exactly the path's entries, and after decoding with trees the
    target's cache (and a draft model's) equals a fresh prefill of the committed tokens:
    slot == position again.
-4. Greedy: speculative output with DraftModel and BlockDrafter trees of several shapes
+4. Greedy: speculative output with DraftModel, BlockDrafter and EagleDrafter trees of several shapes
    equals plain greedy token for token, on ragged batches, with per-row budgets, EOS,
    B == D + 1, and continuous batching; the drafts are partly accepted (asserted), so
    both the descend and the stop paths run.
@@ -17,7 +17,7 @@
    for token (the emitted tokens are the target's own position-keyed samples), with
    scalar and per-row settings, under both verifications.
 6. A chain-shaped tree (1, ..., 1) accepts exactly what the chain drafter accepts, for
-   DraftModel and for BlockDrafter (whose features then come from the path).
+   DraftModel, BlockDrafter and EagleDrafter (whose features then come from the path).
 7. Bad input: models without tree support, drafters without trees, trees with adaptive
    γ, trees deeper than a block drafter's block or than a sliding window.
 
@@ -254,6 +254,18 @@ def test_block_drafter_tree_greedy_equals_plain_greedy(pair, greedy_reference, b
     assert out.to_lists() == ref.to_lists()
 
 
+@pytest.mark.parametrize("branching", [(2, 2, 1), (3, 1, 1, 1)], ids=str)
+def test_eagle_drafter_tree_greedy_equals_plain_greedy(pair, greedy_reference, branching):
+    target, _ = pair
+    budgets, ref = greedy_reference
+    eagle = specjax.EagleDrafter.random(target, key=jax.random.key(6), num_draft=4)
+    out = specjax.speculative_generate(
+        jax.random.key(1), target, eagle.with_tree(branching), PROMPTS,
+        max_new_tokens=budgets, sampling=GREEDY, eos_id=7,
+    )  # fmt: skip
+    assert out.to_lists() == ref.to_lists()
+
+
 def test_tree_greedy_with_batch_of_depth_plus_one_rows_and_refill(pair):
     """B == D + 1 (4 slots, depth 3), 9 ragged prompts sharing the slots."""
     target, draft = pair
@@ -306,11 +318,13 @@ def test_sampled_tree_decoding_reproduces_plain_decoding(pair, sampling, verific
 # 6. A chain-shaped tree is the chain.
 
 
-@pytest.mark.parametrize("kind", ["draft_model", "block"])
+@pytest.mark.parametrize("kind", ["draft_model", "block", "eagle"])
 def test_chain_shaped_tree_accepts_what_the_chain_accepts(pair, kind):
     target, draft = pair
     if kind == "draft_model":
         chain = specjax.DraftModel(draft, num_draft=3, greedy_draft=True)
+    elif kind == "eagle":
+        chain = specjax.EagleDrafter.random(target, key=jax.random.key(6), num_draft=3)
     else:
         chain = specjax.BlockDrafter.random(target, key=jax.random.key(2), num_draft=3)
     tree = chain.with_tree((1, 1, 1))
@@ -332,13 +346,19 @@ def test_tree_verify_walks_the_matching_children():
     probs = jax.nn.one_hot(argmax, v)
     nodes = jnp.asarray([[1, 2, 5, 0, 3, 4], [1, 2, 0, 0, 0, 0]])
     keys = jax.random.split(jax.random.key(0), 6).reshape(2, 3)
-    tokens, n, path = tree_verify(keys, nodes, probs, tree)
+    tokens, n, path, path_probs = tree_verify(keys, nodes, probs, tree)
     # Row 0: root argmax 2 = node 2 (rank 1), whose argmax 4 = node 6, a leaf: bonus 0.
     np.testing.assert_array_equal(tokens[0], [2, 4, 0])
     assert int(n[0]) == 2 and path[0].tolist() == [2, 6]
     # Row 1: root argmax 3 matches no child: emitted at once.
     np.testing.assert_array_equal(tokens[1], [3, -1, -1])
     assert int(n[1]) == 0
+    # The p that decided each position: the root, node 2, node 6 for row 0.
+    np.testing.assert_array_equal(path_probs[0], probs[0, jnp.asarray([0, 2, 6])])
+    # Logits and settings in: the same walk (greedy rows: the argmax).
+    logits = jnp.where(probs > 0, 5.0, 0.0)
+    again = tree_verify(keys, nodes, logits, tree, specjax.SamplingConfig.greedy())
+    np.testing.assert_array_equal(again[0], tokens)
 
 
 # ----------------------------------------------------------------------------

@@ -3,12 +3,13 @@
 1. End to end (V = 8): one batch of N_PER_GROUP rows per setting group, interleaved (row
    i in group i % 4: temperature 0.6; 1.0; 1.3 with top-p 0.8; 0.6 with top-k 3), is
    decoded with tree drafters: DraftModel with the trees (2, 2, 1) under rejection and
-   (3, 1) under coupled verification, and a BlockDrafter with (2, 2). The first K = 3
+   (3, 1) under coupled verification, a BlockDrafter with (2, 2), and an EagleDrafter
+   with (2, 1, 1) under coupled verification. The first K = 3
    tokens reach past the first tree step. Each group is chi-square tested against the
    exact distribution `exact_sequence_probs` enumerates with its own settings.
-   N_PER_GROUP = 10,000 rows, each test rejecting at p < FALSE_ALARM = 1e-4; 3 drafters
-   × 4 groups = 12 tests here plus 2 below, so the family-wise false-alarm rate is below
-   1.4e-3 (Bonferroni). Keys are fixed, so the outcome is deterministic. The drafts are
+   N_PER_GROUP = 10,000 rows, each test rejecting at p < FALSE_ALARM = 1e-4; 4 drafters
+   × 4 groups = 16 tests here plus 2 below, so the family-wise false-alarm rate is below
+   1.8e-3 (Bonferroni). Keys are fixed, so the outcome is deterministic. The drafts are
    accepted often enough to matter (asserted: at least 20% of the steps descend).
 2. The verifier on its own: a tree (3, 2) over V = 8 with fixed target distributions p
    at every node, and children that are the top-k of a draft distribution q. The exact
@@ -45,6 +46,7 @@ DECODERS = {
     "draft_model-(2,2,1)-rejection": ("draft_model", (2, 2, 1), "rejection"),
     "draft_model-(3,1)-coupled": ("draft_model", (3, 1), "coupled"),
     "block-(2,2)-rejection": ("block", (2, 2), "rejection"),
+    "eagle-(2,1,1)-coupled": ("eagle", (2, 1, 1), "coupled"),
 }
 
 
@@ -56,6 +58,8 @@ def target():
 def _drafter(target, kind, branching):
     if kind == "draft_model":
         return specjax.DraftModel(tiny_model(seed=12, vocab_size=V, init_scale=15.0))
+    if kind == "eagle":
+        return specjax.EagleDrafter.random(target, key=jax.random.key(4), num_draft=len(branching))
     return specjax.BlockDrafter.random(target, key=jax.random.key(3), num_draft=len(branching))
 
 
@@ -164,7 +168,7 @@ def test_tree_verify_alone_is_exact():
     keys = keys.reshape(N_DRAWS, TREE.depth + 1)
     probs = jnp.broadcast_to(jnp.asarray(p, jnp.float32), (N_DRAWS, *p.shape))
     nodes = jnp.broadcast_to(jnp.asarray(tokens, jnp.int32), (N_DRAWS, TREE.num_nodes))
-    out, n, _ = jax.jit(tree_verify, static_argnums=3)(keys, nodes, probs, TREE)
+    out, n, _, _ = jax.jit(tree_verify, static_argnums=3)(keys, nodes, probs, TREE)
     out = np.asarray(out)
     assert 0.3 < float(jnp.mean(n >= 1)) < 0.95  # both outcomes carry weight
     pval = chi_square_pvalue(_outcome_counts(out), _outcome_probs(p, tokens))
