@@ -132,6 +132,9 @@ def run_batch(args, target, drafters, prompts, batch: int):
             tau=tokens / max(int(np.sum(out.stats.row_target_calls)), 1),
         )  # fmt: skip
         results.append(row)
+        # One program per system: dropping each after use keeps compiled code (which
+        # otherwise piles up to an out-of-memory LLVM error here) from slowing the rest.
+        jax.clear_caches()
         print(f"  batch {batch:>2} {drafter_name:<6} {system:<16} {row['tokens_per_s']:8.1f} "
               f"tok/s  τ {row['tau']:.2f}", flush=True)  # fmt: skip
         return row
@@ -187,8 +190,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     target, drafters, prompts = load(args)
     results = []
+    args.out.mkdir(parents=True, exist_ok=True)
     for batch in args.batches:
         results += run_batch(args, target, drafters, prompts, batch)
+        # Written after each batch size, so a long run that dies keeps what it measured.
+        (args.out / "tree.json").write_text(json.dumps(dict(results=results), indent=1))
     summary, lines = summarise(results)
     table = ["| batch | drafter | system | tok/s | τ | × plain |", "|---|---|---|---|---|---|"]
     for r in results:
