@@ -58,7 +58,7 @@ from flax import struct
 
 from specjax.models.cache import KVCache, TreeMask
 from specjax.sampling import SamplingConfig, greedy_tokens, mask_vocab, probs_from_logits, sample
-from specjax.tree import Tree, child_tokens
+from specjax.tree import Tree, expand_top_k
 
 
 @struct.dataclass
@@ -349,26 +349,20 @@ class DraftModel(Drafter):
         # past the cache's end, dropped); no committed query sees them.
         tokens_BW = self._readable(seq_BS[rows[:, None], jnp.minimum(positions_BW, s - 1)])
         logits_BWV, cache = self.model(tokens_BW, positions_BW, state)
-        parent_logits = logits_BWV[rows, last - fed][:, None]  # the root: [B, 1, V]
         visible = jnp.asarray(tree.ancestors)
-        levels = []
-        for d in range(tree.depth):
-            levels.append(child_tokens(parent_logits, tree, d, sampling.vocab_limit))
-            if d + 1 == tree.depth:
-                break  # the leaves' own children are never drafted
-            first, stop = tree.level(d + 1)
-            nodes = jnp.arange(first, stop)[None]
-            logits_BnV, cache = self.model(
-                self._readable(levels[-1]),
-                jnp.broadcast_to(last[:, None] + d + 1, (b, stop - first)),
-                cache,
-                tree=TreeMask(start=last, slots=last[:, None] + nodes, visible=visible[first:stop]),
-            )
-            parent_logits = logits_BnV
-        return Proposal(
-            tokens=jnp.concatenate(levels, axis=1), probs=None,
-            state=cache.rollback(last + 1),
-        )  # fmt: skip
+
+        def score_level(depth, tokens_Bn, cache):
+            first, stop = tree.level(depth)
+            mask = TreeMask(
+                start=last, slots=last[:, None] + jnp.arange(first, stop)[None],
+                visible=visible[first:stop],
+            )  # fmt: skip
+            positions_Bn = jnp.broadcast_to(last[:, None] + depth, tokens_Bn.shape)
+            return self.model(self._readable(tokens_Bn), positions_Bn, cache, tree=mask)
+
+        root_B1V = logits_BWV[rows, last - fed][:, None]
+        tokens, cache = expand_top_k(tree, root_B1V, sampling.vocab_limit, score_level, cache)
+        return Proposal(tokens=tokens, probs=None, state=cache.rollback(last + 1))
 
     def update(self, state: KVCache, seq_lengths_B):
         # A tree step leaves its committed length in state.lengths (below the new

@@ -64,11 +64,11 @@ from flax import nnx, struct
 
 from specjax.block_drafter import default_target_layers
 from specjax.drafters import Drafter, Proposal, TargetFeatures
-from specjax.models.cache import KVCache
+from specjax.models.cache import KVCache, TreeMask
 from specjax.models.config import ModelConfig
 from specjax.models.llama import MLP, Dense, RMSNorm, apply_rope, rope_inv_freq
 from specjax.sampling import greedy_tokens, mask_vocab, probs_from_logits, sample
-from specjax.tree import Tree, child_tokens
+from specjax.tree import Tree, expand_top_k
 
 __all__ = [
     "MODES",
@@ -469,34 +469,31 @@ class EagleDrafter(Drafter):
         are never read before being rewritten, as in a chain.
         """
         tree = self.tree
-        cache = state.cache
-        b = g_root_BE.shape[0]
-        slot_S = jnp.arange(cache.max_len)
-        rel_BS = slot_S[None] - last_B[:, None]
-        in_tree_BS = (rel_BS > 0) & (rel_BS <= tree.num_nodes)
         ancestors = jnp.asarray(tree.ancestors)
-        parent_g_BPE = g_root_BE[:, None]
-        parent_logits_BPV = logits_root_BV[:, None]
-        levels = []
-        for d in range(tree.depth):
-            levels.append(child_tokens(parent_logits_BPV, tree, d, sampling.vocab_limit))
-            if d + 1 == tree.depth:
-                break  # the leaves' own children are never drafted
-            first, stop = tree.level(d + 1)
-            local = tree.parent_of[first:stop] - tree.level(d)[0]
-            # [n, B, S] -> [B, n, S]: committed slots, and each node's ancestors.
-            anc_nBS = ancestors[first:stop][:, jnp.clip(rel_BS, 0, tree.num_nodes)]
-            visible_BnS = (rel_BS <= 0)[:, None] | (
-                in_tree_BS[:, None] & anc_nBS.transpose(1, 0, 2)
-            )
-            nodes = jnp.arange(first, stop)[None]
-            parent_logits_BPV, parent_g_BPE, cache = self.step_logits(
-                cache, parent_g_BPE[:, local], levels[-1],
-                jnp.broadcast_to(last_B[:, None] + d + 1, (b, stop - first)),
-                visible_BnS, last_B[:, None] + nodes,
+
+        def score_level(depth, tokens_Bn, carry):
+            cache, parent_g_BPE = carry
+            first, stop = tree.level(depth)
+            local = tree.parent_of[first:stop] - tree.level(depth - 1)[0]
+            mask = TreeMask(
+                start=last_B, slots=last_B[:, None] + jnp.arange(first, stop)[None],
+                visible=ancestors[first:stop],
             )  # fmt: skip
-        tokens = jnp.concatenate(levels, axis=1).astype(jnp.int32)
-        return Proposal(tokens=tokens, probs=None, state=state.replace(cache=cache))
+            committed_B1S, region_BnS = mask.slot_visibility(cache.max_len)
+            logits, g, cache = self.step_logits(
+                cache, parent_g_BPE[:, local], tokens_Bn,
+                jnp.broadcast_to(last_B[:, None] + depth, tokens_Bn.shape),
+                committed_B1S | region_BnS, mask.slots,
+            )  # fmt: skip
+            return logits, (cache, g)
+
+        tokens, (cache, _) = expand_top_k(
+            tree, logits_root_BV[:, None], sampling.vocab_limit, score_level,
+            (state.cache, g_root_BE[:, None]),
+        )  # fmt: skip
+        return Proposal(
+            tokens=tokens.astype(jnp.int32), probs=None, state=state.replace(cache=cache)
+        )
 
 
 def _check_layers(target_layers, num_target_layers: int) -> tuple[int, ...]:

@@ -43,7 +43,14 @@ import numpy as np
 from specjax import noise
 from specjax.sampling import mask_vocab, probs_from_logits, sample
 
-__all__ = ["Tree", "child_tokens", "compact_path", "path_nodes_with_root", "tree_verify"]
+__all__ = [
+    "Tree",
+    "child_tokens",
+    "compact_path",
+    "expand_top_k",
+    "path_nodes_with_root",
+    "tree_verify",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +206,33 @@ def child_tokens(parent_logits_BPV, tree: Tree, depth: int, vocab_limit=None) ->
     _, top_BPK = jax.lax.top_k(mask_vocab(parent_logits_BPV, vocab_limit), int(ranks.max()) + 1)
     local = parents - tree.level(depth)[0] if parent_logits_BPV.shape[1] > 1 else 0 * parents
     return top_BPK[:, local, ranks].astype(jnp.int32)
+
+
+def expand_top_k(tree: Tree, root_logits_B1V, vocab_limit, score_level, carry):
+    """Drafts a tree level by level: each node's children are the top-k of its logits.
+
+    The one expansion loop of the drafters that score each level (`DraftModel`,
+    `EagleDrafter`); a block drafter, whose logits do not depend on the path, calls
+    `child_tokens` directly.
+
+    Args:
+        tree: the static `Tree`.
+        root_logits_B1V: ``[B, 1, V]`` the drafter's logits at the root.
+        vocab_limit: as for `child_tokens`.
+        score_level: ``(depth, tokens_Bn, carry) -> (logits_BnV, carry)``, scoring the
+            ``n`` drafted nodes of ``depth`` (slots ``tree.level(depth)``); not called
+            for the leaves.
+        carry: the drafter's running state (e.g. its cache).
+
+    Returns:
+        ``(tokens int32[B, N], carry)``.
+    """
+    parent_logits, levels = root_logits_B1V, []
+    for d in range(tree.depth):
+        levels.append(child_tokens(parent_logits, tree, d, vocab_limit))
+        if d + 1 < tree.depth:  # the leaves' own children are never drafted
+            parent_logits, carry = score_level(d + 1, levels[-1], carry)
+    return jnp.concatenate(levels, axis=1), carry
 
 
 def tree_verify(keys_BD1, node_tokens_BN, target_BN1V, tree: Tree, sampling=None):

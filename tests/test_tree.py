@@ -243,24 +243,16 @@ def test_draft_model_tree_greedy_equals_plain_greedy(pair, greedy_reference, bra
 
 
 @pytest.mark.parametrize("branching", [(2, 2, 1), (3, 1, 1, 1)], ids=str)
-def test_block_drafter_tree_greedy_equals_plain_greedy(pair, greedy_reference, branching):
+@pytest.mark.parametrize("kind", ["block", "eagle"])
+def test_feature_drafter_tree_greedy_equals_plain_greedy(pair, greedy_reference, kind, branching):
     target, _ = pair
     budgets, ref = greedy_reference
-    block = specjax.BlockDrafter.random(target, key=jax.random.key(2), num_draft=4)
+    if kind == "block":
+        drafter = specjax.BlockDrafter.random(target, key=jax.random.key(2), num_draft=4)
+    else:
+        drafter = specjax.EagleDrafter.random(target, key=jax.random.key(6), num_draft=4)
     out = specjax.speculative_generate(
-        jax.random.key(1), target, block.with_tree(branching), PROMPTS,
-        max_new_tokens=budgets, sampling=GREEDY, eos_id=7,
-    )  # fmt: skip
-    assert out.to_lists() == ref.to_lists()
-
-
-@pytest.mark.parametrize("branching", [(2, 2, 1), (3, 1, 1, 1)], ids=str)
-def test_eagle_drafter_tree_greedy_equals_plain_greedy(pair, greedy_reference, branching):
-    target, _ = pair
-    budgets, ref = greedy_reference
-    eagle = specjax.EagleDrafter.random(target, key=jax.random.key(6), num_draft=4)
-    out = specjax.speculative_generate(
-        jax.random.key(1), target, eagle.with_tree(branching), PROMPTS,
+        jax.random.key(1), target, drafter.with_tree(branching), PROMPTS,
         max_new_tokens=budgets, sampling=GREEDY, eos_id=7,
     )  # fmt: skip
     assert out.to_lists() == ref.to_lists()

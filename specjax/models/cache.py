@@ -79,3 +79,17 @@ class TreeMask:
     start: jax.Array
     slots: jax.Array
     visible: jax.Array
+
+    def slot_visibility(self, num_slots: int) -> tuple[jax.Array, jax.Array]:
+        """``(committed bool[B, 1, S], region bool[B, T, S])`` over ``S = num_slots`` slots.
+
+        ``committed``: the slot is before ``start``; ``region``: it is a tree-region slot
+        the token sees. A token's visible slots are ``committed | region`` (a model may
+        narrow the committed part further, e.g. by a sliding window).
+        """
+        width = self.visible.shape[1]
+        rel_BS = jnp.arange(num_slots)[None] - self.start[:, None]
+        in_region_B1S = ((rel_BS >= 0) & (rel_BS < width))[:, None]
+        # [T, R] gathered at each row's relative slot: [T, B, S] -> [B, T, S].
+        mask_BTS = jnp.take(self.visible, jnp.clip(rel_BS, 0, width - 1), axis=1)
+        return (rel_BS < 0)[:, None], in_region_B1S & mask_BTS.transpose(1, 0, 2)

@@ -226,7 +226,8 @@ class Attention(nnx.Module):
             # than the window (checked by the decoder), so every tree key is inside it.
             visible &= key_pos > query_pos - window
         if tree is not None:
-            visible = _tree_visible(tree, key_pos_BS, visible)
+            committed_B1S, region_BTS = tree.slot_visibility(key_pos_BS.shape[-1])
+            visible = region_BTS | (committed_B1S & visible)
         visible_BQS = jnp.tile(visible, (1, g, 1))  # rows (g, t), as in q_BKQD
         # A finite minimum rather than -inf: a query with nothing visible (only
         # possible for positions beyond the cache, whose writes are dropped)
@@ -236,17 +237,6 @@ class Attention(nnx.Module):
         out_BKQD = jnp.einsum("bkqs,bksd->bkqd", weights, values_BKSD)
         out = out_BKQD.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h * d)
         return self.o_proj(out), k_LBKDS, v_LBKSD
-
-
-def _tree_visible(tree, slots_1S, visible_BTS):
-    """``bool[B, T, S]``: committed slots before the region, and the region's mask."""
-    region = tree.visible.shape[1]
-    rel_BS = slots_1S - tree.start[:, None]
-    in_region_B1S = ((rel_BS >= 0) & (rel_BS < region))[:, None]
-    # [T, R] gathered at each row's relative slot: [T, B, S] -> [B, T, S].
-    mask_BTS = jnp.take(tree.visible, jnp.clip(rel_BS, 0, region - 1), axis=1).transpose(1, 0, 2)
-    committed_B1S = (rel_BS < 0)[:, None]
-    return jnp.where(in_region_B1S, mask_BTS, committed_B1S & visible_BTS)
 
 
 _ACTIVATIONS = {
