@@ -45,6 +45,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import data, train
 from specjax import tokenizer as tokenizer_lib
@@ -57,7 +58,7 @@ def model_configs(args, vocab_size: int, eos: int) -> tuple[ModelConfig, ModelCo
     common = dict(
         vocab_size=vocab_size,
         tie_word_embeddings=True,
-        max_position_embeddings=args.seq_len,
+        max_position_embeddings=args.max_positions or args.seq_len,
         eos_token_id=eos,
         rope_theta=10000.0,
         rms_norm_eps=1e-6,
@@ -89,7 +90,24 @@ def parse_args(argv=None):
     p.add_argument("--no-progress", action="store_true", help="hide the tqdm bars")
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--seq-len", type=int, default=512, help="training context = max positions")
+    p.add_argument("--max-positions", type=int, default=None, help="default: --seq-len")
     p.add_argument("--heldout-fraction", type=float, default=0.02)
+    p.add_argument(
+        "--corpus",
+        choices=("stdlib", "code"),
+        default="stdlib",
+        help="stdlib: the standard library; code: it plus installed packages' .py files "
+        "(training only; the held-out split is the standard library's either way)",
+    )
+    p.add_argument(
+        "--site-fraction", type=float, default=0.25, help="share of site-packages files (code)"
+    )
+    p.add_argument(
+        "--tokenizer", help="reuse this tokenizer.json instead of training one (keeps ids)"
+    )
+    p.add_argument("--target-init", help="warm-start the target from this HF folder")
+    p.add_argument("--draft-data-init", help="warm-start the data-only draft from this folder")
+    p.add_argument("--draft-init", help="warm-start the distilled draft from this folder")
     # Sizes.
     p.add_argument("--target-hidden", type=int, default=384)
     p.add_argument("--target-layers", type=int, default=8)
@@ -164,6 +182,32 @@ def export(model: Model, path: Path) -> int:
     """Saves ``model`` in bf16 as an HF folder; returns its size in bytes."""
     save_pretrained(train.cast_params(model, EXPORT_DTYPE), path)
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def installed_packages() -> list[str]:
+    """``name==version`` of every installed distribution (what the site corpus held)."""
+    from importlib import metadata
+
+    return sorted({f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()})
+
+
+def warm_start(path, config: ModelConfig, tok) -> Model | None:
+    """The float32 model saved at ``path`` to continue training from, or ``None``.
+
+    Its architecture must be ``config``'s (only the positions limit may differ)
+    and its tokenizer ``tok``'s: a warm start with other ids would train on noise.
+    """
+    if not path:
+        return None
+    model = load_pretrained(path, dtype=jnp.float32)
+    mine = dataclasses.replace(model.config, max_position_embeddings=1, eos_token_id=None)
+    wanted = dataclasses.replace(config, max_position_embeddings=1, eos_token_id=None)
+    if mine != wanted:
+        raise ValueError(f"--*-init {path}: its config {model.config} is not {config}")
+    if model.tokenizer is None or model.tokenizer.get_vocab() != tok.get_vocab():
+        raise ValueError(f"--*-init {path}: its tokenizer differs from the pair's")
+    log(f"warm start from {path}")
+    return model.replace(config=config, tokenizer=tok)
 
 
 def run_stage(name, model, tokens, config, work, *, resume, teacher=None):
@@ -241,12 +285,37 @@ def main(argv=None):
     else:
         for stale in work.glob("*.npy"):
             stale.unlink()
-        docs = data.stdlib_documents("train", **corpus_kw)
-        log(f"tokenizer: training V={args.vocab_size} on {len(docs)} stdlib files")
-        tok = tokenizer_lib.train_tokenizer(docs, args.vocab_size)
+        if args.tokenizer:
+            tok = tokenizer_lib.load_tokenizer(args.tokenizer)
+            log(f"tokenizer: {args.tokenizer} (V={tok.get_vocab_size()})")
+        else:
+            docs = data.stdlib_documents("train", **corpus_kw)
+            log(f"tokenizer: training V={args.vocab_size} on {len(docs)} stdlib files")
+            tok = tokenizer_lib.train_tokenizer(docs, args.vocab_size)
         tokenizer_lib.save_tokenizer(tok, tok_path)
     train_tokens = data.load_token_stream(tok, "train", cache_path=work / "train.npy", **corpus_kw)
     heldout = data.load_token_stream(tok, "heldout", cache_path=work / "heldout.npy", **corpus_kw)
+    corpus_source = "Python standard library .py files (sysconfig stdlib, no site-packages)"
+    if args.corpus == "code":
+        site_path = work / "site.npy"
+        if site_path.exists():
+            site_tokens = np.load(site_path, allow_pickle=False)
+        else:
+            site_docs = data.site_packages_documents(
+                fraction=args.site_fraction,
+                exclude=data.stdlib_documents("heldout", **corpus_kw),
+            )
+            if args.quick:
+                site_docs = site_docs[:max_docs]
+            site_tokens = data.tokenize_documents(tok, site_docs)
+            np.save(site_path, site_tokens, allow_pickle=False)
+        log(f"corpus: {len(site_tokens):,} site-packages tokens")
+        train_tokens = np.concatenate([train_tokens, site_tokens])
+        corpus_source = (
+            "Python standard library .py files (training split) plus "
+            f"{args.site_fraction:.0%} of the installed site-packages' .py files by path hash "
+            "(files equal to a held-out stdlib file excluded); held out: the stdlib split"
+        )
     if args.quick:  # tiny corpora have tiny held-out splits
         heldout = train_tokens[-4096:] if len(heldout) <= args.seq_len else heldout
     log(f"corpus: {len(train_tokens):,} train tokens, {len(heldout):,} held-out tokens")
@@ -264,7 +333,8 @@ def main(argv=None):
         jax=jax.__version__,
         backend=jax.default_backend(),
         corpus=dict(
-            source="Python standard library .py files (sysconfig stdlib, no site-packages)",
+            source=corpus_source,
+            packages=installed_packages() if args.corpus == "code" else None,
             train_tokens=len(train_tokens),
             heldout_tokens=len(heldout),
             vocab_size=vocab,
@@ -287,7 +357,9 @@ def main(argv=None):
         seed=0,
         **common,
     )
-    target0 = Model.random(target_cfg, seed=0).replace(tokenizer=tok)
+    target0 = warm_start(args.target_init, target_cfg, tok) or Model.random(
+        target_cfg, seed=0
+    ).replace(tokenizer=tok)
     target, stats = run_stage(
         "target", target0, train_tokens, target_config, work, resume=args.resume
     )
@@ -307,7 +379,9 @@ def main(argv=None):
         seed=1,
         **common,
     )
-    draft0 = Model.random(draft_cfg, seed=1).replace(tokenizer=tok)
+    draft0 = warm_start(args.draft_data_init, draft_cfg, tok) or Model.random(
+        draft_cfg, seed=1
+    ).replace(tokenizer=tok)
     draft_data, stats = run_stage(
         "draft_data", draft0, train_tokens, draft_data_config, work, resume=args.resume
     )
@@ -330,6 +404,7 @@ def main(argv=None):
         **common,
     )
     init = draft_data if args.distill_init == "data" else draft0
+    init = warm_start(args.draft_init, draft_cfg, tok) or init
     draft, stats = run_stage(
         "draft", init, train_tokens, draft_config, work, resume=args.resume, teacher=target
     )

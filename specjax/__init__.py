@@ -1,6 +1,7 @@
 """specjax: on-device, batched, exact speculative decoding in JAX/Flax."""
 
 from specjax import chat as chat
+from specjax import compilation_cache as compilation_cache
 from specjax import decode as decode
 from specjax import noise as noise
 from specjax import sharding as sharding
@@ -36,3 +37,8 @@ from specjax.verify import rejection_sample as rejection_sample
 from specjax.verify import rejection_sample_onehot as rejection_sample_onehot
 
 __version__ = "0.1.0"
+
+# On by default (see specjax.compilation_cache): a second run of the same call loads
+# its programs from disk instead of compiling them. SPECJAX_COMPILATION_CACHE=off
+# turns it off.
+compilation_cache.enable_from_environment()

@@ -848,6 +848,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--no-stream", action="store_true", help="print the completion at the end, not as it grows"
     )
+    _add_cache_flag(g)
     g.set_defaults(func=cmd_generate)
 
     for name, helptext in [
@@ -886,6 +887,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_cache_flag(parser) -> None:
+    parser.add_argument(
+        "--no-compilation-cache", action="store_true",
+        help="compile everything anew and keep nothing: no persistent compilation cache "
+        "(by default compiled programs are kept in $SPECJAX_CACHE/jax, so a second run "
+        "starts in seconds; SPECJAX_COMPILATION_CACHE=off does the same as this flag)",
+    )  # fmt: skip
+
+
 def _add_run_flags(parser, *, steps: int, batch_size: int, lr: float) -> None:
     """The flags every training command shares: schedule, budget, checkpoints."""
     parser.add_argument("--steps", type=int, default=steps)
@@ -896,6 +906,7 @@ def _add_run_flags(parser, *, steps: int, batch_size: int, lr: float) -> None:
     parser.add_argument("--max-minutes", type=float, default=None, help="time budget")
     parser.add_argument("--checkpoint-every", type=int, default=200)
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    _add_cache_flag(parser)
     parser.add_argument(
         "--overwrite", action="store_true",
         help="replace whatever --out holds (by default an existing model is never replaced)",
@@ -915,8 +926,15 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a bad option (2), already printed
         return e.code if isinstance(e.code, int) else 2
+    from specjax import compilation_cache
+
+    if args.no_compilation_cache:
+        compilation_cache.disable()
     try:
-        return args.func(args)
+        # An unreadable cache entry costs a compile and a warning, never the run; the
+        # entry is removed afterwards, so the next run caches the program again.
+        with compilation_cache.repairing():
+            return args.func(args)
     except UserError as e:
         print(f"specjax: error: {e}", file=sys.stderr)
         return 2

@@ -94,6 +94,62 @@ def stdlib_documents(
     return docs
 
 
+def site_packages_root() -> Path:
+    """Directory of the running interpreter's installed pure-Python packages."""
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def site_packages_documents(
+    *,
+    fraction: float = 1.0,
+    exclude: list[str] | None = None,
+    root: str | os.PathLike | None = None,
+    max_file_bytes: int = 200_000,
+) -> list[str]:
+    """Texts of installed packages' ``.py`` files: more Python for pre-training.
+
+    Only ever a training corpus: the held-out split is the standard library's
+    (:func:`stdlib_documents`), so held-out losses stay comparable whatever is
+    installed. Files are chosen by a hash of their path relative to ``root``
+    (stable across machines), read in sorted path order; very large files
+    (generated tables, vendored bundles) and files that are not UTF-8 are
+    skipped, and so is any file whose text equals one of ``exclude`` (vendored
+    copies of held-out standard-library modules must not leak into training).
+
+    Args:
+        fraction: the share of files kept, by path hash, in ``(0, 1]``.
+        exclude: texts never to return (pass the held-out documents).
+        root: corpus root; defaults to :func:`site_packages_root`.
+        max_file_bytes: files larger than this are skipped.
+
+    Returns:
+        The list of document texts.
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction={fraction}; expected a value in (0, 1]")
+    root = Path(root) if root is not None else site_packages_root()
+    excluded = {hashlib.sha256(t.encode("utf-8")).digest() for t in exclude or ()}
+    relpaths = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        rel_dir = Path(dirpath).relative_to(root)
+        relpaths += [(rel_dir / f).as_posix() for f in filenames if f.endswith(".py")]
+    docs = []
+    for rel in sorted(relpaths):
+        if fraction < 1 and not is_heldout(rel, fraction):  # the hash picks the kept share
+            continue
+        path = root / rel
+        try:
+            if path.stat().st_size > max_file_bytes:
+                continue
+            text = path.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text and hashlib.sha256(text.encode("utf-8")).digest() not in excluded:
+            docs.append(text)
+    return docs
+
+
 def tokenize_documents(tok, documents: list[str]) -> np.ndarray:
     """One ``int32[N]`` token stream: each document's ids followed by EOS.
 

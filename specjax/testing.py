@@ -125,6 +125,71 @@ def sequence_counts(tokens_NK: np.ndarray, vocab_size: int) -> np.ndarray:
     return counts.reshape((vocab_size,) * tokens_NK.shape[1])
 
 
+def _pooled_cells(probs, n: float, min_expected: float) -> np.ndarray:
+    """``[C, V^K]`` 0/1 matrix of :func:`chi_square_pvalue`'s cells (rare ones pooled)."""
+    expected = np.asarray(probs, np.float64).ravel() * n
+    big = expected >= min_expected
+    cells = [np.eye(len(expected))[i] for i in np.flatnonzero(big)]
+    if (~big).any() and expected[~big].sum() > 0:
+        cells.append((~big).astype(np.float64))
+    return np.asarray(cells)
+
+
+def chi_square_power(
+    probs, alternative, n: int, false_alarm: float, min_expected: float = 5.0
+) -> float:
+    """Probability that :func:`chi_square_pvalue` rejects ``probs`` at ``false_alarm``
+    when ``n`` samples come from ``alternative`` instead.
+
+    The power calculation that sizes a statistical test: Pearson's statistic on
+    ``n`` draws from ``alternative`` is approximately non-central chi-square with
+    the test's degrees of freedom (cells, rare ones pooled as the test pools them,
+    minus one) and non-centrality ``n * sum((a - p)^2 / p)`` over those cells.
+
+    Args:
+        probs: the null distribution the test checks against (any shape).
+        alternative: the distribution a known-wrong variant samples from.
+        n: sample size.
+        false_alarm: the test's significance level.
+        min_expected: the test's pooling threshold.
+
+    Returns:
+        The power, in [0, 1].
+    """
+    from scipy import stats  # test-only dependency
+
+    p = np.asarray(probs, np.float64).ravel()
+    a = np.asarray(alternative, np.float64).ravel()
+    p, a = p / p.sum(), a / a.sum()
+    if np.any(a[p == 0] > 0):  # the variant draws impossible outcomes: caught with prob 1-(1-m)^n
+        return float(1 - (1 - a[p == 0].sum()) ** n)
+    cells = _pooled_cells(p, n, min_expected)
+    pc, ac = cells @ p, cells @ a
+    df = len(pc) - 1
+    if df < 1:
+        return 0.0
+    noncentrality = n * np.sum((ac - pc) ** 2 / pc)
+    return float(stats.ncx2.sf(stats.chi2.isf(false_alarm, df), df, noncentrality))
+
+
+def min_sample_size(
+    probs, alternative, false_alarm: float, power: float, min_expected: float = 5.0
+) -> int:
+    """The smallest ``n`` at which :func:`chi_square_power` reaches ``power`` (bisection)."""
+    lo, hi = 1, 2
+    while chi_square_power(probs, alternative, hi, false_alarm, min_expected) < power:
+        lo, hi = hi, hi * 2
+        if hi > 10**9:
+            raise ValueError("no sample size below 1e9 reaches that power")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if chi_square_power(probs, alternative, mid, false_alarm, min_expected) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def chi_square_pvalue(counts, probs, min_expected: float = 5.0) -> float:
     """Pearson chi-square goodness-of-fit p-value of ``counts`` against ``probs``.
 

@@ -1,6 +1,8 @@
 """Keeps JAX strict and the suite deterministic."""
 
 import os
+import shutil
+import tempfile
 
 # Tests run on CPU, single-threaded eigen would be slower; keep XLA's defaults
 # but never let a stray accelerator or a preallocating backend change results.
@@ -14,12 +16,40 @@ os.environ["XLA_FLAGS"] = (
     + " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 ).strip()
 
+# One persistent compilation cache for the whole run, shared by the xdist workers (they
+# inherit this variable from the controller, which sets it first): a program compiled
+# by one test module or worker is loaded from disk by the others, including after
+# the module-end jax.clear_caches() below. A fresh folder each run, so that the
+# suite's time never depends on an earlier run; SPECJAX_COMPILATION_CACHE set by the
+# caller is kept (set it to a fixed folder to reuse programs across runs).
+_RUN_CACHE = None
+if "SPECJAX_COMPILATION_CACHE" not in os.environ:
+    _RUN_CACHE = tempfile.mkdtemp(prefix="specjax-test-xla-")
+    os.environ["SPECJAX_COMPILATION_CACHE"] = _RUN_CACHE
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the slow mark
+def pytest_collection_modifyitems(config, items):
+    # `first_case_fast`: the first case of each parametrize list stays in the fast tier
+    # (it checks the contract); the other cases are slow-marked (they widen it).
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if item.get_closest_marker("first_case_fast") and callspec is not None:
+            if any(index != 0 for index in callspec.indices.values()):
+                item.add_marker(pytest.mark.slow)
+
+
+def pytest_sessionfinish(session):
+    # The controller (or a run without xdist) made the folder; workers leave it alone.
+    if _RUN_CACHE is not None and not hasattr(session.config, "workerinput"):
+        shutil.rmtree(_RUN_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

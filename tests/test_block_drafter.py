@@ -228,6 +228,8 @@ def _mid_block_eos(out, gamma, drafted_only):
 
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("mode", MODES)
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_greedy_batch8_equals_plain(target, random_drafter, trained, diverse, mode, gamma):
     key = jax.random.key(0)
     rates = {}
@@ -306,6 +308,8 @@ def test_greedy_batch1_equals_plain(target, trained, diverse, mode, gamma):
 
 
 @pytest.mark.parametrize("mode", MODES)
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_batch_of_gamma_plus_one_rows_coupled_equals_plain(target, trained, mode):
     """B = 5 = γ+1 with per-row settings, budgets and seeds: coupled verification gives
     `generate`'s sample token for token, its greedy row included."""
@@ -399,6 +403,8 @@ def _group_rows(tokens, group):
 
 @pytest.mark.parametrize("group", list(GROUPS))
 @pytest.mark.parametrize("mode", MODES)
+# Slow tier: 19 s: statistical, 10,000+ rows per group.
+@pytest.mark.slow
 def test_sampled_output_has_the_target_distribution(stat_samples, exact, mode, group):
     tokens, _ = stat_samples[mode]
     p = chi_square_pvalue(sequence_counts(_group_rows(tokens, group), V), exact[group])
@@ -406,6 +412,8 @@ def test_sampled_output_has_the_target_distribution(stat_samples, exact, mode, g
 
 
 @pytest.mark.parametrize("mode", MODES)
+# Slow tier: it reads the statistical samples (16 s to draw).
+@pytest.mark.slow
 def test_statistical_tests_exercise_accept_and_reject(stat_samples, mode):
     """Power over both paths: every accept count 0..γ occurs, and a good share is accepted."""
     _, stats = stat_samples[mode]
@@ -415,6 +423,8 @@ def test_statistical_tests_exercise_accept_and_reject(stat_samples, mode):
     assert rate > {"argmax": 0.15, "sample": 0.4}[mode], rate
 
 
+# Slow tier: the negative control of the statistical test above, on its samples.
+@pytest.mark.slow
 def test_control_mislabelled_q_is_rejected(stat_samples, exact):
     """Negative control: the same test at the same N rejects the mislabelled drafter."""
     tokens, _ = stat_samples["mislabelled"]

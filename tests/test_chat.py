@@ -344,6 +344,8 @@ def chat_folder(tmp_path_factory):
     return folder, tok, answer
 
 
+# Slow tier: 11 s: the CLI with a chat template end to end.
+@pytest.mark.slow
 def test_generate_chat_prints_the_answer_and_stops_at_the_end_of_turn(chat_folder, capsys):
     folder, tok, answer = chat_folder
     args = ["generate", "--model", str(folder), "--chat", "hi", "--max-new-tokens", "12"]

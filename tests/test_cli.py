@@ -88,6 +88,8 @@ def model_folders(tmp_path_factory):
     }
 
 
+# Slow tier: 10 s.
+@pytest.mark.slow
 def test_generate_with_model_folders(model_folders):
     proc = run_cli(
         "generate", "def f(x):", "--model", model_folders["target"],
@@ -97,6 +99,8 @@ def test_generate_with_model_folders(model_folders):
     assert json.loads(proc.stdout)["greedy_outputs_equal"] is True
 
 
+# Slow tier: 10 s: --compare times both decoders.
+@pytest.mark.slow
 def test_generate_compare_reports_medians_of_interleaved_runs(model_folders):
     proc = run_cli(
         "generate", "def f(x):", "--model", model_folders["target"],
@@ -149,6 +153,8 @@ def test_bad_input_one_line_error(case, args, fragments):
     assert_user_error(run_cli("generate", *args), *fragments)
 
 
+# Slow tier: 9 s: several broken model folders through the CLI.
+@pytest.mark.slow
 def test_bad_model_folders(model_folders, tmp_path):
     target = model_folders["target"]
     proc = run_cli("generate", "def f", "--model", target, "--draft", model_folders["other_vocab"])
@@ -170,6 +176,8 @@ def test_bad_model_folders(model_folders, tmp_path):
     assert_user_error(run_cli("generate", "def f", "--model", str(missing)), "--model")
 
 
+# Slow tier: 12 s: trains and distils through the CLI.
+@pytest.mark.slow
 def test_train_and_distill_commands(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -192,6 +200,8 @@ def test_train_and_distill_commands(tmp_path):
     )
 
 
+# Slow tier: 29 s: trains a block drafter, then generates with it.
+@pytest.mark.slow
 def test_train_drafter_then_generate_with_it(model_folders, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("def f(x):\n    return x + 1\n" * 60)
@@ -267,6 +277,8 @@ def test_generate_with_a_tree_greedy_equals_plain(drafter):
         (["--tree", "2,2,2,2,2,2,2,2", "--drafter", "block"], ["--tree", "block_size"]),
     ],
 )  # fmt: skip
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_generate_refuses_bad_trees(args, fragments):
     proc = run_cli("generate", "x", "--max-new-tokens", "4", *args)
     assert_user_error(proc, *fragments)

@@ -66,6 +66,8 @@ def greedy_reference(target):
     [("plain", 8), ("plain", 1), ("draft_model", 8), ("draft_model", 4),
      ("draft_model_argmax", 8), ("lookup", 8), ("block", 8)],
 )  # fmt: skip
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_forty_ragged_prompts_through_few_slots_equal_plain_greedy(
     target, drafters, greedy_reference, name, num_slots
 ):
@@ -120,7 +122,12 @@ def test_settings_seeds_and_budgets_follow_the_prompt(target, drafters, form, nu
     for out in (plain, coupled):
         assert out.to_lists() == ref.to_lists()
         np.testing.assert_array_equal(out.lengths, ref.lengths)
-        np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-6)
+        # Equal tokens, and log-probabilities equal to float32 rounding: a refill
+        # prefills one row where the reference prefills all 40, and XLA:CPU's matmuls
+        # sum in a shape-dependent order (on an AMD EPYC host 2 of 960 differ by 5.6e-7
+        # relative, 1.9e-6 absolute). The same tolerance as the other cross-program
+        # log-probability comparisons (test_block_drafter, test_tree).
+        np.testing.assert_allclose(out.logprobs, ref.logprobs, rtol=1e-5, atol=1e-6)
     assert int(jnp.sum(coupled.stats.accepted)) > 0
     # Per-prompt statistics: a coupled prompt's counts do not depend on its slot.
     alone = _decode(target, drafters["draft_model"], prompts, verification="coupled", **kw)
@@ -130,6 +137,8 @@ def test_settings_seeds_and_budgets_follow_the_prompt(target, drafters, form, nu
         )
 
 
+# Slow tier: 10 s.
+@pytest.mark.slow
 def test_outputs_come_back_in_prompt_order(target):
     """Budgets falling then rising: prompts finish out of order, and come back in order."""
     prompts = [[i % V, (3 * i) % V] for i in range(12)]
@@ -168,6 +177,8 @@ def _primitives(jaxpr, found=None):
     return found
 
 
+# Slow tier: 7 s.
+@pytest.mark.slow
 def test_one_jitted_call_serves_all_prompts(target, drafters):
     """The refill (a prefill forward) runs inside the decode loop, with no host round trip.
 
@@ -211,6 +222,8 @@ def test_one_jitted_call_serves_all_prompts(target, drafters):
     np.testing.assert_array_equal(tokens, np.asarray(ref.tokens))
 
 
+# Slow tier: 12 s: the open loop with refill, chunk by chunk.
+@pytest.mark.slow
 def test_open_loop_with_refill_equals_one_call(target, drafters):
     """init/step in chunks and stream serve all prompts like one closed call."""
     prompts, budgets = _prompts(num=20, seed=2)
@@ -290,6 +303,8 @@ def test_adaptive_gamma_stays_exact(target, drafters, greedy_reference, adaptive
 
 
 @pytest.mark.parametrize("name", ["draft_model", "draft_model_argmax", "lookup", "block"])
+# Slow tier: 11 s per drafter.
+@pytest.mark.slow
 def test_plain_steps_in_the_table_keep_every_drafter_exact(
     target, drafters, greedy_reference, name
 ):
@@ -315,6 +330,8 @@ def test_plain_steps_in_the_table_keep_every_drafter_exact(
         assert hist[3] > 0 and hist[1:3].sum() <= hist[3]
 
 
+# Slow tier: 10 s.
+@pytest.mark.slow
 def test_confidence_one_proposes_one_draft_per_step(target, drafters, greedy_reference):
     """τ = 1 stops after the first draft unless it is certain: at T=1, one per step."""
     prompts, budgets, _ = greedy_reference
@@ -326,6 +343,8 @@ def test_confidence_one_proposes_one_draft_per_step(target, drafters, greedy_ref
     np.testing.assert_array_equal(np.asarray(out.stats.accepted_hist)[2:], 0)
 
 
+# Slow tier: 12 s.
+@pytest.mark.slow
 def test_greedy_draft_proposes_the_argmax_without_q(target, drafters):
     prompts, _ = _prompts(num=4)
     prompts_BP, lengths = decode.pad_prompts(prompts)

@@ -62,6 +62,8 @@ def _drafters(target):
 
 @pytest.mark.parametrize("name", ["self", "random_model", "lookup", "constant"])
 @pytest.mark.parametrize("batch", [1, 8])
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_greedy_speculative_equals_plain(target, name, batch):
     drafter = _drafters(target)[name]
     prompts = _ragged_prompts(batch, seed=batch)

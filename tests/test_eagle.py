@@ -202,6 +202,8 @@ def _check_drafts_are_ttt_chains(drafter, proposal, seq, lengths):
             )  # fmt: skip
 
 
+# Slow tier: 13 s.
+@pytest.mark.slow
 def test_drafts_are_the_training_time_test_chains(target, trained):
     """init → propose → update (rejections; a row that emits nothing) → γ = 0 step →
     propose: every q is the TTT step distribution at the drafted position."""
@@ -266,6 +268,8 @@ def _plain(target, prompts, max_new_tokens):
 
 @pytest.mark.parametrize("gamma", [1, 4])
 @pytest.mark.parametrize("mode", ["argmax", "sample"])
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_greedy_ragged_batch_equals_plain(target, random_head, trained, diverse, mode, gamma):
     key = jax.random.key(0)
     rates = {}
@@ -286,6 +290,8 @@ def test_greedy_ragged_batch_equals_plain(target, random_head, trained, diverse,
     assert rates["trained"] > 0.3 and rates["trained"] > 2 * rates["random"] + 0.1, rates
 
 
+# Slow tier: 6 s.
+@pytest.mark.slow
 def test_greedy_with_gamma_zero_steps_equals_plain(target, trained):
     """γ = 0 while more than 3 rows are active, then γ = 4: exact, and the head's state
     stays right through the γ = 0 steps (its later drafts are still accepted)."""
@@ -346,12 +352,16 @@ def _group_rows(tokens, group):
 
 
 @pytest.mark.parametrize("group", list(GROUPS))
+# Slow tier: 15 s: statistical, 10,000+ rows per group.
+@pytest.mark.slow
 def test_sampled_output_has_the_target_distribution(stat_samples, exact, group):
     tokens, _ = stat_samples["sample"]
     p = chi_square_pvalue(sequence_counts(_group_rows(tokens, group), V), exact[group])
     assert p > FALSE_ALARM, f"{group}: chi-square p = {p:.2e}"
 
 
+# Slow tier: it reads the statistical samples (13 s to draw).
+@pytest.mark.slow
 def test_statistical_test_exercises_accept_and_reject(stat_samples):
     _, stats = stat_samples["sample"]
     hist = np.asarray(stats.accepted_hist)
@@ -360,6 +370,8 @@ def test_statistical_test_exercises_accept_and_reject(stat_samples):
     assert rate > 0.4, rate
 
 
+# Slow tier: the negative control of the statistical test above, on its samples.
+@pytest.mark.slow
 def test_control_mislabelled_q_is_rejected(stat_samples, exact):
     tokens, _ = stat_samples["mislabelled"]
     for group in GROUPS:
@@ -391,6 +403,8 @@ def bundled():
 
 
 @pytest.mark.parametrize("gamma", [1, 4])
+# Slow tier: 11 s per γ: the shipped head on the bundled target.
+@pytest.mark.slow
 def test_shipped_head_is_exact_on_the_bundled_target(bundled, gamma):
     """One bundled decode compile per γ (8 to 12 s each on a 2-core CPU)."""
     target, prompts, plain = bundled
@@ -402,6 +416,8 @@ def test_shipped_head_is_exact_on_the_bundled_target(bundled, gamma):
     _assert_same_output(spec, plain)
 
 
+# Slow tier: 7 s: acceptance of the shipped head.
+@pytest.mark.slow
 def test_shipped_head_accepts_far_more_than_a_random_head(bundled):
     """Greedy γ = 4 on 8 code prompts: acceptance / tokens per call 0.60 / 3.28 shipped,
     0.001 / 1.005 random (measured). It reuses the γ = 4 program of the test above."""

@@ -15,13 +15,21 @@ A third set sends the mixed batch through 1,000 slots with ragged budgets
 (continuous batching): plain decoding, `DraftModel` with adaptive γ (a table by active
 rows plus a confidence threshold), and `DraftModel(greedy_draft=True)`.
 
-Sample sizes and false alarms: N_PER_GROUP = 10,000 rows per group and decoder (K = 2
+Sample sizes and false alarms: N_PER_GROUP = 2,000 rows per group and decoder (K = 2
 tokens; 3 for DraftModel, whose drafts reach the third position), each test rejecting
 at p < FALSE_ALARM = 1e-4. This file runs 30 + 9 + 18 = 57 such tests, so the
 family-wise false-alarm rate is below 0.6% (Bonferroni). Keys are fixed, so the outcome is
 deterministic. The negative controls show that the same test, at the same N, rejects a
 group's samples against another group's distribution (what reading the settings of
 the wrong row gives) and the draft's distribution against the target's.
+
+N is sized by a power calculation (non-central chi-square, `specjax.testing.chi_square_power`,
+checked by `test_sample_size_has_power_against_every_control`): the smallest N at which
+the test rejects each control with power 0.999 at p < 1e-4 is 892 (t1.0 rows tested
+against t1.3's law, K = 2), 749 (the same, K = 3), 297, 223, 207, 115 (the other pairs)
+and 58 (the target's rows against the draft's law). N = 2,000 is more than twice the
+largest: the power is above 1 - 1e-11 against every control (N was 10,000 before, for
+the same controls).
 """
 
 import jax
@@ -30,13 +38,19 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.testing import chi_square_pvalue, exact_sequence_probs, sequence_counts, tiny_model
+from specjax.testing import (
+    chi_square_power,
+    chi_square_pvalue,
+    exact_sequence_probs,
+    sequence_counts,
+    tiny_model,
+)
 
 pytestmark = pytest.mark.slow
 
 V = 8
 PROMPT = [1, 2, 3, 1, 2]
-N_PER_GROUP = 10_000
+N_PER_GROUP = 2_000
 FALSE_ALARM = 1e-4
 GROUPS = {
     "t0": dict(temperature=0.0),
@@ -142,12 +156,30 @@ def test_coupled_output_equals_plain_output_token_for_token(mixed_samples):
         np.testing.assert_array_equal(mixed_samples[name, "coupled"][:, :2], plain)
 
 
+CONTROL_PAIRS = (("t0.6", "t1.0"), ("t1.0", "t1.3"), ("t1.3_topp0.8", "t1.3"))
+
+
+def test_sample_size_has_power_against_every_control(pair):
+    """The power calculation behind N_PER_GROUP: each control is rejected with power
+    above 0.999 at FALSE_ALARM (at N = 2,000 it is above 1 - 1e-11)."""
+    target, draft = pair
+    for k in (2, 3):
+        for group, other in CONTROL_PAIRS:
+            power = chi_square_power(
+                _exact(target, other, k), _exact(target, group, k), N_PER_GROUP, FALSE_ALARM
+            )
+            assert power > 0.999, (k, group, other, power)
+    draft_law = exact_sequence_probs(draft, PROMPT, 2, specjax.SamplingConfig(temperature=1.3))
+    power = chi_square_power(draft_law, _exact(target, "t1.3", 2), N_PER_GROUP, FALSE_ALARM)
+    assert power > 0.999, power
+
+
 def test_control_other_groups_distribution_is_rejected(pair, mixed_samples):
     """Negative control: a group's samples fail against a neighbouring group's distribution,
     which is what a decoder that read another row's settings would produce."""
     target, _ = pair
     tokens = mixed_samples["draft_model", "rejection"]
-    for group, other in (("t0.6", "t1.0"), ("t1.0", "t1.3"), ("t1.3_topp0.8", "t1.3")):
+    for group, other in CONTROL_PAIRS:
         rows = tokens[list(GROUPS).index(group) :: len(GROUPS)]
         p = chi_square_pvalue(sequence_counts(rows, V), _exact(target, other, rows.shape[1]))
         assert p < FALSE_ALARM, f"{group} vs {other}: p = {p:.2e}"

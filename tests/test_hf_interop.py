@@ -209,6 +209,8 @@ GREEDY_GENERATORS = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_logits_match_transformers(case, checkpoint):
     hf, folder = checkpoint(case)
     model = load_pretrained(folder)
@@ -221,6 +223,8 @@ def test_logits_match_transformers(case, checkpoint):
 @pytest.mark.parametrize(
     "case", ["llama3_rope_tied_bias", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"]
 )
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_greedy_generation_matches_transformers(case, generator, checkpoint):
     hf, folder = checkpoint(case)
     model = load_pretrained(folder)
@@ -299,6 +303,8 @@ def test_round_trip_through_transformers(case, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+# Slow tier: 8 s: a scanned model through transformers and back.
+@pytest.mark.slow
 def test_scanned_layers_load_save_and_decode_like_transformers(checkpoint, tmp_path):
     """load_pretrained(scan_layers=True) stacks the layers; greedy speculative decoding
     on it still equals transformers; saving unstacks, so transformers reads it back."""

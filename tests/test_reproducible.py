@@ -81,6 +81,8 @@ def test_a_row_does_not_depend_on_the_batch_around_it(pair, name):
 
 @pytest.mark.parametrize("gamma", [2, 6])
 @pytest.mark.parametrize("name", ["draft_model", "lookup"])
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_coupled_equals_plain_alone_and_in_a_batch(pair, name, gamma):
     target, draft = pair
     drafter = _drafter(name, draft, gamma)
@@ -134,6 +136,8 @@ def test_coupled_equals_generate_on_the_bundled_pair(sampling):
     "name, verification",
     [("plain", "rejection"), ("draft_model", "rejection"), ("lookup", "coupled")],
 )
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_chunks_of_steps_equal_one_call(pair, name, verification):
     target, draft = pair
     drafter = _drafter(name, draft, 3)
@@ -180,6 +184,8 @@ def test_stream_yields_every_token_once(pair):
 
 
 @pytest.mark.parametrize("name", ["plain", "draft_model"])
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_logprobs_are_the_targets_processed_log_probabilities(pair, name):
     """Against a teacher-forced forward over prompt + output (no cache reuse)."""
     target, draft = pair

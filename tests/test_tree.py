@@ -121,6 +121,8 @@ def _tree_logits(model, prompt_BP, nodes_BN, tree, cache_len=32):
     [{}, {"scan_layers": True}, {"sliding_window": 4}, {"qk_norm": True}],
     ids=["loop", "scan", "sliding", "qk_norm"],
 )
+# Slow tier: 12 s per layout.
+@pytest.mark.slow
 def test_tree_forward_equals_a_full_forward_of_each_path(overrides):
     model = tiny_model(seed=5, init_scale=3.0, **overrides)
     tree = Tree.from_branching((2, 2, 1))
@@ -193,6 +195,8 @@ def _assert_cache_is_prefill_of(model, cache, seq_BS, lengths_B):
 
 
 @pytest.mark.parametrize("branching", [(2, 2, 1), (3, 1)])
+# Slow tier: 22 s: tree steps, then a fresh prefill of every row.
+@pytest.mark.slow
 def test_cache_after_tree_steps_equals_a_prefill_of_the_committed_tokens(pair, branching):
     target, draft = pair
     drafter = specjax.DraftModel(draft).with_tree(branching)
@@ -229,6 +233,8 @@ def greedy_reference(pair):
 
 
 @pytest.mark.parametrize("branching", TREES, ids=str)
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_draft_model_tree_greedy_equals_plain_greedy(pair, greedy_reference, branching):
     target, draft = pair
     budgets, ref = greedy_reference
@@ -244,6 +250,8 @@ def test_draft_model_tree_greedy_equals_plain_greedy(pair, greedy_reference, bra
 
 @pytest.mark.parametrize("branching", [(2, 2, 1), (3, 1, 1, 1)], ids=str)
 @pytest.mark.parametrize("kind", ["block", "eagle"])
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_feature_drafter_tree_greedy_equals_plain_greedy(pair, greedy_reference, kind, branching):
     target, _ = pair
     budgets, ref = greedy_reference
@@ -311,6 +319,8 @@ def test_sampled_tree_decoding_reproduces_plain_decoding(pair, sampling, verific
 
 
 @pytest.mark.parametrize("kind", ["draft_model", "block", "eagle"])
+# Slow tier: 12 s per drafter.
+@pytest.mark.slow
 def test_chain_shaped_tree_accepts_what_the_chain_accepts(pair, kind):
     target, draft = pair
     if kind == "draft_model":

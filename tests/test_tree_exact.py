@@ -7,10 +7,16 @@
    with (2, 1, 1) under coupled verification. The first K = 3
    tokens reach past the first tree step. Each group is chi-square tested against the
    exact distribution `exact_sequence_probs` enumerates with its own settings.
-   N_PER_GROUP = 10,000 rows, each test rejecting at p < FALSE_ALARM = 1e-4; 4 drafters
+   N_PER_GROUP = 2,000 rows, each test rejecting at p < FALSE_ALARM = 1e-4; 4 drafters
    × 4 groups = 16 tests here plus 2 below, so the family-wise false-alarm rate is below
    1.8e-3 (Bonferroni). Keys are fixed, so the outcome is deterministic. The drafts are
    accepted often enough to matter (asserted: at least 20% of the steps descend).
+   Negative control: the same test rejects a group's rows against a neighbouring
+   group's law (what a tree step that read another row's settings would sample). N is
+   sized by a power calculation (`specjax.testing.chi_square_power`, checked by
+   `test_sample_size_has_power_against_every_control`): power 0.999 at p < 1e-4 needs
+   514, 492, 115 and 23 rows for the four control pairs; at N = 2,000 (N was 10,000)
+   the power is 1 to double precision.
 2. The verifier on its own: a tree (3, 2) over V = 8 with fixed target distributions p
    at every node, and children that are the top-k of a draft distribution q. The exact
    law of the outcome (the first token, then the second one if the first was a child)
@@ -26,7 +32,13 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.testing import chi_square_pvalue, exact_sequence_probs, sequence_counts, tiny_model
+from specjax.testing import (
+    chi_square_power,
+    chi_square_pvalue,
+    exact_sequence_probs,
+    sequence_counts,
+    tiny_model,
+)
 from specjax.tree import Tree, tree_verify
 
 pytestmark = pytest.mark.slow
@@ -34,7 +46,7 @@ pytestmark = pytest.mark.slow
 V = 8
 PROMPT = [1, 2, 3, 1, 2]
 K = 3
-N_PER_GROUP = 10_000
+N_PER_GROUP = 2_000
 FALSE_ALARM = 1e-4
 GROUPS = {
     "t0.6": dict(temperature=0.6),
@@ -96,6 +108,32 @@ def test_each_group_follows_its_exact_distribution(target, samples, decoder, gro
     exact = exact_sequence_probs(target, PROMPT, K, specjax.SamplingConfig(**GROUPS[group]))
     p = chi_square_pvalue(sequence_counts(rows, V), exact)
     assert p > FALSE_ALARM, f"{decoder}/{group}: chi-square p = {p:.2e}"
+
+
+# Controls: a group's rows against another group's law.
+
+CONTROL_PAIRS = (
+    ("t0.6", "t1.0"), ("t1.0", "t1.3_topp0.8"), ("t1.3_topp0.8", "t1.0"), ("t0.6_topk3", "t0.6")
+)  # fmt: skip
+
+
+def _law(target, group):
+    return exact_sequence_probs(target, PROMPT, K, specjax.SamplingConfig(**GROUPS[group]))
+
+
+def test_sample_size_has_power_against_every_control(target):
+    for group, other in CONTROL_PAIRS:
+        power = chi_square_power(_law(target, other), _law(target, group), N_PER_GROUP, FALSE_ALARM)
+        assert power > 0.999, (group, other, power)
+
+
+@pytest.mark.parametrize("decoder", list(DECODERS))
+def test_control_other_groups_distribution_is_rejected(target, samples, decoder):
+    tokens, _ = samples[decoder]
+    for group, other in CONTROL_PAIRS:
+        rows = tokens[list(GROUPS).index(group) :: len(GROUPS)]
+        p = chi_square_pvalue(sequence_counts(rows, V), _law(target, other))
+        assert p < FALSE_ALARM, f"{decoder}: {group} vs {other}: p = {p:.2e}"
 
 
 # ----------------------------------------------------------------------------

@@ -300,6 +300,8 @@ def _coupling_probability(p, q) -> float:
 
 @pytest.mark.parametrize("name", COUPLED_CASES)
 @pytest.mark.parametrize("drafts", ["independent", "same_noise"])
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_coupled_verify_is_exact(name, drafts):
     """Token i given n >= i follows p_i, for independent and for same-noise drafts; with
     same-noise drafts, draft 0 is accepted at the coupling probability, at least
@@ -320,6 +322,8 @@ def test_coupled_verify_is_exact(name, drafts):
             assert accepted == round(rate * NUM_DRAWS)
 
 
+# Slow tier: 19 s: four buggy coupled verifiers, each through the statistical harness.
+@pytest.mark.slow
 def test_negative_control_coupled_checks_reject_bugs():
     """Emitting the draft at the first mismatch is rejected by the position checks, and
     the acceptance check rejects rejection sampling's rate 1 - TV, which is higher."""

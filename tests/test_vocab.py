@@ -197,6 +197,8 @@ def exact(target):
     return {limit: _exact(target, limit) for limit in (56, V_REAL)}
 
 
+# Slow tier: 10 s: statistical.
+@pytest.mark.slow
 def test_sampled_output_is_exact_with_the_default_limit(target, draft, exact):
     tokens, out = _speculative_tokens(
         target, specjax.DraftModel(draft, num_draft=GAMMA), _sampled(), N
@@ -217,6 +219,8 @@ def per_row_tokens(target, draft):
 
 
 @pytest.mark.parametrize("limit", [V_REAL, 56])
+# Slow tier: statistical: 10 s of samples.
+@pytest.mark.slow
 def test_sampled_output_is_exact_with_per_row_limits(per_row_tokens, exact, limit):
     tokens = per_row_tokens[limit]
     assert tokens.shape == (N // 2, 2)
@@ -224,12 +228,16 @@ def test_sampled_output_is_exact_with_per_row_limits(per_row_tokens, exact, limi
     assert p > FALSE_ALARM, f"vocab_limit {limit}: chi-square p = {p:.2e}"
 
 
+# Slow tier: 6 s: the negative control of the statistical test above.
+@pytest.mark.slow
 def test_control_wrongly_padded_q_is_rejected(target, draft, exact):
     tokens, _ = _speculative_tokens(target, WronglyPadded(draft, num_draft=GAMMA), _sampled(), N)
     p = chi_square_pvalue(sequence_counts(tokens, V), exact[V_REAL])
     assert p < FALSE_ALARM, f"p = {p:.2e}: the test has no power against a misaligned q"
 
 
+# Slow tier: the negative control of the statistical test above.
+@pytest.mark.slow
 def test_control_unmasked_padded_rows_are_rejected(target, exact):
     out = specjax.generate(
         jax.random.key(2026), target, _rows(N), max_new_tokens=2, sampling=_sampled(vocab_limit=V)
