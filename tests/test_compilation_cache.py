@@ -136,3 +136,15 @@ def test_remove_unreadable_entries_keeps_readable_ones(tmp_path):
     other.write_bytes(b"not an entry")
     assert compilation_cache.remove_unreadable_entries(tmp_path) == [bad]
     assert good.exists() and other.exists() and not bad.exists()
+
+
+@pytest.mark.parametrize("argv", [["generate", ""], ["train", "missing.txt", "--out", "x"]])
+def test_cli_flag_turns_the_cache_off_before_the_command_runs(monkeypatch, argv, capsys):
+    from specjax import cli
+
+    calls = []
+    monkeypatch.setattr(compilation_cache, "disable", lambda: calls.append("disable"))
+    assert cli.main([*argv, "--no-compilation-cache"]) == 2  # a user error, reported
+    assert calls == ["disable"]
+    assert cli.main(argv) == 2 and calls == ["disable"]  # without the flag: untouched
+    assert "specjax: error:" in capsys.readouterr().err
