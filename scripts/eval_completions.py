@@ -5,7 +5,8 @@ The headers are ``--num`` top-level ``def`` lines of the standard-library files 
 out from training (:func:`specjax.data.is_heldout`) whose exact line appears in no
 training document, neither the standard library's training split nor the installed
 packages' files (so the model never saw the header): each held-out file's first such
-line in sorted file order, then each file's second, and so on. Each header alone is the prompt, as in ``specjax generate "def f(x):"``.
+line in sorted file order, then each file's second, and so on. Each header alone is
+the prompt, as in ``specjax generate "def f(x):"``.
 
 Protocol: greedy decoding of up to ``--max-new-tokens`` tokens. The function ends
 at the first non-blank line that is not indented (or at EOS); when the budget ends
