@@ -220,6 +220,8 @@ def test_open_loop_step_compiles_once_for_any_chunk(target):
     assert decode._step_jit._cache_size() == before
 
 
+# Slow tier: 7 s.
+@pytest.mark.slow
 def test_stats_consistent(target):
     drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
     prompts = _ragged_prompts(5, seed=9)

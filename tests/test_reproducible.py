@@ -61,6 +61,8 @@ def _flips(a, b) -> int:
 
 
 @pytest.mark.parametrize("name", ["plain", "draft_model", "lookup"])
+# Fast tier: the first case of each parametrize list; the others run with -m slow.
+@pytest.mark.first_case_fast
 def test_a_row_does_not_depend_on_the_batch_around_it(pair, name):
     """Seed 42's row: alone, at index 0 and at index 5 of 8 different prompts."""
     target, draft = pair
@@ -165,6 +167,8 @@ def test_chunks_of_steps_equal_one_call(pair, name, verification):
     assert [len(r) for r in partial[0]] <= [len(r) for r in partial[-1]]
 
 
+# Slow tier: 7 s: the open loop's stream, chunk by chunk.
+@pytest.mark.slow
 def test_stream_yields_every_token_once(pair):
     target, draft = pair
     prompts = _prompts(2, seed=6)

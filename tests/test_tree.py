@@ -266,6 +266,8 @@ def test_feature_drafter_tree_greedy_equals_plain_greedy(pair, greedy_reference,
     assert out.to_lists() == ref.to_lists()
 
 
+# Slow tier: 9 s: trees with refill through B == D + 1 slots.
+@pytest.mark.slow
 def test_tree_greedy_with_batch_of_depth_plus_one_rows_and_refill(pair):
     """B == D + 1 (4 slots, depth 3), 9 ragged prompts sharing the slots."""
     target, draft = pair

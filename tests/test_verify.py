@@ -669,6 +669,8 @@ def test_batched_equals_vmap_of_core_with_fold_in_keys():
     )
 
 
+# Slow tier: 7 s: every verifier eager and jitted.
+@pytest.mark.slow
 def test_jit_matches_eager_and_same_key_is_reproducible():
     x, q, p = _random_batch(3)
     key = jax.random.key(9)

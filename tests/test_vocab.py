@@ -260,6 +260,8 @@ def test_coupled_with_a_smaller_draft_equals_plain(target, draft):
 # Padded ids are never emitted.
 
 
+# Slow tier: 14 s: a padded model through both decoders.
+@pytest.mark.slow
 def test_padded_ids_are_never_emitted(target, draft):
     """N rows × 4 tokens at temperature 2 (the programs of the exactness tests)."""
     kw = dict(max_new_tokens=4, sampling=_sampled(2.0))
