@@ -129,10 +129,12 @@ def _pooled_cells(probs, n: float, min_expected: float) -> np.ndarray:
     """``[C, V^K]`` 0/1 matrix of :func:`chi_square_pvalue`'s cells (rare ones pooled)."""
     expected = np.asarray(probs, np.float64).ravel() * n
     big = expected >= min_expected
-    cells = [np.eye(len(expected))[i] for i in np.flatnonzero(big)]
+    kept = np.flatnonzero(big)
+    cells = np.zeros((len(kept), len(expected)))
+    cells[np.arange(len(kept)), kept] = 1.0  # one row per kept cell, not an identity per cell
     if (~big).any() and expected[~big].sum() > 0:
-        cells.append((~big).astype(np.float64))
-    return np.asarray(cells)
+        cells = np.vstack([cells, (~big).astype(np.float64)[None]])
+    return cells
 
 
 def chi_square_power(
