@@ -20,6 +20,8 @@ from specjax.drafters import NoDraft as NoDraft
 from specjax.drafters import PromptLookup as PromptLookup
 from specjax.drafters import Proposal as Proposal
 from specjax.eagle import EagleDrafter as EagleDrafter
+from specjax.model_check import ModelContractError as ModelContractError
+from specjax.model_check import check_model as check_model
 from specjax.models import KVCache as KVCache
 from specjax.models import Model as Model
 from specjax.models import ModelConfig as ModelConfig

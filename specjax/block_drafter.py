@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from specjax.drafters import Drafter, Proposal, TargetFeatures
+from specjax.drafters import Drafter, Proposal, TargetFeatures, cache_bytes
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
 from specjax.models.llama import (
@@ -370,6 +370,9 @@ class BlockDrafter(Drafter):
     @property
     def net(self) -> BlockDraftNet:
         return nnx.merge(self.graphdef, self.params)
+
+    def state_bytes(self, batch_size: int, cache_len: int) -> int:
+        return cache_bytes(self, batch_size, cache_len)
 
     def init_cache(self, batch_size: int, cache_len: int) -> KVCache:
         c = self.config

@@ -279,6 +279,10 @@ def cmd_generate(args) -> int:
     for name in ("max_new_tokens", "gamma", "batch", "ngram", "repeats"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    from specjax.validation import check_int
+
+    # jax.random.key keeps 32 bits without x64: larger seeds collide or overflow.
+    _check_flag("--seed", check_int, args.seed)
     sampling = specjax.SamplingConfig(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p
     )

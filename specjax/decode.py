@@ -33,11 +33,10 @@ import numpy as np
 from flax import struct
 
 from specjax import noise
-from specjax.block_drafter import BlockDrafter
 from specjax.drafters import (
     Drafter,
-    DraftModel,
     NoDraft,
+    cache_bytes,
     init_drafter,
     lookahead,
     prefill,
@@ -270,7 +269,16 @@ def pad_prompts(prompts) -> tuple[jax.Array, jax.Array]:
         raise ValueError("prompts is empty: need at least one prompt")
     rows = []
     for i, row in enumerate(prompts):
-        if isinstance(row, (str, bytes)) or np.ndim(row) != 1 or len(row) == 0:
+        try:
+            ndim = None if isinstance(row, (str, bytes)) else np.ndim(row)
+        except ValueError:  # numpy refuses ragged nesting such as [[3], 4]
+            ndim = None
+        if ndim is None and not isinstance(row, (str, bytes)):
+            raise ValueError(
+                f"prompts[{i}] must be a flat list of int token ids (a 1-D array), "
+                f"got a nested {row!r:.60}"
+            )
+        if isinstance(row, (str, bytes)) or ndim != 1 or len(row) == 0:
             raise ValueError(f"prompts[{i}] must be a non-empty list of token ids, got {row!r:.60}")
         rows.append(check_int_array(f"prompts[{i}]", row, ndim=1))
     lengths = np.array([len(r) for r in rows], np.int32)
@@ -439,13 +447,12 @@ def check_drafter(target, drafter: Drafter):
         raise ValueError(f"drafter.num_draft (γ) must be an integer >= 1, got {gamma!r}")
     if gamma < 1 and not isinstance(drafter, NoDraft):
         raise ValueError(f"drafter.num_draft (γ) must be an integer >= 1, got {gamma!r}")
-    if isinstance(drafter, DraftModel):
-        _check_model("drafter.model", drafter.model)
+    for role, model in drafter.own_models().items():
+        _check_model(role, model)
     check_drafter_vocab(target, drafter)
     if drafter.target_layers:
         _check_features(target, drafter)
-    if isinstance(drafter, BlockDrafter) or callable(getattr(drafter, "check", None)):
-        drafter.check()  # e.g. BlockDrafter, EagleDrafter: γ, mode, layers, tree
+    drafter.check()  # e.g. BlockDrafter, EagleDrafter: γ, mode, layers, tree
     if getattr(drafter, "tree", None) is not None:
         _check_tree(target, drafter)
 
@@ -460,10 +467,7 @@ def _check_tree(target, drafter: Drafter) -> None:
             f"drafter.num_draft (γ) must be the tree's depth {tree.depth}, got "
             f"{drafter.num_draft}: use drafter.with_tree(tree) to set both"
         )
-    models = [("target", target)]
-    if isinstance(drafter, DraftModel):
-        models.append(("drafter.model", drafter.model))
-    for role, model in models:
+    for role, model in {"target": target, **drafter.own_models()}.items():
         if not getattr(model, "supports_tree", False):
             raise TypeError(
                 f"{role} ({type(model).__name__}) does not support tree attention (no "
@@ -518,11 +522,6 @@ def _check_features(target, drafter: Drafter) -> None:
         )
 
 
-def _cache_bytes(model, batch_size: int, cache_len: int) -> int:
-    shapes = jax.eval_shape(lambda: model.init_cache(batch_size, cache_len))
-    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
-
-
 def _prepare(
     key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
     verification, num_slots=None, gamma_by_active_rows=None, draft_confidence=None,
@@ -569,11 +568,8 @@ def _prepare(
     if resolved > INT32_MAX // 2:
         raise ValueError(f"{name}: a cache of {resolved} slots does not fit int32 positions")
     # + seq, logprobs and flags per slot, and the same per prompt for the outputs.
-    nbytes = _cache_bytes(target, b, resolved) + (b + num_prompts) * resolved * 9
-    if isinstance(drafter, DraftModel):
-        nbytes += _cache_bytes(drafter.model, b, resolved)
-    elif isinstance(drafter, BlockDrafter):
-        nbytes += _cache_bytes(drafter, b, resolved)
+    nbytes = cache_bytes(target, b, resolved) + (b + num_prompts) * resolved * 9
+    nbytes += drafter.state_bytes(b, resolved)
     check_fits_memory(name, nbytes, f"caches of {resolved} slots for {b} rows")
     # Bucket the prompt width like the cache, capped by the cache itself.
     width = min(_round_up(p, PROMPT_BUCKET), resolved)

@@ -121,8 +121,7 @@ class Drafter(abc.ABC):
             raise ValueError(f"{type(self).__name__} does not propose trees")
         tree = as_tree(tree)
         out = self.replace(tree=tree, num_draft=tree.depth)
-        if hasattr(out, "check"):
-            out.check()  # e.g. a BlockDrafter's block is at least the tree's depth
+        out.check()  # e.g. a BlockDrafter's block is at least the tree's depth
         return out
 
     @property
@@ -160,6 +159,39 @@ class Drafter(abc.ABC):
     @abc.abstractmethod
     def update(self, state, seq_lengths_B: jax.Array):
         """Returns the state after verification left each row ``seq_lengths_B`` long."""
+
+    def check(self) -> None:
+        """Raises ValueError/TypeError if the drafter's own settings are inconsistent.
+
+        The decoders call it before anything compiles (after `with_tree` too). The
+        default checks nothing; drafters with settings that can disagree (a block
+        shorter than γ, a mode they lack) override it.
+        """
+        return None
+
+    def own_models(self) -> dict[str, object]:
+        """The models the drafter runs under the model contract, by the name errors use.
+
+        The decoders check each like the target (vocabulary, tree support). The
+        default is none; `DraftModel` returns ``{"drafter.model": model}``.
+        """
+        return {}
+
+    def state_bytes(self, batch_size: int, cache_len: int) -> int:
+        """Bytes of the drafter's state for ``batch_size`` rows of ``cache_len`` slots.
+
+        The decoders add it to the target's cache in their memory check, before
+        anything compiles. The default, 0, fits drafters whose state is a few
+        per-row scalars; a drafter with a cache overrides it (see `cache_bytes`).
+        """
+        del batch_size, cache_len
+        return 0
+
+
+def cache_bytes(model, batch_size: int, cache_len: int) -> int:
+    """Bytes of ``model.init_cache(batch_size, cache_len)``, from shapes alone."""
+    shapes = jax.eval_shape(lambda: model.init_cache(batch_size, cache_len))
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
 
 
 def as_tree(tree) -> Tree:
@@ -285,6 +317,12 @@ class DraftModel(Drafter):
         _, cache, _ = prefill(self.model, self._readable(prompts_BS), seq_lengths_B, cache_len)
         return cache
 
+    def own_models(self) -> dict[str, object]:
+        return {"drafter.model": self.model}
+
+    def state_bytes(self, batch_size: int, cache_len: int) -> int:
+        return cache_bytes(self.model, batch_size, cache_len)
+
     def propose(self, keys_BG, state: KVCache, seq_BS, seq_lengths_B, sampling):
         if self.tree is not None:
             return self._propose_tree(state, seq_BS, seq_lengths_B, sampling)
@@ -387,6 +425,13 @@ class PromptLookup(Drafter):
 
     ngram: int = struct.field(pytree_node=False, default=3)
     num_draft: int = struct.field(pytree_node=False, default=4)
+
+    def __post_init__(self):
+        # ngram < 1 would match nothing and silently propose the last token forever.
+        # num_draft is left to the decoder's drafter check, which names it.
+        from specjax.validation import check_int
+
+        check_int("PromptLookup.ngram", self.ngram, lo=1)
 
     @property
     def vocab_size(self) -> None:

@@ -63,7 +63,7 @@ import numpy as np
 from flax import nnx, struct
 
 from specjax.block_drafter import default_target_layers
-from specjax.drafters import Drafter, Proposal, TargetFeatures
+from specjax.drafters import Drafter, Proposal, TargetFeatures, cache_bytes
 from specjax.models.cache import KVCache, TreeMask
 from specjax.models.config import ModelConfig
 from specjax.models.llama import MLP, Dense, RMSNorm, apply_rope, rope_inv_freq
@@ -317,6 +317,9 @@ class EagleDrafter(Drafter):
     @property
     def net(self) -> EagleHead:
         return nnx.merge(self.graphdef, self.params)
+
+    def state_bytes(self, batch_size: int, cache_len: int) -> int:
+        return cache_bytes(self, batch_size, cache_len)
 
     def init_cache(self, batch_size: int, cache_len: int) -> KVCache:
         c = self.config

@@ -149,4 +149,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     path = os.fspath(path)
     if os.path.isdir(path):
         path = os.path.join(path, "tokenizer.json")
+    # The tokenizers library raises a bare Exception that does not say which file.
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"tokenizer file {path} does not exist")
     return Tokenizer.from_file(path)

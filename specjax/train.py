@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
 
@@ -566,7 +567,14 @@ def load_checkpoint(
     from specjax.models.hf import load_pretrained
 
     path = Path(path)
-    arrays = load_file(str(path / TRAIN_STATE_FILE))
+    try:
+        arrays = load_file(str(path / TRAIN_STATE_FILE))
+    except SafetensorError as e:
+        # Refuse rather than delete: the user decides whether this checkpoint is lost.
+        raise ValueError(
+            f"cannot resume {path}: {path / TRAIN_STATE_FILE} is corrupt or truncated ({e}); "
+            "delete that checkpoint folder to resume from an earlier one, or start afresh"
+        ) from None
     missing = [k for k in ("step", "key", "losses") if k not in arrays]
     if missing:
         raise ValueError(f"cannot resume {path}: {TRAIN_STATE_FILE} lacks {missing}")

@@ -1006,3 +1006,42 @@ def test_train_block_drafter_refuses_bad_arguments(tmp_path, block_drafter):
     with pytest.raises(ValueError, match="teacher must be the BlockDrafter's own target"):
         train.train(block_drafter, tokens, config, teacher=tiny_model(seed=9, vocab_size=V))
     assert os.listdir(tmp_path) == []
+
+
+# --- audit: seed range, corrupt checkpoint, tokenizer path, nested prompts, PromptLookup ---
+
+
+@pytest.mark.parametrize("seed", [str(10**11), str(-(10**11)), str(2**63)])
+def test_cli_generate_refuses_a_seed_beyond_int32(capsys, seed):
+    rc, lines = run_cli(capsys, "generate", "x", "--seed", seed)
+    assert_one_line_error(rc, lines, "--seed", "[-2147483648, 2147483647]")
+
+
+def test_corrupt_training_checkpoint_is_named_not_deleted(tmp_path, llama):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / train.TRAIN_STATE_FILE).write_bytes(b"\x10\x00\x00\x00garbage")
+    with pytest.raises(ValueError, match=r"corrupt.*delete that checkpoint folder"):
+        train.load_checkpoint(ckpt, llama, small_config())
+    assert (ckpt / train.TRAIN_STATE_FILE).exists()
+
+
+def test_missing_tokenizer_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        tokenizer_lib.load_tokenizer(tmp_path)
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        tokenizer_lib.load_tokenizer(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize(
+    "prompts, index", [([[1, 2], [[3], 4]], 1), ([[1, [2, 3]]], 0), ([[[1], [2, 3]]], 0)]
+)
+def test_nested_prompt_rows_are_named(prompts, index):
+    with pytest.raises(ValueError, match=rf"prompts\[{index}\] must be a flat list of int"):
+        decode.pad_prompts(prompts)
+
+
+@pytest.mark.parametrize("ngram, error", [(0, ValueError), (-2, ValueError), (1.5, TypeError)])
+def test_prompt_lookup_refuses_a_bad_ngram(ngram, error):
+    with pytest.raises(error, match="PromptLookup.ngram"):
+        specjax.PromptLookup(ngram=ngram)

@@ -602,3 +602,34 @@ def test_quick_script_runs_end_to_end(tmp_path):
     target = specjax.default_pair()[0]
     head = load_eagle_drafter(out, target)
     assert head.num_draft == 4 and head.target_layers == (1, 3, 5)
+
+
+class _MemoryChecked(Exception):
+    """Stops a decoder right after its memory check, before anything compiles."""
+
+
+def test_memory_check_counts_the_heads_cache(target, random_head, monkeypatch):
+    """The decoders' memory check adds the head's KV cache to the target's.
+
+    It once counted only `DraftModel` and `BlockDrafter` caches, so an EAGLE head's
+    cache of ``[1, B, K, D, S]`` keys and values was left out.
+    """
+    asked = {}
+
+    def record(name, nbytes, what):
+        asked[type(drafter).__name__] = nbytes
+        raise _MemoryChecked
+
+    monkeypatch.setattr(specjax.decode, "check_fits_memory", record)
+    prompts, cache_len = [[1, 2, 3], [4, 5]], 64
+    for drafter in (specjax.drafters.NoDraft(), random_head):
+        with pytest.raises(_MemoryChecked):
+            specjax.speculative_generate(
+                jax.random.key(0), target, drafter, prompts, max_new_tokens=8,
+                cache_len=cache_len,
+            )  # fmt: skip
+    c = random_head.config
+    itemsize = np.dtype(target.dtype).itemsize
+    head_cache = 2 * 1 * len(prompts) * c.num_kv_heads * c.head_dim * cache_len * itemsize
+    head_cache += len(prompts) * 4  # lengths: int32[B]
+    assert asked["EagleDrafter"] - asked["NoDraft"] == head_cache
