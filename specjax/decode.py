@@ -270,14 +270,12 @@ def pad_prompts(prompts) -> tuple[jax.Array, jax.Array]:
     rows = []
     for i, row in enumerate(prompts):
         try:
-            ndim = None if isinstance(row, (str, bytes)) else np.ndim(row)
+            ndim = -1 if isinstance(row, (str, bytes)) else np.ndim(row)
         except ValueError:  # numpy refuses ragged nesting such as [[3], 4]
-            ndim = None
-        if ndim is None and not isinstance(row, (str, bytes)):
             raise ValueError(
                 f"prompts[{i}] must be a flat list of int token ids (a 1-D array), "
                 f"got a nested {row!r:.60}"
-            )
+            ) from None
         if isinstance(row, (str, bytes)) or ndim != 1 or len(row) == 0:
             raise ValueError(f"prompts[{i}] must be a non-empty list of token ids, got {row!r:.60}")
         rows.append(check_int_array(f"prompts[{i}]", row, ndim=1))
