@@ -346,6 +346,9 @@ def test_tree_script_quick_run(tmp_path):
         for drafter in ("model", "block"):
             assert {(batch, drafter, "chain γ=2"), (batch, drafter, "tree 2,1")} <= systems
     assert {(s["batch"], s["drafter"]) for s in report["summary"]} == {
-        (1, "model"), (1, "block"), (3, "model"), (3, "block")
+        (1, "model"),
+        (1, "block"),
+        (3, "model"),
+        (3, "block"),
     }
     assert all(r["tau"] >= 1.0 for r in report["results"])
