@@ -28,7 +28,7 @@ import numpy as np
 
 import specjax
 from specjax.benchmarking import alpha_from_hist, speculative_prediction, time_fn
-from specjax.decode import resolve_cache_len
+from specjax.decoding import resolve_cache_len
 
 CODE_PROMPTS = [
     "def fibonacci(n):",

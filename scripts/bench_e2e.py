@@ -26,7 +26,7 @@ prose, each cut to its last ``--prompt-tokens`` tokens). A ``--target`` with a c
 template (an instruct model such as SmolLM2-135M-Instruct) decodes
 ``prompts/real_prompts.json``: chat instructions and code-editing requests, each a
 user message rendered with the model's chat template and kept whole (prompts of
-different lengths; specjax pads them, see ``specjax.decode.pad_prompts``). The large
+different lengths; specjax pads them, see ``specjax.decoding.pad_prompts``). The large
 batch decodes each workload's prompts in batches of that many rows, cycling through
 them to fill the last batch.
 
@@ -64,7 +64,7 @@ model, so no assisted generation either), with its trained block drafter:
         --out /tmp/e2e_smollm2   # minutes: 1 prompt per workload, 8 new tokens, batch 1 and 2
 
 ``--target`` takes a Hugging Face folder, a ``.gguf`` file or a folder holding one;
-``specjax.fetch.smollm2_gguf()`` fetches SmolLM2-135M-Instruct's.
+``specjax.io.fetch.smollm2_gguf()`` fetches SmolLM2-135M-Instruct's.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ from specjax.benchmarking import (
     predicted_speedup,
     time_call,
 )
-from specjax.decode import resolve_cache_len
+from specjax.decoding import resolve_cache_len
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 PROMPTS_FILE = PROMPTS_DIR / "bench_prompts.json"  # the bundled pair's (code and prose)
@@ -452,7 +452,7 @@ def encode_prompts(prompts: list[dict], model, tokenizer, prompt_tokens: int, ch
     message of ours, so the template's default one if it has one; generation prompt
     added) and kept whole: cutting the start would cut the template's markup. The
     prompts then differ in length, which specjax pads (one compiled program per
-    prompt-width bucket, see `specjax.decode.pad_prompts`).
+    prompt-width bucket, see `specjax.decoding.pad_prompts`).
     Text prompts are cut to one common length, their last ``L <= prompt_tokens``
     tokens: one length means one compiled program per system. Without a tokenizer (a
     random pair) the UTF-8 bytes are the ids.

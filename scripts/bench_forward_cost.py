@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.models import Model, ModelConfig, load_pretrained
+from specjax.io import load_pretrained
+from specjax.models import Model, ModelConfig
 
 CONFIGS = {
     "15M": ModelConfig(

@@ -10,7 +10,7 @@ For each model, both layouts of the same weights (``Model.with_scan_layers``):
   greedy plain decoding (``--new`` tokens, batch 1), after the warm-up.
 
 Models: the bundled target (8 layers) and SmolLM2-135M-Instruct (30 layers).
-SmolLM2 is loaded from its GGUF (``specjax.fetch.smollm2_gguf``) when GGUF
+SmolLM2 is loaded from its GGUF (``specjax.io.fetch.smollm2_gguf``) when GGUF
 loading is available, else built with random weights of the same shape, which
 compiles and runs the same program (the script says which).
 
@@ -38,7 +38,7 @@ SMOLLM2_SHAPE = ModelConfig(
 
 def _smollm2():
     try:
-        from specjax.fetch import smollm2_gguf
+        from specjax.io.fetch import smollm2_gguf
 
         return specjax.load_pretrained(smollm2_gguf()), "GGUF weights"
     except Exception as e:  # no GGUF support or no download: same shapes, random weights

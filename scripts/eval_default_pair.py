@@ -19,7 +19,7 @@ import numpy as np
 
 import specjax
 from specjax import data, train
-from specjax.models import load_pretrained
+from specjax.io import load_pretrained
 from specjax.pretrained import default_pair_path
 
 

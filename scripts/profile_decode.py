@@ -45,9 +45,9 @@ import jax.numpy as jnp
 from flax import struct
 
 import specjax
-from specjax import decode
+from specjax import decoding
 from specjax.benchmarking import draft_cost, forward_costs, forward_loop, interleaved_cost
-from specjax.decode import resolve_cache_len
+from specjax.decoding import resolve_cache_len
 
 # Trace events that are containers or runtime bookkeeping rather than XLA ops.
 _NOT_OPS = (
@@ -158,11 +158,11 @@ def compiled_shapes(method, target, drafter, prompts, args, sampling) -> dict[st
     """HLO instruction name -> output shape, from the decoder's compiled program."""
     drafter = specjax.NoDraft() if method == "plain" else drafter
     key = jax.random.key(args.seed)
-    traced, static, _ = decode._prepare(
+    traced, static, _ = decoding.checks._prepare(
         key, target, drafter, prompts, args.max_new_tokens, sampling, None, None, None,
         "rejection",
     )  # fmt: skip
-    lowered = decode._decode_jit.lower(*traced, **static)
+    lowered = decoding.api._decode_jit.lower(*traced, **static)
     return hlo_shapes(lowered.compile().as_text())
 
 

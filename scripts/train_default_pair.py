@@ -49,7 +49,8 @@ import numpy as np
 
 from specjax import data, train
 from specjax import tokenizer as tokenizer_lib
-from specjax.models import Model, ModelConfig, load_pretrained, save_pretrained
+from specjax.io import load_pretrained, save_pretrained
+from specjax.models import Model, ModelConfig
 
 EXPORT_DTYPE = jnp.bfloat16
 

@@ -565,7 +565,7 @@ def save_block_drafter(
     folder that is not a block drafter is refused unless ``overwrite``; entries named
     in ``keep`` (e.g. a training run's checkpoint folder) are carried over.
     """
-    from specjax import atomic
+    from specjax.io import atomic
 
     path = Path(path)
     if path.exists() and not path.is_dir():

@@ -151,7 +151,7 @@ def _load_block_drafter(args, target):
 
 
 def _load_folder(path, flag):
-    from specjax.models.hf import load_pretrained
+    from specjax.io.hf import load_pretrained
 
     is_gguf = Path(path).suffix.lower() == ".gguf" and Path(path).is_file()
     if not (Path(path).is_dir() or is_gguf):
@@ -224,17 +224,19 @@ def _decode_open(key, target, drafter, prompts, max_new_tokens, kw, on_chunk=Non
     """
     import jax
 
-    from specjax import decode
+    from specjax import decoding
 
-    state = decode.init(key, target, prompts, drafter=drafter, max_new_tokens=max_new_tokens, **kw)
+    state = decoding.init(
+        key, target, prompts, drafter=drafter, max_new_tokens=max_new_tokens, **kw
+    )
     if on_chunk is None:
         # Every iteration emits at least one token per active row.
-        state = decode.step(state, max_new_tokens)
+        state = decoding.step(state, max_new_tokens)
     else:
-        for chunk_state, new in decode.stream(state, steps_per_chunk=4):
+        for chunk_state, new in decoding.stream(state, steps_per_chunk=4):
             on_chunk(chunk_state, new)
         state = chunk_state
-    return jax.block_until_ready(decode.result(state))
+    return jax.block_until_ready(decoding.result(state))
 
 
 def _timed(fn):
@@ -263,7 +265,7 @@ def cmd_generate(args) -> int:
     import numpy as np
 
     import specjax
-    from specjax.decode import CACHE_BUCKET
+    from specjax.decoding import CACHE_BUCKET
 
     if args.chat is not None:
         if args.prompt is not None:
@@ -509,7 +511,7 @@ def _check_train_args(args, distill: bool) -> None:
 
 def _check_out(args) -> Path:
     """Refuses, before any training, an --out that the final save would refuse or harm."""
-    from specjax.models.hf import check_save_target
+    from specjax.io.hf import check_save_target
     from specjax.train import list_checkpoints
 
     out = Path(args.out)
@@ -592,8 +594,8 @@ def _train_common(args, out, teacher=None):
 
     from specjax import tokenizer as tok_lib
     from specjax.data import tokenize_documents
+    from specjax.io.hf import save_pretrained
     from specjax.models import Model, ModelConfig
-    from specjax.models.hf import save_pretrained
     from specjax.train import TrainConfig, train
 
     docs = _read_corpus(args.data)

@@ -67,7 +67,7 @@ __all__ = [
 
 def default_dir() -> Path:
     """``$SPECJAX_CACHE/jax``, or ``~/.cache/specjax/jax``."""
-    from specjax.fetch import cache_root
+    from specjax.io.fetch import cache_root
 
     return cache_root() / "jax"
 

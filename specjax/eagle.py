@@ -662,7 +662,7 @@ def save_eagle_drafter(
     holding other files is refused unless ``overwrite``; entries named in ``keep`` are
     carried over.
     """
-    from specjax import atomic
+    from specjax.io import atomic
 
     path = Path(path)
     if path.exists() and not path.is_dir():

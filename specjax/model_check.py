@@ -203,6 +203,6 @@ def check_model(model, *, drafter=None, seed: int = 0) -> None:
     same("rollback", logits, want, "logits after rollback(lengths) and continuing")
 
     if drafter is not None:
-        from specjax.decode import check_drafter  # the decoders' own pair checks
+        from specjax.decoding import check_drafter  # the decoders' own pair checks
 
         check_drafter(model, drafter)

@@ -31,7 +31,7 @@ def default_pair(dtype=jnp.float32):
     Raises:
         FileNotFoundError: the package was installed without its assets.
     """
-    from specjax.models.hf import load_pretrained
+    from specjax.io.hf import load_pretrained
 
     root = default_pair_path()
     for name in ("target", "draft"):
@@ -126,7 +126,7 @@ def smollm2_drafter(target, *, num_draft: int | None = None, mode: str | None = 
     It was trained by ``scripts/train_block_drafter.py`` (the command is in
     BENCHMARKS.md) on the target's own chat answers and the stdlib corpus; it reads
     the target's hidden states, so ``target`` must be SmolLM2-135M(-Instruct), e.g.
-    ``specjax.load_pretrained(specjax.fetch.smollm2_gguf())``.
+    ``specjax.load_pretrained(specjax.io.fetch.smollm2_gguf())``.
 
     Args:
         target: the loaded SmolLM2 target.

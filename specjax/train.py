@@ -25,7 +25,7 @@ Checkpoints are Hugging Face folders (``save_pretrained``: ``config.json``,
 ``model.safetensors``, ``tokenizer.json``) in the training dtype, plus
 ``train_state.safetensors`` holding the optimizer state, step, data key and
 loss history. Nothing is pickled. Each checkpoint is written to a temporary
-directory, flushed to disk and renamed into place (:mod:`specjax.atomic`), so a
+directory, flushed to disk and renamed into place (:mod:`specjax.io.atomic`), so a
 crash never leaves a half-written checkpoint that ``resume=True`` would pick up.
 
 Garbage is refused, not trained on: :class:`TrainConfig` checks every field when
@@ -55,8 +55,8 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
 
-from specjax import atomic
 from specjax import data as data_lib
+from specjax.io import atomic
 from specjax.models.llama import Model, upgrade_legacy_layout
 from specjax.validation import check_float, check_int, check_int_array
 
@@ -486,7 +486,7 @@ def save_checkpoint(
     The folder is a Hugging Face checkpoint (loadable with ``load_pretrained``
     or ``transformers``) plus ``train_state.safetensors``. It is written under a
     temporary name, flushed to disk and renamed when complete
-    (:func:`specjax.atomic.replace_folder`); re-saving the same step replaces
+    (:func:`specjax.io.atomic.replace_folder`); re-saving the same step replaces
     the old folder only once the new one is complete. Older checkpoints beyond
     the newest ``keep`` are then deleted.
 
@@ -498,7 +498,7 @@ def save_checkpoint(
             so the previous checkpoint stays the newest.
         OSError: writing failed; earlier checkpoints are untouched.
     """
-    from specjax.models.hf import _write_pretrained
+    from specjax.io.hf import write_pretrained
 
     checkpoint_dir = Path(checkpoint_dir)
     step = int(state.step)
@@ -521,7 +521,7 @@ def save_checkpoint(
 
             write_eagle_drafter(model.replace(params=state.params), tmp)
         else:
-            _write_pretrained(model.replace(params=state.params), tmp)
+            write_pretrained(model.replace(params=state.params), tmp)
         arrays = {f"opt_state/{k}": v for k, v in _flatten_named(state.opt_state).items()}
         arrays["step"] = np.asarray(step, np.int64)
         arrays["key"] = np.asarray(jax.random.key_data(state.key))
@@ -564,7 +564,7 @@ def load_checkpoint(
     Returns:
         ``(state, losses)``.
     """
-    from specjax.models.hf import load_pretrained
+    from specjax.io.hf import load_pretrained
 
     path = Path(path)
     try:

@@ -26,7 +26,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import specjax
-from specjax import decode, sharding
+from specjax import decoding, sharding
 from specjax.testing import tiny_model
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -61,8 +61,8 @@ def loop_states(target, drafter, prompts, sampling):
     """
     key = jax.random.key(0)
     kw = dict(max_new_tokens=NEW_TOKENS, sampling=sampling, cache_len=CACHE_LEN)
-    plain = decode.step(decode.init(key, target, prompts, **kw), 10**6)
-    spec = decode.step(decode.init(key, target, prompts, drafter=drafter, **kw), 10**6)
+    plain = decoding.step(decoding.init(key, target, prompts, **kw), 10**6)
+    spec = decoding.step(decoding.init(key, target, prompts, drafter=drafter, **kw), 10**6)
     return plain, spec
 
 

@@ -22,7 +22,8 @@ from safetensors.numpy import load_file, save_file
 
 from specjax import cli, train
 from specjax import tokenizer as tokenizer_lib
-from specjax.models import ModelConfig, load_pretrained, save_pretrained
+from specjax.io import load_pretrained, save_pretrained
+from specjax.models import ModelConfig
 from specjax.testing import tiny_config, tiny_model
 
 V = 64
@@ -558,12 +559,12 @@ def test_decode_refuses_floats_and_accepts_empty(tok):
     assert tokenizer_lib.decode(tok, np.asarray(ids)) == "hello world"
 
 
-# --- generate / speculative_generate / decode.init ---
+# --- generate / speculative_generate / decoding.init ---
 # Every case is refused on the host, before anything compiles, in both decoders (and the
 # open loop's init, which shares the checks).
 
 import specjax  # noqa: E402
-from specjax import decode  # noqa: E402
+from specjax import decoding  # noqa: E402
 from specjax.sampling import SamplingConfig, probs_from_logits  # noqa: E402
 from specjax.verify import (  # noqa: E402
     coupled_verify,
@@ -584,7 +585,7 @@ def _decoders(target):
         "speculative": lambda key, prompts, **kw: specjax.speculative_generate(
             key, target, lookup, prompts, **kw
         ),
-        "init": lambda key, prompts, **kw: decode.init(key, target, prompts, **kw),
+        "init": lambda key, prompts, **kw: decoding.init(key, target, prompts, **kw),
     }
 
 
@@ -717,15 +718,15 @@ def test_a_nan_model_is_flagged_not_emitted(target, entry):
 
 
 def test_step_refuses_bad_arguments(target):
-    state = decode.init(jax.random.key(0), target, [[1, 2]], max_new_tokens=3)
+    state = decoding.init(jax.random.key(0), target, [[1, 2]], max_new_tokens=3)
     with pytest.raises(ValueError, match="num_steps must be in"):
-        decode.step(state, -1)
+        decoding.step(state, -1)
     with pytest.raises(TypeError, match="num_steps must be an integer"):
-        decode.step(state, 1.5)
+        decoding.step(state, 1.5)
     with pytest.raises(TypeError, match="state must be a DecodeState"):
-        decode.step({"seq": 1}, 1)
+        decoding.step({"seq": 1}, 1)
     with pytest.raises(ValueError, match="steps_per_chunk must be in"):
-        next(decode.stream(state, steps_per_chunk=0))
+        next(decoding.stream(state, steps_per_chunk=0))
 
 
 # --- SamplingConfig / probs_from_logits ---
@@ -1038,7 +1039,7 @@ def test_missing_tokenizer_file_is_named(tmp_path):
 )
 def test_nested_prompt_rows_are_named(prompts, index):
     with pytest.raises(ValueError, match=rf"prompts\[{index}\] must be a flat list of int"):
-        decode.pad_prompts(prompts)
+        decoding.pad_prompts(prompts)
 
 
 @pytest.mark.parametrize("ngram, error", [(0, ValueError), (-2, ValueError), (1.5, TypeError)])

@@ -501,6 +501,9 @@ def _block_logits(drafter, tokens_BT):
     return drafter.block_logits(state, tokens_BT, lengths)
 
 
+# Slow tier: 7 s; backward compatibility of one file layout. The save/load round trip
+# (test_save_load_round_trip) stays in the fast tier.
+@pytest.mark.slow
 def test_loads_a_file_in_the_old_kernel_layout(target, trained, tmp_path):
     """Drafters saved before the [out, in] layout (the shipped one, runs under way) hold
     nnx.Linear kernels: ``...['kernel'].value`` ``[in, out]``. They load to the same

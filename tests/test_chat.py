@@ -365,6 +365,9 @@ def test_generate_chat_prints_the_answer_and_stops_at_the_end_of_turn(chat_folde
     assert "<|im_end|>" not in proc.stdout and "user" not in proc.stdout
 
 
+# Slow tier: 7 s, one decode program for this test alone. The rendering against
+# transformers' templates and the CLI's chat argument checks stay in the fast tier.
+@pytest.mark.slow
 def test_generate_chat_with_a_system_message(chat_folder, capsys):
     folder, _, _ = chat_folder
     args = ["generate", "--model", str(folder), "--chat", "hi", "--system", "Be brief", "--json"]

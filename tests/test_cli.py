@@ -1,4 +1,10 @@
-"""The ``specjax`` command, run as a user runs it: in a subprocess."""
+"""The ``specjax`` command, run as a user runs it: in a subprocess.
+
+Argument errors, which end before any model is loaded or compiled, run through
+`specjax.cli.main` in this process (`cli_in_process`): the same code as the command
+without the 3 to 7 s an interpreter takes to import jax. One of them also runs in a
+subprocess, so the process boundary (status, one stderr line, no traceback) stays tested.
+"""
 
 import json
 import os
@@ -8,7 +14,8 @@ import sys
 
 import pytest
 
-from specjax.models import Model, ModelConfig, save_pretrained
+from specjax.io import save_pretrained
+from specjax.models import Model, ModelConfig
 from specjax.tokenizer import eos_id, train_tokenizer
 
 
@@ -21,6 +28,22 @@ def run_cli(*args, timeout=600):
         timeout=timeout,
         env=env,
     )
+
+
+@pytest.fixture
+def cli_in_process(capsys, monkeypatch):
+    """``cli_in_process(*args)``: `specjax.cli.main` here, as a ``CompletedProcess``."""
+    from specjax import cli
+
+    monkeypatch.setenv("NO_COLOR", "1")
+
+    def run(*args):
+        capsys.readouterr()  # drop what earlier code printed
+        code = cli.main(list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), code, out, err)
+
+    return run
 
 
 def assert_user_error(proc, *fragments):
@@ -124,6 +147,9 @@ def test_generate_compare_reports_medians_of_interleaved_runs(model_folders):
     assert out["greedy_outputs_equal"] is True
 
 
+# Slow tier: 10 s, a model-folder decode in a fresh process; --repeats' bad values stay
+# in the fast tier.
+@pytest.mark.slow
 def test_generate_repeats_summary_line(model_folders):
     proc = run_cli(
         "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "lookup",
@@ -133,8 +159,8 @@ def test_generate_repeats_summary_line(model_folders):
     assert "median of 2 interleaved runs" in proc.stderr
 
 
-def test_generate_repeats_must_be_positive():
-    proc = run_cli("generate", "hi", "--compare", "--repeats", "0")
+def test_generate_repeats_must_be_positive(cli_in_process):
+    proc = cli_in_process("generate", "hi", "--compare", "--repeats", "0")
     assert_user_error(proc, "--repeats")
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
@@ -149,8 +175,14 @@ def test_generate_repeats_must_be_positive():
         ("missing folder", ["hi", "--model", "/nonexistent/model"], ["no such directory"]),
     ],
 )
-def test_bad_input_one_line_error(case, args, fragments):
-    assert_user_error(run_cli("generate", *args), *fragments)
+def test_bad_input_one_line_error(case, args, fragments, cli_in_process):
+    assert_user_error(cli_in_process("generate", *args), *fragments)
+
+
+def test_bad_input_is_one_line_from_a_real_process():
+    proc = run_cli("generate", "hi", "--gamma", "0")
+    assert_user_error(proc, "--gamma")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 # Slow tier: 9 s: several broken model folders through the CLI.
@@ -277,10 +309,8 @@ def test_generate_with_a_tree_greedy_equals_plain(drafter):
         (["--tree", "2,2,2,2,2,2,2,2", "--drafter", "block"], ["--tree", "block_size"]),
     ],
 )  # fmt: skip
-# Fast tier: the first case of each parametrize list; the others run with -m slow.
-@pytest.mark.first_case_fast
-def test_generate_refuses_bad_trees(args, fragments):
-    proc = run_cli("generate", "x", "--max-new-tokens", "4", *args)
+def test_generate_refuses_bad_trees(args, fragments, cli_in_process):
+    proc = cli_in_process("generate", "x", "--max-new-tokens", "4", *args)
     assert_user_error(proc, *fragments)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import decode
+from specjax import decoding
 from specjax.testing import perturbed, tiny_model
 
 V = 32
@@ -187,7 +187,7 @@ def test_one_jitted_call_serves_all_prompts(target, drafters):
     new prompt contents and budgets reuse the compiled program.
     """
     prompts, budgets = _prompts()
-    prompts_NP, _ = decode.pad_prompts(prompts)
+    prompts_NP, _ = decoding.pad_prompts(prompts)
 
     def run(prompts_NP, budgets_N):
         # Inside a user's jit the prompts and budgets are traced.
@@ -230,18 +230,18 @@ def test_open_loop_with_refill_equals_one_call(target, drafters):
     kw = dict(max_new_tokens=budgets, sampling=GREEDY, eos_id=EOS, num_slots=5)
     drafter = drafters["draft_model"]
     closed = _decode(target, drafter, prompts, **kw)
-    state = decode.init(jax.random.key(1), target, prompts, drafter=drafter, **kw)
-    assert decode.result(state).tokens.shape == closed.tokens.shape
+    state = decoding.init(jax.random.key(1), target, prompts, drafter=drafter, **kw)
+    assert decoding.result(state).tokens.shape == closed.tokens.shape
     for _ in range(6):
-        state = decode.step(state, 3)
-    partial = decode.result(state)
+        state = decoding.step(state, 3)
+    partial = decoding.result(state)
     assert 0 < int(jnp.sum(partial.lengths)) < int(jnp.sum(closed.lengths))
-    state = decode.step(state, 10**6)
-    assert decode.result(state).to_lists() == closed.to_lists()
+    state = decoding.step(state, 10**6)
+    assert decoding.result(state).to_lists() == closed.to_lists()
 
-    state = decode.init(jax.random.key(1), target, prompts, drafter=drafter, **kw)
+    state = decoding.init(jax.random.key(1), target, prompts, drafter=drafter, **kw)
     pieces = [[] for _ in prompts]
-    for _, new in decode.stream(state, steps_per_chunk=2):
+    for _, new in decoding.stream(state, steps_per_chunk=2):
         assert len(new) == len(prompts)
         for piece, tokens in zip(pieces, new, strict=True):
             piece.extend(tokens)
@@ -347,7 +347,7 @@ def test_confidence_one_proposes_one_draft_per_step(target, drafters, greedy_ref
 @pytest.mark.slow
 def test_greedy_draft_proposes_the_argmax_without_q(target, drafters):
     prompts, _ = _prompts(num=4)
-    prompts_BP, lengths = decode.pad_prompts(prompts)
+    prompts_BP, lengths = decoding.pad_prompts(prompts)
     argmax, sampled = drafters["draft_model_argmax"], drafters["draft_model"]
     state = argmax.init(prompts_BP, lengths, 64)
     sampling = specjax.sampling.per_row(specjax.SamplingConfig(temperature=1.0), 4)

@@ -7,7 +7,7 @@ import pytest
 from flax import struct
 
 import specjax
-from specjax import decode
+from specjax import decoding
 from specjax.drafters import Drafter, Proposal
 from specjax.testing import (
     tiny_model,
@@ -108,6 +108,10 @@ def test_plain_greedy_matches_manual_argmax_loop(target):
     assert out.to_lists()[0] == seq[len(prompt) :]
 
 
+# Slow tier: 15 s, four programs (batch 3 and batch 1). A row's independence from its
+# batch stays in the fast tier: tests/test_reproducible.py
+# (test_a_row_does_not_depend_on_the_batch_around_it) and tests/test_models.py.
+@pytest.mark.slow
 def test_ragged_rows_equal_rows_alone(target):
     prompts = _ragged_prompts(3, seed=3)
     drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
@@ -200,24 +204,24 @@ def test_no_recompilation_for_traced_settings(target, tmp_path):
 
     for name, make in drafters.items():
         run(make, loaded[0])
-        before = decode._decode_jit._cache_size()
+        before = decoding.api._decode_jit._cache_size()
         for i, variant in enumerate(variants):
             run(make, loaded[(i + 1) % 2], **variant)
-        assert decode._decode_jit._cache_size() == before, name
+        assert decoding.api._decode_jit._cache_size() == before, name
 
 
 def test_open_loop_step_compiles_once_for_any_chunk(target):
     drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
     sampling = specjax.SamplingConfig(temperature=jnp.asarray([1.0, 0.0, 0.6]))
     prompts = _ragged_prompts(3, seed=4)
-    state = decode.init(
+    state = decoding.init(
         jax.random.key(2), target, prompts, drafter=drafter, max_new_tokens=20, sampling=sampling
     )
-    state = decode.step(state, 1)
-    before = decode._step_jit._cache_size()
+    state = decoding.step(state, 1)
+    before = decoding.api._step_jit._cache_size()
     for n in (2, 5, 0, 3, 100):
-        state = decode.step(state, n)
-    assert decode._step_jit._cache_size() == before
+        state = decoding.step(state, n)
+    assert decoding.api._step_jit._cache_size() == before
 
 
 # Slow tier: 7 s.

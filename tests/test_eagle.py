@@ -633,7 +633,7 @@ def test_memory_check_counts_the_heads_cache(target, random_head, monkeypatch):
         asked[type(drafter).__name__] = nbytes
         raise _MemoryChecked
 
-    monkeypatch.setattr(specjax.decode, "check_fits_memory", record)
+    monkeypatch.setattr(specjax.decoding.checks, "check_fits_memory", record)
     prompts, cache_len = [[1, 2, 3], [4, 5]], 64
     for drafter in (specjax.drafters.NoDraft(), random_head):
         with pytest.raises(_MemoryChecked):

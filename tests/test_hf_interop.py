@@ -16,7 +16,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import specjax
-from specjax.models import Model, ModelConfig, config_from_hf, load_pretrained, save_pretrained
+from specjax.io import config_from_hf, load_pretrained, save_pretrained
+from specjax.models import Model, ModelConfig
 from specjax.testing import perturbed
 
 torch = pytest.importorskip("torch")

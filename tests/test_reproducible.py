@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import decode
+from specjax import decoding
 from specjax.testing import tiny_model
 
 V = 64
@@ -146,16 +146,16 @@ def test_chunks_of_steps_equal_one_call(pair, name, verification):
     prompts = _prompts(3, seed=4)
     seeds = [7, 8, 9]
     whole = _run(target, drafter, prompts, seeds, verification)
-    state = decode.init(
+    state = decoding.init(
         jax.random.key(3), target, prompts, drafter=drafter, max_new_tokens=24,
         sampling=SAMPLED, seeds=seeds, verification=verification,
     )  # fmt: skip
     partial = []
     for n in (1, 3, 2, 7):
-        state = decode.step(state, n)
-        partial.append(decode.result(state).to_lists())
-    state = decode.step(state, 1000)
-    out = decode.result(state)
+        state = decoding.step(state, n)
+        partial.append(decoding.result(state).to_lists())
+    state = decoding.step(state, 1000)
+    out = decoding.result(state)
     assert out.to_lists() == whole.to_lists()
     np.testing.assert_array_equal(out.tokens, whole.tokens)
     np.testing.assert_array_equal(out.logprobs, whole.logprobs)
@@ -173,13 +173,13 @@ def test_stream_yields_every_token_once(pair):
     target, draft = pair
     prompts = _prompts(2, seed=6)
     whole = _run(target, _drafter("draft_model", draft, 3), prompts, [1, 2]).to_lists()
-    start = decode.init(
+    start = decoding.init(
         jax.random.key(3), target, prompts, drafter=_drafter("draft_model", draft, 3),
         max_new_tokens=24, sampling=SAMPLED, seeds=[1, 2],
     )  # fmt: skip
     streamed = [[], []]
     chunks = 0
-    for state, new in decode.stream(start, steps_per_chunk=2):  # noqa: B007 (used below)
+    for state, new in decoding.stream(start, steps_per_chunk=2):  # noqa: B007 (used below)
         chunks += 1
         for row, tokens in zip(streamed, new, strict=True):
             row.extend(tokens)

@@ -11,7 +11,8 @@ import pytest
 
 from specjax import data, train
 from specjax import tokenizer as tokenizer_lib
-from specjax.models import Model, ModelConfig, load_pretrained
+from specjax.io import load_pretrained
+from specjax.models import Model, ModelConfig
 
 VOCAB = 384
 SEQ = 32

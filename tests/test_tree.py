@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import decode
+from specjax import decoding
 from specjax.models.cache import TreeMask
 from specjax.testing import tiny_model
 from specjax.tree import Tree, compact_path, tree_verify
@@ -200,10 +200,10 @@ def _assert_cache_is_prefill_of(model, cache, seq_BS, lengths_B):
 def test_cache_after_tree_steps_equals_a_prefill_of_the_committed_tokens(pair, branching):
     target, draft = pair
     drafter = specjax.DraftModel(draft).with_tree(branching)
-    state = decode.init(
+    state = decoding.init(
         jax.random.key(0), target, PROMPTS, drafter=drafter, max_new_tokens=40, sampling=GREEDY
     )
-    state = decode.step(state, num_steps=6)
+    state = decoding.step(state, num_steps=6)
     assert int(jnp.sum(state.stats.accepted)) > 0
     _assert_cache_is_prefill_of(target, state.target_cache, state.seq, state.seq_lengths)
     # The draft's cache holds committed tokens only (up to the previous pending token).

@@ -43,7 +43,7 @@ import pytest
 from flax import nnx, struct
 
 import specjax
-from specjax import decode
+from specjax import decoding
 from specjax.testing import (
     chi_square_pvalue,
     exact_sequence_probs,
@@ -308,13 +308,16 @@ def test_per_row_limits_with_b_equal_to_gamma_plus_one(target, draft):
 
 def test_vocab_limit_is_traced_in_the_open_loop(target):
     def run(sampling):
-        state = decode.init(
+        state = decoding.init(
             jax.random.key(0), target, PROMPTS, max_new_tokens=12, sampling=sampling
         )
-        return decode.result(decode.step(state, 20))
+        return decoding.result(decoding.step(state, 20))
 
     first = run(_sampled())
-    compiled = lambda: (decode._init_jit._cache_size(), decode._step_jit._cache_size())  # noqa: E731
+    compiled = lambda: (  # noqa: E731
+        decoding.api._init_jit._cache_size(),
+        decoding.api._step_jit._cache_size(),
+    )
     before = compiled()
     for limit in (30, np.asarray([56, 60, 10]), jnp.int32(10)):
         out = run(_sampled(vocab_limit=limit))
@@ -360,4 +363,4 @@ def test_a_disagreeing_drafter_tokenizer_is_refused(target, draft):
         specjax.speculative_generate(jax.random.key(0), target, drafter, [[1]], max_new_tokens=3)
     # A tokenizer that only adds ids beyond the draft's vocabulary agrees on the shared ones.
     larger = specjax.DraftModel(draft.replace(tokenizer=tiny_tokenizer(V)), num_draft=GAMMA)
-    decode.check_drafter(target, larger)
+    decoding.check_drafter(target, larger)

@@ -11,12 +11,15 @@ state the decoder keeps for this is two small pytrees:
 
 Everything that identifies a row's randomness and settings travels with the prompt,
 not the slot, so a prompt's output does not depend on which slot served it or when
-(with the default per-row-local settings; see `specjax.decode`).
+(with the default per-row-local settings; see `specjax.decoding`).
 
 `insert_row` writes a one-row pytree (a freshly prefilled cache or drafter state)
 into slot ``b`` of a batched one, for any pytree whose leaves carry the batch on one
 axis, so caches of models following the model contract need no refill support of
 their own.
+
+The functions that fill and refill the slots on device are
+`specjax.decoding.refill`.
 """
 
 from __future__ import annotations

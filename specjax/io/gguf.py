@@ -5,11 +5,11 @@ the same checks:
 
 1. its metadata (``llama.block_count``, ``llama.rope.freq_base``, ...) is
    translated into the ``config.json`` dict transformers would write for the
-   model, and read by :func:`specjax.models.hf.config_from_hf`;
+   model, and read by :func:`specjax.io.hf_config.config_from_hf`;
 2. its tensors (``blk.0.attn_q.weight``) are renamed to Hugging Face names
    (``model.layers.0.self_attn.q_proj.weight``), dequantized with the ``gguf``
    package (llama.cpp's own reader) and handed, ``[out, in]`` like
-   ``torch.nn.Linear``, to :func:`specjax.models.hf.model_from_tensors`.
+   ``torch.nn.Linear``, to :func:`specjax.io.tensors.model_from_tensors`.
 
 On the way, llama.cpp's conversions are undone:
 
@@ -35,8 +35,9 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.models import hf
-from specjax.models.gguf_tokenizer import tokenizer_from_gguf
+from specjax.io.gguf_tokenizer import tokenizer_from_gguf
+from specjax.io.hf_config import config_from_hf
+from specjax.io.tensors import LazyTensors, model_from_tensors
 from specjax.models.llama import Model
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "gguf_hf_config", "load_gguf"]
@@ -125,7 +126,7 @@ def gguf_hf_config(path: str | os.PathLike) -> dict:
     """The Hugging Face ``config.json`` dict that describes a GGUF file's model.
 
     Reads only the metadata and the tensor table, not the weights. This is
-    what :func:`load_gguf` hands to :func:`specjax.models.hf.config_from_hf`.
+    what :func:`load_gguf` hands to :func:`specjax.io.hf_config.config_from_hf`.
 
     Raises:
         ValueError: an unsupported architecture, or a key that cannot be
@@ -488,7 +489,7 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> Model:
         ValueError: not a GGUF file, an unsupported architecture, metadata key,
             tensor type (one the ``gguf`` package cannot dequantize) or tensor,
             each named with the file; or any config or tensor check of
-            :func:`~specjax.models.hf.model_from_tensors`.
+            :func:`~specjax.io.tensors.model_from_tensors`.
     """
     path = Path(path)
     gguf = _import_gguf()
@@ -498,7 +499,7 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> Model:
     shapes = _tensor_shapes(reader)
     hf_config = _hf_config(meta, shapes, _rope_divisors(reader), path)
     arch = meta["general.architecture"]
-    config = hf.config_from_hf(hf_config)
+    config = config_from_hf(hf_config)
     _check_dequantizable(reader, path)
 
     heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads}  # whose rows are permuted
@@ -519,9 +520,9 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> Model:
         readers[hf_name] = reader_for(tensor, hf_name)
         hf_shapes[hf_name] = shapes[name]
     template = meta.get("tokenizer.chat_template")
-    return hf.model_from_tensors(
+    return model_from_tensors(
         config,
-        hf.LazyTensors(readers, hf_shapes),
+        LazyTensors(readers, hf_shapes),
         dtype=dtype,
         tokenizer=tokenizer_from_gguf(meta, architecture=arch, source=str(path)),
         chat_template=template if isinstance(template, str) else None,

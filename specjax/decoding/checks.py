@@ -1,0 +1,394 @@
+"""Input handling: every check of the decoders' inputs, on the host, before anything compiles.
+
+`_prepare` is the one entry point the decoders call: it checks the key, the models,
+the drafter (`check_drafter`), the prompts (`pad_prompts`), budgets, sampling, EOS
+ids, seeds, the slot count, the γ table and τ, resolves the static cache length
+(`resolve_cache_len`) and the memory it needs, and returns the traced and static
+arguments of `specjax.decoding.refill._init_state` with the output width. A bad input
+is therefore refused here with a message naming it, never by a trace-time error.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.decoding.state import CACHE_BUCKET, EOS_BUCKET, PROMPT_BUCKET, VERIFICATIONS
+from specjax.drafters import Drafter, NoDraft, cache_bytes, lookahead
+from specjax.sampling import SamplingConfig, check_sampling_config, per_row
+from specjax.tree import Tree
+from specjax.validation import (
+    INT32_MAX,
+    as_prng_key,
+    check_fits_memory,
+    check_int,
+    check_int_array,
+    is_concrete,
+)
+from specjax.vocab import check_drafter_vocab, resolve_vocab_limit
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def pad_prompts(prompts) -> tuple[jax.Array, jax.Array]:
+    """Normalises prompts to right-padded ``int32[B, P]`` plus ``int32[B]`` lengths.
+
+    Args:
+        prompts: an integer array ``[B, P]`` (every row a full prompt) or a
+            sequence of token-id sequences of possibly different lengths.
+
+    Raises:
+        ValueError / TypeError naming ``prompts`` on empty or malformed input, or on
+        ids that do not fit in int32 (they are refused, never wrapped).
+    """
+    if isinstance(prompts, (jax.Array, np.ndarray)):
+        arr = check_int_array("prompts", prompts, ndim=2)
+        b, p = arr.shape
+        if b < 1 or p < 1:
+            raise ValueError(
+                f"prompts must have at least one row and one token, got shape {list(arr.shape)}"
+            )
+        return jnp.asarray(arr, jnp.int32), jnp.full((b,), p, jnp.int32)
+    if not isinstance(prompts, Sequence) or isinstance(prompts, (str, bytes)):
+        raise TypeError(
+            "prompts must be an int array [B, P] or a list of token-id lists, "
+            f"got {type(prompts).__name__}"
+        )
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty: need at least one prompt")
+    rows = []
+    for i, row in enumerate(prompts):
+        try:
+            ndim = -1 if isinstance(row, (str, bytes)) else np.ndim(row)
+        except ValueError:  # numpy refuses ragged nesting such as [[3], 4]
+            raise ValueError(
+                f"prompts[{i}] must be a flat list of int token ids (a 1-D array), "
+                f"got a nested {row!r:.60}"
+            ) from None
+        if isinstance(row, (str, bytes)) or ndim != 1 or len(row) == 0:
+            raise ValueError(f"prompts[{i}] must be a non-empty list of token ids, got {row!r:.60}")
+        rows.append(check_int_array(f"prompts[{i}]", row, ndim=1))
+    lengths = np.array([len(r) for r in rows], np.int32)
+    padded = np.zeros((len(rows), lengths.max()), np.int32)
+    for i, r in enumerate(rows):
+        padded[i, : len(r)] = r
+    return jnp.asarray(padded), jnp.asarray(lengths)
+
+
+def _check_tokens_in_vocab(prompts_BP, lengths_B, vocab_size: int, whose: str = "model's"):
+    if is_concrete(prompts_BP):
+        prompts, lengths = np.asarray(prompts_BP), np.asarray(lengths_B)
+        real = np.arange(prompts.shape[1])[None] < lengths[:, None]
+        lo, hi = int(prompts[real].min()), int(prompts[real].max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(
+                f"prompts hold token ids in [{lo}, {hi}], outside the {whose} vocabulary "
+                f"[0, {vocab_size})"
+            )
+
+
+def resolve_cache_len(cache_len, max_prompt_len: int, max_new_tokens, lookahead: int) -> int:
+    """The static cache length a decoder uses: ``cache_len`` checked, or the default.
+
+    The default is ``max_prompt_len + max(max_new_tokens) + lookahead`` rounded up to a
+    multiple of ``CACHE_BUCKET`` (``lookahead`` is 1 for plain decoding, γ + 1 for
+    speculative decoding).
+    """
+    if cache_len is None:
+        if not is_concrete(max_new_tokens):
+            raise ValueError(
+                "cache_len must be given explicitly when max_new_tokens is traced "
+                "(it fixes the static cache shape)"
+            )
+        needed = max_prompt_len + int(np.max(max_new_tokens)) + lookahead
+        return _round_up(needed, CACHE_BUCKET)
+    cache_len = check_int("cache_len", cache_len, lo=1)
+    if max_prompt_len + lookahead > cache_len:
+        raise ValueError(
+            f"the longest prompt ({max_prompt_len} tokens) plus the {lookahead} slots one "
+            f"step needs does not fit in cache_len={cache_len}"
+        )
+    return cache_len
+
+
+def _check_max_new_tokens(max_new_tokens, batch_size: int):
+    """``int32[B]`` budgets from an int or a ``[B]`` array; traced values pass unchecked."""
+    if not is_concrete(max_new_tokens):
+        value = jnp.asarray(max_new_tokens)
+        if not jnp.issubdtype(value.dtype, jnp.integer) or value.shape not in ((), (batch_size,)):
+            raise ValueError(
+                f"max_new_tokens must be an int or int[{batch_size}], got a traced "
+                f"{value.dtype}{list(value.shape)}"
+            )
+        return jnp.broadcast_to(value.astype(jnp.int32), (batch_size,))
+    if np.ndim(max_new_tokens) == 0:
+        value = np.full((batch_size,), check_int("max_new_tokens", max_new_tokens, lo=1))
+    else:
+        value = check_int_array("max_new_tokens", max_new_tokens, lo=1, ndim=1)
+        if value.shape != (batch_size,):
+            raise ValueError(
+                f"max_new_tokens must be an int or one per prompt, [{batch_size}]; got shape "
+                f"{list(value.shape)}"
+            )
+    return value.astype(np.int32)
+
+
+def _eos_array(eos_id, vocab_size: int) -> jax.Array:
+    """``int32[K]`` ids, K a multiple of ``EOS_BUCKET``, padded with ``-1`` (never a token)."""
+    if eos_id is None:
+        ids = np.zeros((0,), np.int32)
+    elif np.ndim(eos_id) == 0 and not isinstance(eos_id, (jax.Array, np.ndarray)):
+        ids = np.array([check_int("eos_id", eos_id, lo=0, hi=vocab_size - 1)], np.int32)
+    else:
+        ids = np.reshape(check_int_array("eos_id", eos_id, lo=0, hi=vocab_size - 1), -1)
+        if np.ndim(eos_id) > 1:
+            raise ValueError(
+                f"eos_id must be an int or a list of ids [K], got shape {list(np.shape(eos_id))}"
+            )
+    width = max(EOS_BUCKET, _round_up(len(ids), EOS_BUCKET))
+    return jnp.asarray(np.pad(ids, (0, width - len(ids)), constant_values=-1))
+
+
+def _check_seeds(seeds, batch_size: int) -> jax.Array:
+    if seeds is None:
+        return jnp.arange(batch_size, dtype=jnp.int32)
+    if is_concrete(seeds) and np.ndim(seeds) == 0:
+        raise ValueError(
+            f"seeds must hold one int per prompt, [{batch_size}], got the scalar {seeds!r}"
+        )
+    value = check_int_array("seeds", seeds, lo=0, ndim=1)
+    if value.shape != (batch_size,):
+        raise ValueError(
+            f"seeds must hold one int per prompt, [{batch_size}]; got shape {list(value.shape)}"
+        )
+    return jnp.asarray(value, jnp.int32)
+
+
+def _check_num_slots(num_slots, num_prompts: int) -> int:
+    """B: the rows decoded at once, in ``[1, N]``; default one per prompt."""
+    if num_slots is None:
+        return num_prompts
+    num_slots = check_int("num_slots", num_slots, lo=1)
+    if num_slots > num_prompts:
+        raise ValueError(
+            f"num_slots={num_slots} is more than the {num_prompts} prompts: a slot would "
+            "never hold a prompt (use at most one slot per prompt)"
+        )
+    return num_slots
+
+
+def _check_gamma_table(table, max_gamma: int) -> tuple[tuple[int, int], ...]:
+    """``gamma_by_active_rows`` as sorted static ``((max_active_rows, γ), ...)`` pairs."""
+    if table is None:
+        return ()
+    name = "gamma_by_active_rows"
+    pairs = list(table.items()) if isinstance(table, dict) else table
+    if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence) or not pairs:
+        raise ValueError(
+            f"{name} must be a non-empty dict {{max_active_rows: γ}} or list of "
+            f"(max_active_rows, γ) pairs, got {table!r:.80}"
+        )
+    out = []
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ValueError(f"{name}[{i}] must be a (max_active_rows, γ) pair, got {pair!r:.60}")
+        rows = check_int(f"{name}[{i}] max_active_rows", pair[0], lo=1)
+        gamma = check_int(f"{name}[{i}] γ", pair[1], lo=0, hi=max_gamma)
+        out.append((rows, gamma))
+    out.sort()
+    if len({rows for rows, _ in out}) != len(out):
+        raise ValueError(f"{name} names one max_active_rows twice: {out}")
+    return tuple(out)
+
+
+def _check_confidence(threshold):
+    """τ as a traced ``float32[]`` (or None): a probability in ``[0, 1]``."""
+    if threshold is None:
+        return None
+    if is_concrete(threshold):
+        if np.ndim(threshold) != 0 or isinstance(threshold, bool):
+            raise ValueError(f"draft_confidence must be a float in [0, 1], got {threshold!r:.60}")
+        value = float(threshold)
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"draft_confidence must be a float in [0, 1], got {value}")
+    return jnp.asarray(threshold, jnp.float32)
+
+
+def _check_model(name: str, model) -> int:
+    """The model contract's static members, checked; returns V."""
+    missing = [m for m in ("vocab_size", "init_cache") if not hasattr(model, m)]
+    if missing or not callable(model):
+        raise TypeError(
+            f"{name} must follow the model contract (callable, with vocab_size and "
+            f"init_cache), e.g. a specjax.Model; got {type(model).__name__}"
+        )
+    return check_int(f"{name}.vocab_size", model.vocab_size, lo=1)
+
+
+def check_drafter(target, drafter: Drafter):
+    """Raises ValueError/TypeError if ``drafter`` cannot serve ``target``."""
+    if not isinstance(drafter, Drafter):
+        raise TypeError(f"drafter must be a specjax Drafter, got {type(drafter).__name__}")
+    gamma = drafter.num_draft
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)):
+        raise ValueError(f"drafter.num_draft (γ) must be an integer >= 1, got {gamma!r}")
+    if gamma < 1 and not isinstance(drafter, NoDraft):
+        raise ValueError(f"drafter.num_draft (γ) must be an integer >= 1, got {gamma!r}")
+    for role, model in drafter.own_models().items():
+        _check_model(role, model)
+    check_drafter_vocab(target, drafter)
+    if drafter.target_layers:
+        _check_features(target, drafter)
+    drafter.check()  # e.g. BlockDrafter, EagleDrafter: γ, mode, layers, tree
+    if getattr(drafter, "tree", None) is not None:
+        _check_tree(target, drafter)
+
+
+def _check_tree(target, drafter: Drafter) -> None:
+    """A tree drafter needs models that take ``tree=`` and a tree that fits them."""
+    tree, name = drafter.tree, type(drafter).__name__
+    if not isinstance(tree, Tree):
+        raise TypeError(f"drafter.tree must be a specjax.tree.Tree, got {type(tree).__name__}")
+    if drafter.num_draft != tree.depth:
+        raise ValueError(
+            f"drafter.num_draft (γ) must be the tree's depth {tree.depth}, got "
+            f"{drafter.num_draft}: use drafter.with_tree(tree) to set both"
+        )
+    for role, model in {"target": target, **drafter.own_models()}.items():
+        if not getattr(model, "supports_tree", False):
+            raise TypeError(
+                f"{role} ({type(model).__name__}) does not support tree attention (no "
+                f"supports_tree = True and tree= argument), and the {name} proposes a "
+                f"{tree!r}: see the README's 'Bring your own model', or use a chain"
+            )
+        windows = [w for w in getattr(getattr(model, "config", None), "layer_windows", ()) if w]
+        # Tree keys are masked by slot, which is >= their position; that is exact as long
+        # as the whole tree fits in the window (depth < window).
+        if windows and min(windows) <= tree.depth:
+            raise ValueError(
+                f"{role} has a sliding window of {min(windows)} tokens, not deeper than the "
+                f"depth {tree.depth} of the {tree!r}: use a shallower tree"
+            )
+
+
+def _check_features(target, drafter: Drafter) -> None:
+    """A drafter that reads target layers needs a target that can return them."""
+    layers = drafter.target_layers
+    name = type(drafter).__name__
+    try:
+        params = inspect.signature(target.__call__).parameters
+    except (TypeError, ValueError):
+        params = {}
+    takes = "feature_layers" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
+    if not takes:
+        raise TypeError(
+            f"target ({type(target).__name__}) cannot return hidden-state features: its "
+            f"__call__ takes no feature_layers= argument, and the {name} reads target "
+            f"layers {layers} (see the README's 'Bring your own model')"
+        )
+    num_layers = getattr(target, "num_layers", None)
+    if num_layers is None:
+        num_layers = getattr(getattr(target, "config", None), "num_layers", None)
+    if not isinstance(layers, tuple) or not all(
+        isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in layers
+    ):
+        raise TypeError(f"drafter.target_layers must be a tuple of ints, got {layers!r}")
+    if num_layers is not None and not all(0 <= i < num_layers for i in layers):
+        raise ValueError(
+            f"drafter.target_layers {layers} must be layer indices in [0, {num_layers}) of "
+            f"the {num_layers}-layer target"
+        )
+    own = getattr(drafter, "target", None)
+    width = lambda m: getattr(getattr(m, "config", None), "hidden_size", None)  # noqa: E731
+    if own is not None and width(own) is not None and width(own) != width(target):
+        raise ValueError(
+            f"the {name} was built for a target of width {width(own)}, but target has "
+            f"hidden_size {width(target)}: its features would not fit the drafter"
+        )
+
+
+def _prepare(
+    key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
+    verification, num_slots=None, gamma_by_active_rows=None, draft_confidence=None,
+):  # fmt: skip
+    """Validates a decoder's inputs on the host, before anything compiles.
+
+    Returns:
+        ``(traced, static, width)``: the traced arguments of
+        `~specjax.decoding.refill._init_state`, its static keyword arguments, and the
+        output width N.
+    """
+    key = as_prng_key("key", key)
+    vocab = _check_model("target", target)
+    check_drafter(target, drafter)
+    if drafter.tree is not None and (
+        gamma_by_active_rows is not None or draft_confidence is not None
+    ):
+        raise ValueError(
+            "gamma_by_active_rows and draft_confidence adapt a chain's γ; they cannot be "
+            f"used with a tree drafter ({drafter.tree!r})"
+        )
+    if verification not in VERIFICATIONS:
+        raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
+    sampling = SamplingConfig() if sampling is None else sampling
+    prompts_BP, lengths_B = pad_prompts(prompts)
+    b, p = prompts_BP.shape
+    _check_tokens_in_vocab(prompts_BP, lengths_B, vocab)
+    if drafter.vocab_size is not None and drafter.vocab_size < vocab:
+        _check_tokens_in_vocab(prompts_BP, lengths_B, drafter.vocab_size, "drafter's")
+    context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    if isinstance(context, int) and p > context:
+        raise ValueError(
+            f"prompts: the longest prompt has {p} tokens, beyond the target's context of "
+            f"{context} (config.max_position_embeddings)"
+        )
+    max_new_B = _check_max_new_tokens(max_new_tokens, b)
+    check_sampling_config(sampling, b)
+    sampling_B = per_row(resolve_vocab_limit(sampling, target, drafter), b)
+    num_prompts = b
+    b = _check_num_slots(num_slots, num_prompts)
+    resolved = resolve_cache_len(cache_len, p, max_new_B, lookahead(drafter))
+    name = (
+        "cache_len" if cache_len is not None else "max_new_tokens (through the default cache_len)"
+    )
+    if resolved > INT32_MAX // 2:
+        raise ValueError(f"{name}: a cache of {resolved} slots does not fit int32 positions")
+    # + seq, logprobs and flags per slot, and the same per prompt for the outputs.
+    nbytes = cache_bytes(target, b, resolved) + (b + num_prompts) * resolved * 9
+    nbytes += drafter.state_bytes(b, resolved)
+    check_fits_memory(name, nbytes, f"caches of {resolved} slots for {b} rows")
+    # Bucket the prompt width like the cache, capped by the cache itself.
+    width = min(_round_up(p, PROMPT_BUCKET), resolved)
+    prompts_BP = jnp.pad(prompts_BP, [(0, 0), (0, width - p)])
+    traced = (
+        key, target, drafter, prompts_BP, lengths_B, jnp.asarray(max_new_B), sampling_B,
+        _eos_array(eos_id, vocab), _check_seeds(seeds, num_prompts),
+        _check_confidence(draft_confidence),
+    )  # fmt: skip
+    static = dict(
+        cache_len=resolved, verification=verification, num_slots=b,
+        gamma_table=_check_gamma_table(gamma_by_active_rows, drafter.num_draft),
+    )  # fmt: skip
+    # From host values (inside a user's jit the arrays above are already traced).
+    host_lengths = np.asarray(lengths_B) if is_concrete(lengths_B) else np.full((num_prompts,), p)
+    return traced, static, _output_width(max_new_B, host_lengths, resolved)
+
+
+def _output_width(max_new_B, prompt_lengths_B, cache_len: int) -> int:
+    """N: the largest budget, or the most a row can hold, whichever is smaller.
+
+    Never a ``[B, 10**9]`` buffer for a 64-slot cache. With traced budgets or prompt
+    lengths (inside a user's jit) it is the cache length.
+    """
+    if not (is_concrete(max_new_B) and is_concrete(prompt_lengths_B)):
+        return cache_len
+    room = cache_len - int(np.min(prompt_lengths_B))
+    return max(0, min(int(np.max(max_new_B)), room))

@@ -1,0 +1,168 @@
+"""The decoder's constants and the pytrees its loop carries and returns.
+
+`DecodeState` is the loop's carry (plus its models), `GenerationResult` what a
+decoder returns, and `GenerationStats` the counters both hold. Nothing here runs a
+model: the loop is `specjax.decoding.loop`, the checks of the inputs that fill a
+state are `specjax.decoding.checks`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.decoding.slots import PromptOutputs, PromptQueue
+from specjax.drafters import lookahead
+from specjax.sampling import SamplingConfig
+
+# Default cache lengths are rounded up to this multiple, so that nearby values
+# of max_new_tokens (or prompt lengths) share one compiled program.
+CACHE_BUCKET = 64
+# Prompt widths are padded up to this multiple, for the same reason; the padding is
+# written to cache slots that are overwritten before they are read.
+PROMPT_BUCKET = 16
+# eos ids are padded with -1 (never a token) to a multiple of this, so that None, one
+# id and a few ids are one compiled program.
+EOS_BUCKET = 8
+VERIFICATIONS = ("rejection", "coupled")
+
+
+@struct.dataclass
+class GenerationStats:
+    """Counters of one decoding run.
+
+    Attributes:
+        target_calls: ``int32[]`` target forward calls in the loop (iterations).
+        row_target_calls: ``int32[N]`` iterations in which each prompt was active
+            (per slot, ``[B]``, inside a `DecodeState`).
+        drafted: ``int32[N]`` tokens drafted (proposed) for each prompt.
+        accepted: ``int32[N]`` drafted tokens the verifier accepted per prompt.
+        accepted_hist: ``int32[γ+1]`` how often 0..γ drafts were accepted in
+            one step (over active rows); one bin for plain decoding.
+    """
+
+    target_calls: jax.Array
+    row_target_calls: jax.Array
+    drafted: jax.Array
+    accepted: jax.Array
+    accepted_hist: jax.Array
+
+    @property
+    def acceptance_rate(self) -> jax.Array:
+        """Accepted / drafted tokens over the whole batch."""
+        return jnp.sum(self.accepted) / jnp.maximum(jnp.sum(self.drafted), 1)
+
+
+@struct.dataclass
+class GenerationResult:
+    """Output of :func:`generate`, :func:`speculative_generate` and :func:`result`.
+
+    Attributes:
+        tokens: ``int32[N, W]`` generated tokens of the N prompts, in prompt order
+            (W = the largest ``max_new_tokens``, or fewer when the cache cannot hold
+            that many); slots at or after a row's length hold ``-1``.
+        lengths: ``int32[N]`` tokens generated per prompt, EOS included.
+        from_draft: ``bool[N, W]`` which tokens were accepted drafts (the rest
+            came from the target: corrections and bonus tokens).
+        logprobs: ``float32[N, W]`` the target's log-probability of each token under
+            the processed distribution it was sampled from (0 for greedy rows, whose
+            distribution is one-hot); ``0`` after a row's length.
+        truncated: ``bool[N]`` rows stopped because their cache was full before
+            reaching EOS or ``max_new_tokens``.
+        invalid: ``bool[N]`` rows stopped because the target's logits were NaN or all
+            ``-inf`` at the next position (a broken model or input); nothing is
+            emitted for that position.
+        stats: :class:`GenerationStats`.
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    from_draft: jax.Array
+    logprobs: jax.Array
+    truncated: jax.Array
+    invalid: jax.Array
+    stats: GenerationStats
+
+    @property
+    def tokens_per_call(self) -> jax.Array:
+        """Mean tokens emitted per target call per row (1.0 for plain decoding)."""
+        return jnp.sum(self.lengths) / jnp.maximum(jnp.sum(self.stats.row_target_calls), 1)
+
+    def to_lists(self) -> list[list[int]]:
+        """Each row's generated tokens as a Python list (a host transfer)."""
+        tokens, lengths = jax.device_get((self.tokens, self.lengths))
+        return [row[:n].tolist() for row, n in zip(tokens, lengths, strict=True)]
+
+
+@struct.dataclass(kw_only=True)
+class DecodeState:
+    """Everything needed to continue decoding: the loop's carry plus its models.
+
+    Build it with :func:`init`, advance it with :func:`step`, read it with
+    :func:`result`. `step` donates the state's buffers: use the state it returns,
+    not the one passed in.
+
+    Attributes:
+        target: the target model (model contract).
+        drafter: the `Drafter`; `~specjax.drafters.NoDraft` for plain decoding.
+        verification: ``"rejection"`` or ``"coupled"`` (static).
+        seq: ``int32[B, S]`` prompt then generated tokens; slot == position.
+        seq_lengths: ``int32[B]`` valid tokens per row (prompt + generated).
+        prompt_lengths: ``int32[B]``.
+        from_draft: ``bool[B, S]`` slot holds an accepted draft token.
+        logprobs: ``float32[B, S]`` log-probability of each generated token.
+        done: ``bool[B]`` row has stopped.
+        truncated: ``bool[B]`` row stopped on a full cache.
+        invalid: ``bool[B]`` row stopped on a NaN or empty target distribution.
+        target_cache: the target's cache.
+        drafter_state: whatever the drafter carries (e.g. its cache).
+        row_keys: ``key[B]`` ``fold_in(key, seed_b)``: each row's own randomness.
+        sampling: `SamplingConfig` with ``[B]`` leaves (``vocab_limit`` resolved).
+        max_new_tokens: ``int32[B]`` each row's token budget.
+        eos_ids: ``int32[K]`` ids that end a row (``-1`` pads).
+        stats: :class:`GenerationStats` (per slot; finished prompts' counts are in
+            ``outputs``).
+        queue: the `~specjax.decoding.slots.PromptQueue` of all N prompts (the fields above
+            are per slot, ``[B]``).
+        outputs: the `~specjax.decoding.slots.PromptOutputs` of the prompts handed on so far.
+        gamma_table: static ``((max_active_rows, γ), ...)`` pairs, ascending: a step
+            with ``a`` active rows drafts the γ of the first pair with
+            ``a <= max_active_rows`` (the last pair beyond). Empty: always the
+            drafter's γ.
+        draft_confidence: ``float32[]`` τ, or ``None``: a row stops proposing after
+            its first draft whose own probability is below τ.
+    """
+
+    target: object
+    drafter: object
+    verification: str = struct.field(pytree_node=False)
+    seq: jax.Array
+    seq_lengths: jax.Array
+    prompt_lengths: jax.Array
+    from_draft: jax.Array
+    logprobs: jax.Array
+    done: jax.Array
+    truncated: jax.Array
+    invalid: jax.Array
+    target_cache: object
+    drafter_state: object
+    row_keys: jax.Array
+    sampling: SamplingConfig
+    max_new_tokens: jax.Array
+    eos_ids: jax.Array
+    stats: GenerationStats
+    queue: PromptQueue
+    outputs: PromptOutputs
+    gamma_table: tuple[tuple[int, int], ...] = struct.field(pytree_node=False, default=())
+    draft_confidence: jax.Array | None = None
+
+    @property
+    def num_generated(self) -> jax.Array:
+        """``int32[B]`` tokens generated so far per row."""
+        return self.seq_lengths - self.prompt_lengths
+
+    @property
+    def lookahead(self) -> int:
+        """Slots one step may write past a row's length (γ + 1, or N + 1 for a tree)."""
+        return lookahead(self.drafter)

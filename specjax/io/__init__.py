@@ -1,0 +1,18 @@
+"""Checkpoint I/O: Hugging Face folders and GGUF files in, Hugging Face folders out.
+
+* :mod:`specjax.io.hf`: Hugging Face folders (:func:`load_pretrained`, which also
+  sends a ``.gguf`` path to :mod:`specjax.io.gguf`, and :func:`save_pretrained`);
+* :mod:`specjax.io.hf_config`: ``config.json`` <-> ``ModelConfig``;
+* :mod:`specjax.io.tensors`: Hugging Face tensor names <-> model parameters,
+  shared by both formats;
+* :mod:`specjax.io.gguf` and :mod:`specjax.io.gguf_tokenizer`: llama.cpp GGUF files
+  and the tokenizer rebuilt from their metadata, imported only when a GGUF file
+  is loaded (the reader needs the optional ``gguf`` package);
+* :mod:`specjax.io.atomic`: folder writes a reader sees whole or not at all;
+* :mod:`specjax.io.fetch`: real checkpoints for tests and benchmarks.
+"""
+
+from specjax.io.hf import load_pretrained as load_pretrained
+from specjax.io.hf import save_pretrained as save_pretrained
+from specjax.io.hf_config import config_from_hf as config_from_hf
+from specjax.io.hf_config import config_to_hf as config_to_hf
