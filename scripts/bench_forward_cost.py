@@ -19,15 +19,14 @@ so the time includes writing T cache entries but no copy of the whole cache.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import subprocess
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.benchmarking.machine import cpu_name
+from specjax.benchmarking.timer import time_interleaved
 from specjax.io import load_pretrained
 from specjax.models import Model, ModelConfig
 
@@ -47,17 +46,6 @@ CONFIGS = {
 }  # fmt: skip
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def bench(model: Model, ts, *, cache_len: int, prefix: int, repeats: int, warmup: int):
     config = model.config
     # Donating the cache lets XLA write the T new entries in place.
@@ -68,24 +56,22 @@ def bench(model: Model, ts, *, cache_len: int, prefix: int, repeats: int, warmup
         model, prompt, jnp.arange(prefix, dtype=jnp.int32)[None], model.init_cache(1, cache_len)
     )
 
-    inputs = {}
-    for t in ts:
+    carry = {"cache": cache}  # the cache is donated: each forward is fed the last one's
+
+    def call(t):
         tokens = jnp.asarray(rng.integers(0, config.vocab_size, (1, t)), jnp.int32)
         positions = jnp.arange(prefix, prefix + t, dtype=jnp.int32)[None]
-        inputs[t] = (tokens, positions)
-        for _ in range(warmup):  # compiles this T
-            logits, cache = forward(model, tokens, positions, cache)
-        jax.block_until_ready(logits)
 
-    # Round-robin over T, so that load from other processes hits every T alike.
-    times = {t: [] for t in ts}
-    for _ in range(repeats):
-        for t in ts:
-            start = time.perf_counter()
-            logits, cache = forward(model, *inputs[t], cache)
-            jax.block_until_ready((logits, cache))
-            times[t].append(time.perf_counter() - start)
-    rows = [(t, statistics.median(times[t]), min(times[t])) for t in ts]
+        def forward_t():
+            logits, carry["cache"] = forward(model, tokens, positions, carry["cache"])
+            return logits, carry["cache"]
+
+        return forward_t
+
+    # Round-robin over T, so that load from other processes hits every T alike; the
+    # warm-up calls compile each T.
+    times, _ = time_interleaved([call(t) for t in ts], repeats, warmup=warmup)
+    rows = [(t, statistics.median(s), min(s)) for t, s in zip(ts, times, strict=True)]
     return rows
 
 

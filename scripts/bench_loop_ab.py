@@ -22,12 +22,12 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 import jax
 
 import specjax
+from specjax.benchmarking.timer import time_interleaved
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -73,12 +73,6 @@ def _call(lib, pair, prompts, method: str, temperature: float, args):
     )
 
 
-def once(fn) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - start
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--old", required=True, help="git revision to compare against")
@@ -100,12 +94,9 @@ def main(argv=None):
                         name: _call(lib, pairs[name], prompts, method, temperature, args)
                         for name, lib in libs.items()
                     }
-                    for fn in calls.values():
-                        once(fn), once(fn)  # compile; one-time runtime set-up
-                    times = {name: [] for name in calls}
-                    for _ in range(args.rounds):
-                        for name, fn in calls.items():
-                            times[name].append(once(fn))
+                    # Two warm-up calls each: compilation, one-time runtime set-up.
+                    seconds, _ = time_interleaved(list(calls.values()), args.rounds, warmup=2)
+                    times = dict(zip(calls, seconds, strict=True))
                     tokens = batch * args.max_new_tokens
                     row = {
                         name: dict(

@@ -31,7 +31,6 @@ import argparse
 import json
 import statistics
 import subprocess
-import time
 from pathlib import Path
 
 import jax
@@ -39,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
+from specjax.benchmarking.timer import time_runs
 
 CODE_PROMPTS = [
     "def fibonacci(n):",
@@ -54,13 +54,8 @@ def _seconds(fn, repeats: int) -> tuple[float, float]:
     The minimum is the better estimate on a shared machine: other work only ever
     adds time.
     """
-    jax.block_until_ready(fn())  # compile
-    jax.block_until_ready(fn())  # one-time runtime set-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
+    # Two untimed calls: the first compiles, the second pays one-time runtime set-up.
+    times, _ = time_runs(fn, repeats=repeats, warmup=2)
     return min(times), statistics.median(times)
 
 

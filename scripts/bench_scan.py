@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import jax
 
 import specjax
+from specjax.benchmarking.timer import time_call, time_runs
 from specjax.models import Model, ModelConfig
 
 SMOLLM2_SHAPE = ModelConfig(
@@ -46,12 +46,6 @@ def _smollm2():
         return Model.random(SMOLLM2_SHAPE), "random weights, same shape"
 
 
-def _time(fn):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - start
-
-
 def measure(model, prompt, new_tokens: int, repeats: int) -> dict:
     greedy = specjax.SamplingConfig.greedy()
     key = jax.random.key(0)
@@ -66,9 +60,9 @@ def measure(model, prompt, new_tokens: int, repeats: int) -> dict:
         )  # fmt: skip
 
     jax.clear_caches()
-    compile_plain = _time(lambda: plain().tokens)
-    compile_spec = _time(lambda: spec().tokens)
-    runs = [_time(lambda: plain().tokens) for _ in range(repeats)]
+    compile_plain, _ = time_call(lambda: plain().tokens)
+    compile_spec, _ = time_call(lambda: spec().tokens)
+    runs, _ = time_runs(lambda: plain().tokens, repeats=repeats)
     tokens = plain().to_lists()[0]
     return dict(
         compile_plain_s=compile_plain,

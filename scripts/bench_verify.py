@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
-import subprocess
 import time
 
 import jax
@@ -35,6 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from specjax.benchmarking.machine import cpu_name
+from specjax.benchmarking.timer import time_call, time_runs
 from specjax.sampling import SamplingConfig, probs_from_logits, sample
 from specjax.verify import rejection_sample
 
@@ -42,17 +42,12 @@ TEMPERATURE, TOP_P = 0.8, 0.9
 
 
 def _median_seconds(fn, repeats: int) -> float:
-    start = time.perf_counter()
-    fn()  # warm-up: compilation, allocator, caches
-    if time.perf_counter() - start > 2.0:
+    warmup_s, _ = time_call(fn)  # warm-up: compilation, allocator, caches
+    if warmup_s > 2.0:
         # Multi-second cells (sort-based top-p at B = 64): one timed run keeps the whole
         # benchmark to a few minutes; the spread is small next to the effect measured.
         repeats = 1
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+    times, _ = time_runs(fn, repeats=repeats)
     return statistics.median(times)
 
 
@@ -69,16 +64,9 @@ def copy_bandwidth_gbs(num_bytes: int = 1 << 29, repeats: int = 5) -> float:
 
 
 def machine_description() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        for line in lscpu.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
     return (
-        f"{model}, {os.cpu_count()} logical CPUs, jax {jax.__version__} ({jax.default_backend()})"
+        f"{cpu_name()}, {os.cpu_count()} logical CPUs, jax {jax.__version__} "
+        f"({jax.default_backend()})"
     )
 
 

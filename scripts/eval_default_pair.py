@@ -18,7 +18,8 @@ import jax
 import numpy as np
 
 import specjax
-from specjax import data, train
+from specjax import data
+from specjax import training as train
 from specjax.io import load_pretrained
 from specjax.pretrained import default_pair_path
 

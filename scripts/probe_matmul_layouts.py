@@ -23,22 +23,18 @@ switched to ``[out, in]``, see BENCHMARKS.md).
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.benchmarking.timer import time_runs
+
 E, F, V, L = 576, 1536, 49152, 30
 
 
 def _ms(fn, args, repeats):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
+    times, _ = time_runs(fn, *args, repeats=repeats, warmup=1)
     return 1e3 * float(np.median(times))
 
 

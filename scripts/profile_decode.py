@@ -37,7 +37,6 @@ import re
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import jax
@@ -46,7 +45,13 @@ from flax import struct
 
 import specjax
 from specjax import decoding
-from specjax.benchmarking import draft_cost, forward_costs, forward_loop, interleaved_cost
+from specjax.benchmarking import (
+    draft_cost,
+    forward_costs,
+    forward_loop,
+    interleaved_cost,
+    time_runs,
+)
 from specjax.decoding import resolve_cache_len
 
 # Trace events that are containers or runtime bookkeeping rather than XLA ops.
@@ -144,13 +149,8 @@ def decode_fn(method, target, drafter, prompts, args, sampling):
 
 def step_ms(fn, repeats: int) -> tuple[float, float, int]:
     """(min, median) ms per decode step over ``repeats`` runs, and the step count."""
-    out = jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    steps = int(out.stats.target_calls)
+    times, out = time_runs(fn, repeats=repeats, warmup=1)
+    steps = int(out.stats.target_calls)  # the same in every run: same key, same drafts
     return min(times) / steps * 1e3, statistics.median(times) / steps * 1e3, steps
 
 
@@ -205,12 +205,8 @@ def profile_forward(target, args, inner: int = 10) -> int:
         )  # fmt: skip
         shapes = hlo_shapes(fn.lower(*fn_args).compile().as_text())
         call = lambda fn=fn, fn_args=fn_args: fn(*fn_args)  # noqa: E731
-        jax.block_until_ready(call())
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(call())
-            times.append((time.perf_counter() - start) / inner * 1e3)
+        times, _ = time_runs(call, repeats=args.repeats, warmup=1)
+        times = [seconds / inner * 1e3 for seconds in times]
         medians[width] = statistics.median(times)
         total, count = op_profile(call, shapes, inner)
         print(

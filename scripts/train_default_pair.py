@@ -47,8 +47,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import data, train
+from specjax import data
 from specjax import tokenizer as tokenizer_lib
+from specjax import training as train
 from specjax.io import load_pretrained, save_pretrained
 from specjax.models import Model, ModelConfig
 

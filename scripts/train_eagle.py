@@ -12,7 +12,7 @@ they are reused as they are; otherwise they are rebuilt the same way.
 Stages (each logged with its time; the training shows a progress bar):
 
 1. the data, as above;
-2. `specjax.train.train_eagle` (EAGLE-3's training-time test, ``--ttt-steps`` steps
+2. `specjax.training.train_eagle` (EAGLE-3's training-time test, ``--ttt-steps`` steps
    unrolled, weights 0.8^i) with a time budget and resumable checkpoints in ``--work``;
 3. the head is saved in bfloat16 to ``--out`` and loaded back, and that loaded head
    is evaluated on held-out prompts: tokens per target call and acceptance, greedy
@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -37,21 +35,17 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from specjax import data, train
-from specjax.eagle import EagleDrafter, load_eagle_drafter, save_eagle_drafter
+from specjax import data
+from specjax import training as train
+from specjax.drafters.eagle import EagleDrafter, load_eagle_drafter, save_eagle_drafter
+from specjax.training.target_data import (
+    evaluate_drafter,
+    generate_continuations,
+    heldout_prompts,
+    mix_streams,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _block_script():
-    """The sibling `train_block_drafter.py`, for its data and evaluation helpers."""
-    name = "train_block_drafter"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def log(msg: str) -> None:
@@ -89,7 +83,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def training_stream(args, target, tok, work: Path, block):
+def training_stream(args, target, tok, work: Path):
     """``(stream, heldout, description)``: the block drafter's data mix, reused or rebuilt."""
     max_docs = 60 if args.quick else None
     corpus_kw = dict(heldout_fraction=0.02, max_documents=max_docs)
@@ -108,14 +102,12 @@ def training_stream(args, target, tok, work: Path, block):
     else:
         t0 = time.time()
         n_gen = 1_000 if args.quick else args.generated_tokens
-        generated = block.generate_continuations(
+        generated = generate_continuations(
             target, corpus, n_gen, seed=args.seed, batch=8 if args.quick else 32,
-            new=32 if args.quick else 96,
+            new=32 if args.quick else 96, log=log,
         )  # fmt: skip
         log(f"generated continuations: {len(generated):,} tokens in {time.time() - t0:.0f} s")
-    frac = args.generated_fraction
-    reps = 0 if frac <= 0 else max(1, round(frac * len(corpus) / ((1 - frac) * len(generated))))
-    stream = np.concatenate([corpus] + [generated] * reps)
+    stream, reps = mix_streams(corpus, generated, args.generated_fraction)
     what = dict(
         source=str(reuse) if cached else "rebuilt",
         corpus_tokens=int(len(corpus)),
@@ -131,18 +123,10 @@ def evaluate(target, drafters, prompts, *, gammas, new):
     """Tokens per target call and acceptance of each drafter, T=0 and T=1."""
     report = {}
     for name, (drafter, temps, gs) in drafters.items():
-        for temperature in temps:
-            for gamma in gs if gs else gammas:
-                res = specjax.speculative_generate(
-                    jax.random.key(0), target, drafter.with_draft(gamma), prompts,
-                    max_new_tokens=new, sampling=specjax.SamplingConfig(temperature=temperature),
-                )  # fmt: skip
-                row = dict(
-                    tokens_per_call=round(float(res.tokens_per_call), 3),
-                    acceptance=round(float(res.stats.acceptance_rate), 3),
-                )
-                report[f"{name}_T{temperature:g}_gamma{gamma}"] = row
-                log(f"eval {name} T={temperature:g} γ={gamma}: {row}")
+        report |= evaluate_drafter(
+            target, drafter, prompts, gammas=gs if gs else gammas, temperatures=temps, new=new,
+            name=name, log=log,
+        )  # fmt: skip
     return report
 
 
@@ -161,7 +145,6 @@ def evaluate_head(args, target, shipped, random_head, prompts):
 
 def main(argv=None):
     args = parse_args(argv)
-    block = _block_script()
     out, work = Path(args.out), Path(args.work)
     if not (args.resume or args.eval_only):
         shutil.rmtree(work / "train", ignore_errors=True)
@@ -169,8 +152,8 @@ def main(argv=None):
     t_start = time.time()
     target, _, tok = specjax.default_pair()
     log(f"jax {jax.__version__} on {jax.default_backend()}; bundled target")
-    stream, heldout, corpus_kw, data_report = training_stream(args, target, tok, work, block)
-    prompts = block.heldout_prompts(target, heldout, chat=False, corpus_kw=corpus_kw)
+    stream, heldout, corpus_kw, data_report = training_stream(args, target, tok, work)
+    prompts = heldout_prompts(target, heldout, chat=False, corpus_kw=corpus_kw)
 
     drafter = EagleDrafter.random(target, key=jax.random.key(args.seed), num_draft=args.num_draft)
     if args.eval_only:

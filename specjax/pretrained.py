@@ -45,20 +45,16 @@ def default_pair(dtype=jnp.float32):
     return target, draft, target.tokenizer
 
 
-BLOCK_DRAFTER_DIR = "block_drafter"
-EAGLE_DRAFTER_DIR = "eagle_drafter"
-DRAFTER_KINDS = ("block", "eagle", "model", "lookup")
-
-
 def default_drafter(kind: str = "block", *, num_draft: int | None = None, dtype=jnp.float32):
     """A ready `~specjax.drafters.Drafter` for the target of `default_pair`, offline.
 
     Args:
-        kind: ``"block"`` (the bundled `~specjax.BlockDrafter`, trained on the target's
-            hidden states; the fastest measured, see BENCHMARKS.md), ``"eagle"`` (the
-            bundled EAGLE-3-style head, `~specjax.EagleDrafter`, trained by
-            ``scripts/train_eagle.py``), ``"model"`` (the bundled draft LM in a
-            `~specjax.DraftModel`) or ``"lookup"`` (`~specjax.PromptLookup`, no weights).
+        kind: a name in `specjax.drafters.registry`: ``"block"`` (the bundled
+            `~specjax.BlockDrafter`, trained on the target's hidden states; the fastest
+            measured, see BENCHMARKS.md), ``"eagle"`` (the bundled EAGLE-3-style head,
+            `~specjax.EagleDrafter`, trained by ``scripts/train_eagle.py``), ``"model"``
+            (the bundled draft LM in a `~specjax.DraftModel`) or ``"lookup"``
+            (`~specjax.PromptLookup`, no weights).
         num_draft: γ; default 4, or for ``"block"`` its saved γ, 2: the fastest measured
             on this CPU (it was trained for blocks of up to 8, so γ ≤ 7); for ``"eagle"``
             its saved γ (any γ works; it was trained for chains of its saved γ).
@@ -78,38 +74,23 @@ def default_drafter(kind: str = "block", *, num_draft: int | None = None, dtype=
         >>> out.tokens.shape
         (1, 16)
     """
+    from specjax.drafters import registry
     from specjax.validation import check_int
 
-    if kind not in DRAFTER_KINDS:
-        raise ValueError(f"kind must be one of {DRAFTER_KINDS}, got {kind!r}")
+    if kind not in registry.names():
+        raise ValueError(f"kind must be one of {registry.names()}, got {kind!r}")
     if num_draft is not None:
         num_draft = check_int("num_draft", num_draft, lo=1)
-    target, draft, _ = default_pair(dtype)
-    if kind == "lookup":
-        from specjax.drafters import PromptLookup
-
-        return PromptLookup(num_draft=num_draft or 4)
-    if kind == "model":
-        from specjax.drafters import DraftModel
-
-        return DraftModel(draft, num_draft=num_draft or 4)
-    if kind == "eagle":
-        from specjax.eagle import load_eagle_drafter
-
-        path = default_pair_path() / EAGLE_DRAFTER_DIR
-        if not (path / "eagle_drafter.json").is_file():
-            raise FileNotFoundError(
-                f"the bundled EAGLE drafter is missing from {path}; reinstall specjax"
-            )
-        return load_eagle_drafter(path, target, num_draft=num_draft)
-    from specjax.block_drafter import load_block_drafter
-
-    path = default_pair_path() / BLOCK_DRAFTER_DIR
-    if not (path / "block_drafter.json").is_file():
+    target, _, _ = default_pair(dtype)
+    entry = registry.get(kind)
+    if not entry.has_weights:
+        return entry.cls(num_draft=num_draft or 4)
+    path = default_pair_path() / entry.asset
+    if not (path / entry.cls.config_file).is_file():
         raise FileNotFoundError(
-            f"the bundled block drafter is missing from {path}; reinstall specjax"
+            f"the bundled {entry.cls.noun} is missing from {path}; reinstall specjax"
         )
-    return load_block_drafter(path, target, num_draft=num_draft)
+    return entry.load(path, target, num_draft=num_draft)
 
 
 SMOLLM2_DRAFTER_DIR = "smollm2"
@@ -140,9 +121,9 @@ def smollm2_drafter(target, *, num_draft: int | None = None, mode: str | None = 
         FileNotFoundError: the package was installed without its assets.
         ValueError: ``target`` is not shaped like SmolLM2-135M.
     """
-    from specjax.block_drafter import load_block_drafter
+    from specjax.drafters.block import BlockDrafter
 
     path = smollm2_drafter_path()
-    if not (path / "block_drafter.json").is_file():
+    if not (path / BlockDrafter.config_file).is_file():
         raise FileNotFoundError(f"the SmolLM2 block drafter is missing from {path}")
-    return load_block_drafter(path, target, num_draft=num_draft, mode=mode)
+    return BlockDrafter.load(path, target, num_draft=num_draft, mode=mode)

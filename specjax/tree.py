@@ -16,7 +16,8 @@ with 3 children at the root, 2 under each of those, and so on (N = 3 + 6 + 12 + 
 ``start + j`` (``start`` = the root's slot = its position), at RoPE position
 ``start + depth[j]``, and sees the committed slots ``< start`` and its own ancestors
 (`specjax.models.cache.TreeMask`). After verification the accepted path's keys and
-values are moved to slots ``start + 1 .. start + n`` (`compact_path`), so the cache
+values are moved to slots ``start + 1 .. start + n`` (the cache's ``compact_path``,
+e.g. `specjax.models.cache.KVCache.compact_path`), so the cache
 keeps slot == position for committed tokens.
 
 **Exactness.** Children are deterministic (the top-k of the drafter's distribution),
@@ -46,7 +47,6 @@ from specjax.sampling import mask_vocab, probs_from_logits, sample
 __all__ = [
     "Tree",
     "child_tokens",
-    "compact_path",
     "expand_top_k",
     "path_nodes_with_root",
     "tree_verify",
@@ -323,37 +323,3 @@ def tree_verify(keys_BD1, node_tokens_BN, target_BN1V, tree: Tree, sampling=None
 def path_nodes_with_root(path_BD: jax.Array) -> jax.Array:
     """``int32[B, D+1]``: the node that decides each emitted position (root, then the path)."""
     return jnp.concatenate([jnp.zeros((path_BD.shape[0], 1), jnp.int32), path_BD], axis=1)
-
-
-def compact_path(cache, start_B: jax.Array, path_BD: jax.Array):
-    """Moves the accepted path's keys and values to consecutive slots.
-
-    Node j of the tree was written at slot ``start + j``; after this, the node
-    accepted at depth d (``path_BD[:, d-1]``) is at slot ``start + d``: slot ==
-    position again. All D slots are moved (the ones past the accepted length are stale
-    and rolled back by the caller). Sources are read before anything is written, and
-    ``path[d-1] >= d`` (breadth first), so no source is overwritten before it is read;
-    slots past the cache's end are neither read nor written.
-
-    Args:
-        cache: a `~specjax.models.cache.KVCache` (``k [L, B, K, D, S]``,
-            ``v [L, B, K, S, D]``).
-        start_B: ``int32[B]`` the root's slot.
-        path_BD: ``int32[B, D]`` node indices (from `tree_verify`).
-
-    Returns:
-        The cache with moved entries; ``lengths`` unchanged.
-    """
-    b, depth = path_BD.shape
-    if depth == 0:
-        return cache
-    rows = jnp.arange(b)[:, None]
-    src_BD = start_B[:, None] + path_BD
-    dst_BD = start_B[:, None] + 1 + jnp.arange(depth)[None]
-    last = cache.max_len - 1
-    # Split advanced indices put the broadcast [B, D] dims first: [B, D, L, K, Dh].
-    k_src = cache.k[:, rows, :, :, jnp.minimum(src_BD, last)]
-    v_src = cache.v[:, rows, :, jnp.minimum(src_BD, last)]
-    k = cache.k.at[:, rows, :, :, dst_BD].set(k_src, mode="drop")
-    v = cache.v.at[:, rows, :, dst_BD].set(v_src, mode="drop")
-    return cache.replace(k=k, v=v)

@@ -28,6 +28,7 @@ __all__ = [
     "check_int",
     "check_int_array",
     "is_concrete",
+    "with_article",
 ]
 
 INT32_MAX = 2**31 - 1
@@ -37,6 +38,11 @@ INT32_MIN = -(2**31)
 def is_concrete(x) -> bool:
     """Whether ``x`` has a value on the host (is not a tracer)."""
     return not isinstance(x, jax.core.Tracer)
+
+
+def with_article(noun: str) -> str:
+    """``noun`` after "a" or "an", as an error message names it ("an EagleDrafter")."""
+    return f"{'an' if noun[:1] in tuple('aeiouAEIOU') else 'a'} {noun}"
 
 
 def _describe(value) -> str:

@@ -20,8 +20,9 @@ import pytest
 import safetensors.numpy
 from safetensors.numpy import load_file, save_file
 
-from specjax import cli, train
+from specjax import cli
 from specjax import tokenizer as tokenizer_lib
+from specjax import training as train
 from specjax.io import load_pretrained, save_pretrained
 from specjax.models import ModelConfig
 from specjax.testing import tiny_config, tiny_model
@@ -693,14 +694,14 @@ def test_a_drafter_returning_the_wrong_shape_is_named(target):
         def vocab_size(self):
             return None
 
-        def init(self, prompts_BS, lengths_B, cache_len):
+        def init(self, prompts_BS, lengths_B, cache_len, features=None):
             return ()
 
         def propose(self, keys_BG, state, seq_BS, lengths_B, sampling):
             tokens = jnp.zeros((seq_BS.shape[0], self.num_draft + 1), jnp.int32)
             return specjax.Proposal(tokens=tokens, probs=None, state=state)
 
-        def update(self, state, lengths_B):
+        def update(self, state, lengths_B, features=None):
             return state
 
     with pytest.raises(ValueError, match=r"drafter.propose must return integer tokens \[B, γ\]"):
@@ -795,7 +796,7 @@ def test_verify_primitives_refuse_bad_probabilities(call, match):
 # Construction, pairing with a target, training config, save and load: each refused with
 # an error naming the argument, before anything compiles; no file is touched.
 
-from specjax.block_drafter import (  # noqa: E402
+from specjax.drafters.block import (  # noqa: E402
     BlockDrafter,
     load_block_drafter,
     save_block_drafter,

@@ -158,7 +158,7 @@ def test_train_block_drafter_script_quick_run(tmp_path):
     assert report["target"] == "bundled" and report["steps"] == 20
     assert {"T0_gamma1", "T1_gamma3"} <= set(report["evaluation"])
     import specjax
-    from specjax.block_drafter import load_block_drafter
+    from specjax.drafters.block import load_block_drafter
 
     drafter = load_block_drafter(out_dir, specjax.default_pair()[0])
     assert drafter.num_draft == 7

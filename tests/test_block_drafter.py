@@ -1,4 +1,4 @@
-"""`specjax.block_drafter.BlockDrafter`: exact, trainable, and fed by the target's own forwards.
+"""`specjax.drafters.block.BlockDrafter`: exact, trainable, and fed by the target's own forwards.
 
 The main target is tiny (V = 8, 4 layers, ``init_scale = 8``); the drafters share one
 architecture (1 draft layer, blocks of up to 9, so γ ∈ {1, 4, 8} via ``with_draft``): a
@@ -56,9 +56,9 @@ import pytest
 from flax import nnx, struct
 
 import specjax
-from specjax import train
-from specjax.block_drafter import BlockDrafter, load_block_drafter, save_block_drafter
+from specjax import training as train
 from specjax.drafters import Proposal, TargetFeatures
+from specjax.drafters.block import BlockDrafter, load_block_drafter, save_block_drafter
 from specjax.models.llama import rope_inv_freq
 from specjax.sampling import greedy_tokens, probs_from_logits
 from specjax.testing import chi_square_pvalue, exact_sequence_probs, sequence_counts, tiny_model
@@ -510,7 +510,8 @@ def test_loads_a_file_in_the_old_kernel_layout(target, trained, tmp_path):
     weights and logits."""
     from safetensors.numpy import save_file
 
-    from specjax.block_drafter import WEIGHTS_FILE, _flat_params
+    from specjax.drafters.weights import WEIGHTS_FILE
+    from specjax.drafters.weights import flat_params as _flat_params
 
     folder = save_block_drafter(trained, tmp_path / "drafter")
     # In a block drafter the 2-D leaves are exactly the Dense weights (norms are 1-D).

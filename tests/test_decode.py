@@ -28,14 +28,14 @@ class ConstantDrafter(Drafter):
     def vocab_size(self):
         return None
 
-    def init(self, prompts_BS, seq_lengths_B, cache_len):
+    def init(self, prompts_BS, seq_lengths_B, cache_len, features=None):
         return ()
 
     def propose(self, key, state, seq_BS, seq_lengths_B, sampling):
         tokens = jnp.full((seq_BS.shape[0], self.num_draft), self.token, jnp.int32)
         return Proposal(tokens=tokens, probs=None, state=state)
 
-    def update(self, state, seq_lengths_B):
+    def update(self, state, seq_lengths_B, features=None):
         return state
 
 

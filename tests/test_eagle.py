@@ -61,9 +61,9 @@ import pytest
 from flax import struct
 
 import specjax
-from specjax import train
+from specjax import training as train
 from specjax.drafters import prefill, score
-from specjax.eagle import (
+from specjax.drafters.eagle import (
     EagleDrafter,
     eagle_ttt_loss,
     load_eagle_drafter,

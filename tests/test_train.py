@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import data, train
+from specjax import data
 from specjax import tokenizer as tokenizer_lib
+from specjax import training as train
 from specjax.io import load_pretrained
 from specjax.models import Model, ModelConfig
 

@@ -6,7 +6,7 @@
    the logits of a full forward over the prompt plus that node's root path (with and
    without scanned layers, with sliding-window layers); writes past the cache's end are
    dropped and no committed slot changes.
-3. `compact_path` moves exactly the path's entries, and after decoding with trees the
+3. `KVCache.compact_path` moves exactly the path's entries, and after decoding with trees the
    target's cache (and a draft model's) equals a fresh prefill of the committed tokens:
    slot == position again.
 4. Greedy: speculative output with DraftModel, BlockDrafter and EagleDrafter trees of several shapes
@@ -29,12 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
 import specjax
 from specjax import decoding
 from specjax.models.cache import TreeMask
 from specjax.testing import tiny_model
-from specjax.tree import Tree, compact_path, tree_verify
+from specjax.tree import Tree, tree_verify
 
 GREEDY = specjax.SamplingConfig(temperature=0.0)
 
@@ -174,7 +175,7 @@ def test_compact_path_moves_exactly_the_path():
     cache = cache.replace(k=k, v=v)
     start = jnp.asarray([2, 5])
     path = jnp.asarray([[2, 4, 7], [1, 3, 3]])
-    out = compact_path(cache, start, path)
+    out = cache.compact_path(start, path)
     for b in range(2):
         moved = {int(start[b]) + 1 + d: int(start[b] + path[b, d]) for d in range(3)}
         for slot in range(12):
@@ -420,3 +421,27 @@ def test_bad_tree_drafters_are_refused(pair):
             jax.random.key(0), windowed, specjax.DraftModel(windowed).with_tree((2, 2)),
             PROMPTS, max_new_tokens=4,
         )  # fmt: skip
+    # A target whose own cache layout has no compact_path cannot take a tree step.
+    with pytest.raises(TypeError, match="compact_path"):
+        specjax.speculative_generate(
+            jax.random.key(0), _OwnCacheLayout(target), specjax.DraftModel(draft).with_tree((2, 1)),
+            PROMPTS, max_new_tokens=4,
+        )  # fmt: skip
+
+
+@struct.dataclass
+class _OwnCacheLayout:
+    """A tree-capable target whose cache (a dict of lengths) has no ``compact_path``."""
+
+    model: object
+    supports_tree = True
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    def init_cache(self, batch_size: int, max_len: int):
+        return {"lengths": jnp.zeros((batch_size,), jnp.int32)}
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)

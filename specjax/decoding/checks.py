@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.decoding.state import CACHE_BUCKET, EOS_BUCKET, PROMPT_BUCKET, VERIFICATIONS
-from specjax.drafters import Drafter, NoDraft, cache_bytes, lookahead
+from specjax.drafters.base import Drafter, cache_bytes, lookahead
 from specjax.sampling import SamplingConfig, check_sampling_config, per_row
 from specjax.tree import Tree
 from specjax.validation import (
@@ -238,14 +238,14 @@ def check_drafter(target, drafter: Drafter):
     gamma = drafter.num_draft
     if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)):
         raise ValueError(f"drafter.num_draft (γ) must be an integer >= 1, got {gamma!r}")
-    if gamma < 1 and not isinstance(drafter, NoDraft):
+    if gamma < 1 and not drafter.null_drafter:
         raise ValueError(f"drafter.num_draft (γ) must be an integer >= 1, got {gamma!r}")
     for role, model in drafter.own_models().items():
         _check_model(role, model)
     check_drafter_vocab(target, drafter)
     if drafter.target_layers:
         _check_features(target, drafter)
-    drafter.check()  # e.g. BlockDrafter, EagleDrafter: γ, mode, layers, tree
+    drafter.check()  # the drafter's own settings, e.g. γ, mode, layers, tree
     if getattr(drafter, "tree", None) is not None:
         _check_tree(target, drafter)
 
@@ -267,6 +267,15 @@ def _check_tree(target, drafter: Drafter) -> None:
                 f"supports_tree = True and tree= argument), and the {name} proposes a "
                 f"{tree!r}: see the README's 'Bring your own model', or use a chain"
             )
+        if role == "target":
+            cache = jax.eval_shape(lambda m=model: m.init_cache(1, 8))
+            if not callable(getattr(cache, "compact_path", None)):
+                raise TypeError(
+                    f"the target's cache ({type(cache).__name__}) has no "
+                    "compact_path(start_B, path_BD), which moves the accepted path's "
+                    f"entries after a tree step, and the {name} proposes a {tree!r}: see "
+                    "specjax.KVCache.compact_path, or use a chain"
+                )
         windows = [w for w in getattr(getattr(model, "config", None), "layer_windows", ()) if w]
         # Tree keys are masked by slot, which is >= their position; that is exact as long
         # as the whole tree fits in the window (depth < window).

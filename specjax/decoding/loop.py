@@ -18,10 +18,10 @@ from flax import struct
 from specjax import noise
 from specjax.decoding.refill import _refill
 from specjax.decoding.state import DecodeState
-from specjax.drafters import score, update_drafter
+from specjax.drafters.base import score
 from specjax.models.cache import TreeMask
 from specjax.sampling import mask_vocab, probs_from_logits
-from specjax.tree import compact_path, path_nodes_with_root, tree_verify
+from specjax.tree import path_nodes_with_root, tree_verify
 from specjax.verify import coupled_verify, rejection_sample, rejection_sample_onehot
 from specjax.vocab import pad_to_vocab
 
@@ -282,7 +282,7 @@ def _verify_tree(state: DecodeState) -> _Verified:
         drafter=drafter, drafter_state=proposal.state, block=block_BD1,
         num_accepted=num_accepted, num_drafted=jnp.full((b,), depth, jnp.int32),
         probs=probs_BD1V, usable=_usable(along(logits_BN1V), state.sampling),
-        target_cache=compact_path(target_cache, last, path_BD), features=features,
+        target_cache=target_cache.compact_path(last, path_BD), features=features,
     )  # fmt: skip
 
 
@@ -330,8 +330,8 @@ def _commit(state: DecodeState, verified: _Verified) -> DecodeState:
         logprobs=_write(state.logprobs, logprobs_BG1, lengths, num_emit),
         seq_lengths=new_lengths,
         target_cache=verified.target_cache.rollback(new_lengths - 1),
-        drafter_state=update_drafter(
-            verified.drafter, verified.drafter_state, new_lengths, verified.features
+        drafter_state=verified.drafter.update(
+            verified.drafter_state, new_lengths, verified.features
         ),
         stats=stats.replace(
             target_calls=stats.target_calls + 1,

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from specjax import noise
 from specjax.decoding.slots import PromptOutputs, PromptQueue, insert_row, serving_order
 from specjax.decoding.state import DecodeState, GenerationStats
-from specjax.drafters import init_drafter, lookahead, prefill
+from specjax.drafters.base import lookahead, prefill
 
 
 def _init_state(
@@ -32,7 +32,7 @@ def _init_state(
     _, target_cache, features = prefill(
         target, prompts_BP, prompt_lengths_B, cache_len, drafter.target_layers
     )
-    drafter_state = init_drafter(drafter, prompts_BP, prompt_lengths_B, cache_len, features)
+    drafter_state = drafter.init(prompts_BP, prompt_lengths_B, cache_len, features)
     zeros = jnp.zeros((b,), jnp.int32)
     done, truncated = _starts_done(prompt_lengths_B, max_new_B, lookahead(drafter), cache_len)
     state = DecodeState(
@@ -141,7 +141,7 @@ def _load(state: DecodeState, slot) -> DecodeState:
     prompt_1P = jax.lax.dynamic_slice_in_dim(q.prompts, prompt, 1)
     length_1 = jax.lax.dynamic_slice_in_dim(q.prompt_lengths, prompt, 1)
     _, cache_1, features = prefill(target, prompt_1P, length_1, cache_len, drafter.target_layers)
-    drafter_1 = init_drafter(drafter, prompt_1P, length_1, cache_len, features)
+    drafter_1 = drafter.init(prompt_1P, length_1, cache_len, features)
     length, max_new = length_1[0], take(q.max_new_tokens)
     done, truncated = _starts_done(length, max_new, lookahead(drafter), cache_len)
     row = jnp.zeros((cache_len,), jnp.int32).at[: prompt_1P.shape[1]].set(prompt_1P[0, :cache_len])

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.decoding.slots import PromptOutputs, PromptQueue
-from specjax.drafters import lookahead
+from specjax.drafters.base import lookahead
 from specjax.sampling import SamplingConfig
 
 # Default cache lengths are rounded up to this multiple, so that nearby values

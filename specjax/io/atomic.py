@@ -1,7 +1,7 @@
 """Writing a folder so that a reader sees the old one or the new one, never a mix.
 
 Every checkpoint writer (:func:`specjax.save_pretrained` and the training
-checkpoints of :mod:`specjax.train`) goes through :func:`replace_folder`: the new
+checkpoints of :mod:`specjax.training`) goes through :func:`replace_folder`: the new
 folder is written in full under a hidden temporary name next to the target (same
 parent, so same file system and ``rename`` is atomic), its files and the folder
 itself are ``fsync``-ed, and only then is it renamed into place. An existing

@@ -55,6 +55,40 @@ class KVCache:
         """Returns the cache truncated to ``lengths`` (int32[B]) per row; O(1)."""
         return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
 
+    def compact_path(self, start_B: jax.Array, path_BD: jax.Array) -> KVCache:
+        """Moves the accepted path's keys and values to consecutive slots.
+
+        The tree part of the cache contract: after a tree forward the decoder calls
+        this on the target's cache, so a model with another cache layout can use trees
+        by giving its cache this method. Node j of the tree was written at slot
+        ``start + j``; after this, the node accepted at depth d (``path_BD[:, d-1]``) is
+        at slot ``start + d``: slot == position again. All D slots are moved (the ones
+        past the accepted length are stale and rolled back by the caller). Sources are
+        read before anything is written, and ``path[d-1] >= d`` (breadth first), so no
+        source is overwritten before it is read; slots past the cache's end are
+        neither read nor written.
+
+        Args:
+            start_B: ``int32[B]`` the root's slot.
+            path_BD: ``int32[B, D]`` node indices (from `specjax.tree.tree_verify`).
+
+        Returns:
+            The cache with moved entries; ``lengths`` unchanged.
+        """
+        b, depth = path_BD.shape
+        if depth == 0:
+            return self
+        rows = jnp.arange(b)[:, None]
+        src_BD = start_B[:, None] + path_BD
+        dst_BD = start_B[:, None] + 1 + jnp.arange(depth)[None]
+        last = self.max_len - 1
+        # Split advanced indices put the broadcast [B, D] dims first: [B, D, L, K, Dh].
+        k_src = self.k[:, rows, :, :, jnp.minimum(src_BD, last)]
+        v_src = self.v[:, rows, :, jnp.minimum(src_BD, last)]
+        k = self.k.at[:, rows, :, :, dst_BD].set(k_src, mode="drop")
+        v = self.v.at[:, rows, :, dst_BD].set(v_src, mode="drop")
+        return self.replace(k=k, v=v)
+
 
 @struct.dataclass
 class TreeMask:

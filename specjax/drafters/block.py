@@ -32,7 +32,7 @@ Two drafting modes (both exact; the verifier gets the q the tokens came from):
 * ``"sample"``: each position sampled from its processed marginal with its own
   position key, verified against that marginal.
 
-Training (`anchored_block_loss`, used by `specjax.train.train_block_drafter`) follows
+Training (`anchored_block_loss`, used by `specjax.training.train_block_drafter`) follows
 DFlash's anchored blocks: random anchors per sequence, each block sees only the
 context strictly before its anchor, block position k predicts the token at
 anchor + k, and the cross-entropy of position k is weighted by ``exp(-(k-1)/w)``.
@@ -42,59 +42,33 @@ drafter serves every γ up to it.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import os
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx, struct
 
-from specjax.drafters import Drafter, Proposal, TargetFeatures, cache_bytes
+from specjax.drafters import weights
+from specjax.drafters.base import Proposal, TargetFeatures
+from specjax.drafters.features import MODES, FeatureDrafter, layers_config
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
-from specjax.models.llama import (
-    MLP,
-    Dense,
-    RMSNorm,
-    apply_rope,
-    rope_inv_freq,
-    upgrade_legacy_layout,
-)
+from specjax.models.llama import MLP, Dense, RMSNorm, apply_rope, rope_inv_freq
 from specjax.sampling import greedy_tokens, mask_vocab, probs_from_logits, sample
-from specjax.tree import Tree, child_tokens
+from specjax.tree import child_tokens
 
 __all__ = [
     "MODES",
     "BlockDrafter",
     "anchored_block_loss",
-    "default_target_layers",
     "load_block_drafter",
     "save_block_drafter",
 ]
 
-MODES = ("argmax", "sample")
 FORMAT = "specjax-block-drafter"
 CONFIG_FILE = "block_drafter.json"
-WEIGHTS_FILE = "model.safetensors"
-
-
-def default_target_layers(num_target_layers: int, num_features: int) -> tuple[int, ...]:
-    """Up to ``num_features`` distinct layers spread evenly from layer 1 to L-3, as DFlash.
-
-    Targets too shallow for that range spread them over all L layers instead (so
-    there may be fewer than asked for: at most L).
-    """
-    lo, hi = 1, num_target_layers - 3
-    if hi - lo + 1 < num_features:
-        lo, hi = 0, num_target_layers - 1
-    n = min(num_features, hi - lo + 1)
-    if n == 1:
-        return ((lo + hi) // 2,)
-    return tuple(int(i) for i in np.round(np.linspace(lo, hi, n)).astype(int))
 
 
 # ----------------------------------------------------------------------------
@@ -218,39 +192,18 @@ class BlockDraftNet(nnx.Module):
         return self.norm(x_BQE)
 
 
-def _layers_config(target, num_layers: int, intermediate_size: int | None) -> ModelConfig:
-    """The draft layers' config: the target's width, heads and RoPE, ``num_layers`` deep."""
-    c = target.config
-    return ModelConfig(
-        model_type="llama",
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
-        intermediate_size=intermediate_size or c.intermediate_size,
-        num_layers=num_layers,
-        num_heads=c.num_heads,
-        num_kv_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
-        rms_norm_eps=c.rms_norm_eps,
-        rope_theta=c.rope_theta,
-        rope_scaling=c.rope_scaling,
-        attention_bias=False,
-        o_proj_bias=False,
-        qk_norm=bool(c.qk_norm),
-        max_position_embeddings=c.max_position_embeddings,
-    )
-
-
 # ----------------------------------------------------------------------------
 # The drafter.
 
 
 @struct.dataclass
-class BlockDrafter(Drafter):
+class BlockDrafter(FeatureDrafter):
     """Drafts γ tokens per step in one forward conditioned on the target's hidden states.
 
     See the module docstring for the architecture. The target is a pytree field: its
     embedding and LM head are used, never copied, and its hidden states arrive from
-    the decoder's own target forwards (no second target forward).
+    the decoder's own target forwards (no second target forward). The fields it shares
+    with `specjax.EagleDrafter` are `~specjax.drafters.features.FeatureDrafter`'s.
 
     Attributes:
         target: the target model; it must return ``feature_layers=`` features and
@@ -264,16 +217,12 @@ class BlockDrafter(Drafter):
         mode: ``"argmax"`` (default, one-hot q) or ``"sample"`` (static).
     """
 
-    target: object
-    params: nnx.State
-    graphdef: nnx.GraphDef = struct.field(pytree_node=False)
-    config: ModelConfig = struct.field(pytree_node=False)
-    target_layers: tuple[int, ...] = struct.field(pytree_node=False)
-    block_size: int = struct.field(pytree_node=False, default=8)
     num_draft: int = struct.field(pytree_node=False, default=7)
-    mode: str = struct.field(pytree_node=False, default="argmax")
-    tree: Tree | None = struct.field(pytree_node=False, default=None)
-    drafts_trees = True
+    block_size: int = struct.field(pytree_node=False, default=8)
+    net_type = BlockDraftNet
+    file_format = FORMAT
+    config_file = CONFIG_FILE
+    noun = "block drafter"
 
     @classmethod
     def random(
@@ -297,7 +246,7 @@ class BlockDrafter(Drafter):
             num_draft: γ.
             num_layers: draft layers (1 to 5 in DFlash's configurations).
             num_features: how many target layers to fuse when ``target_layers`` is
-                not given (`default_target_layers`).
+                not given (`~specjax.drafters.features.default_target_layers`).
             target_layers: explicit target layer indices.
             intermediate_size: the draft MLP width (default: the target's).
             block_size: the largest block to train for (default ``num_draft + 1``).
@@ -308,76 +257,49 @@ class BlockDrafter(Drafter):
         key = as_prng_key("key", key)
         num_draft = check_int("num_draft", num_draft, lo=1)
         num_layers = check_int("num_layers", num_layers, lo=1)
-        if target_layers is None:
-            num_features = check_int("num_features", num_features, lo=1)
-            target_layers = default_target_layers(target.config.num_layers, num_features)
-        target_layers = tuple(
-            check_int("target_layers", i, lo=0, hi=target.config.num_layers - 1)
-            for i in target_layers
-        )
-        if not target_layers:
-            raise ValueError("target_layers must name at least one target layer")
+        target_layers = cls.random_layers(target, target_layers, num_features)
         if block_size is None:
             block_size = num_draft + 1
         block_size = check_int("block_size", block_size, lo=2)
-        config = _layers_config(target, num_layers, intermediate_size)
-        net = BlockDraftNet(
-            config, len(target_layers), dtype=target.dtype, rngs=nnx.Rngs(params=key)
+        config = layers_config(
+            target, num_layers, intermediate_size, qk_norm=bool(target.config.qk_norm)
         )
-        graphdef, params = nnx.split(net)
-        drafter = cls(
-            target=target, params=params, graphdef=graphdef, config=config,
-            target_layers=target_layers, block_size=block_size, num_draft=num_draft, mode=mode,
+        return cls.build(
+            target, key, config, target_layers, block_size=block_size, num_draft=num_draft,
+            mode=mode,
         )  # fmt: skip
-        drafter.check()
-        return drafter
 
-    def check(self) -> None:
-        """Raises ValueError naming the field if γ, the mode or the layers are invalid."""
-        from specjax.validation import check_int
-
-        check_int("num_draft", self.num_draft)  # the type; the range below names γ
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.tree is not None and self.tree.depth != self.num_draft:
-            raise ValueError(
-                f"num_draft (γ) must be the tree's depth {self.tree.depth}, got "
-                f"{self.num_draft}: use with_tree(tree) to set both"
-            )
+    def check_num_draft(self) -> None:
         if not 1 <= self.num_draft <= self.block_size - 1:
             raise ValueError(
                 f"num_draft (γ) must be in [1, block_size - 1] = [1, {self.block_size - 1}] "
                 f"for this drafter (trained for blocks of {self.block_size}), got {self.num_draft}"
             )
 
-    def with_draft(self, num_draft: int | None = None, mode: str | None = None) -> BlockDrafter:
-        """The same drafter with another γ and/or mode (no new weights)."""
-        out = self.replace(
-            num_draft=self.num_draft if num_draft is None else num_draft,
-            mode=self.mode if mode is None else mode,
-        )
-        out.check()
-        return out
+    def file_fields(self) -> dict:
+        return {"block_size": self.block_size}
 
-    @property
-    def vocab_size(self) -> int:
-        return self.target.vocab_size
+    @classmethod
+    def fields_from_file(cls, meta: dict) -> dict:
+        return {"block_size": int(meta["block_size"])}
 
-    @property
-    def num_features(self) -> int:
-        return len(self.target_layers)
+    @classmethod
+    def train_config_type(cls) -> type:
+        # Imported here: training (optax's schedules, tqdm) stays out of `import specjax`.
+        from specjax.training.config import BlockTrainConfig
 
-    @property
-    def net(self) -> BlockDraftNet:
-        return nnx.merge(self.graphdef, self.params)
+        return BlockTrainConfig
 
-    def state_bytes(self, batch_size: int, cache_len: int) -> int:
-        return cache_bytes(self, batch_size, cache_len)
+    def loss(self, params, tokens_BT, key, config) -> tuple[jax.Array, dict]:
+        """DFlash's anchored blocks (`anchored_block_loss`) with a `BlockTrainConfig`.
 
-    def init_cache(self, batch_size: int, cache_len: int) -> KVCache:
-        c = self.config
-        return KVCache.zeros(
-            c.num_layers, batch_size, cache_len, c.num_kv_heads, c.head_dim, self.target.dtype
+        ``config.num_anchors`` random anchors per sequence, each block seeing only the
+        target features strictly before its anchor, block position k predicting the
+        token at anchor + k with weight ``exp(-(k-1)/config.decay)``. Metrics:
+        ``loss``, ``accuracy`` and ``tau`` (greedy accepted length + 1 on full blocks).
+        """
+        return anchored_block_loss(
+            params, self, tokens_BT, key, num_anchors=config.num_anchors, decay=config.decay
         )
 
     def _write_context(self, cache: KVCache, features: TargetFeatures, seq_lengths_B) -> KVCache:
@@ -393,11 +315,11 @@ class BlockDrafter(Drafter):
             v = v.at[layer, rows, :, pos].set(v_BTKD.astype(v.dtype), mode="drop")
         return KVCache(k=k, v=v, lengths=jnp.asarray(seq_lengths_B, jnp.int32) - 1)
 
-    def init(self, prompts_BS, seq_lengths_B, cache_len, features: TargetFeatures):
+    def init(self, prompts_BS, seq_lengths_B, cache_len, features: TargetFeatures = None):
         cache = self.init_cache(prompts_BS.shape[0], cache_len)
         return self._write_context(cache, features, seq_lengths_B)
 
-    def update(self, state: KVCache, seq_lengths_B, features: TargetFeatures):
+    def update(self, state: KVCache, seq_lengths_B, features: TargetFeatures = None):
         return self._write_context(state, features, seq_lengths_B)
 
     def block_logits(self, state: KVCache, seq_BS, seq_lengths_B) -> jax.Array:
@@ -530,29 +452,7 @@ def anchored_block_loss(
 
 
 # ----------------------------------------------------------------------------
-# Saving and loading (safetensors + JSON; never pickle).
-
-
-def _config_dict(drafter: BlockDrafter) -> dict:
-    c = dataclasses.asdict(drafter.config)
-    return {
-        "format": FORMAT,
-        "layers": c,
-        "target_layers": list(drafter.target_layers),
-        "block_size": drafter.block_size,
-        "num_draft": drafter.num_draft,
-        "mode": drafter.mode,
-        "target": {
-            "hidden_size": drafter.target.config.hidden_size,
-            "num_layers": drafter.target.config.num_layers,
-            "vocab_size": drafter.target.vocab_size,
-        },
-    }
-
-
-def _flat_params(params) -> dict[str, np.ndarray]:
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
+# Saving and loading (`specjax.drafters.weights`: safetensors + JSON; never pickle).
 
 
 def save_block_drafter(
@@ -565,38 +465,7 @@ def save_block_drafter(
     folder that is not a block drafter is refused unless ``overwrite``; entries named
     in ``keep`` (e.g. a training run's checkpoint folder) are carried over.
     """
-    from specjax.io import atomic
-
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"path {path} is a file; pass a folder to hold the drafter")
-    if path.is_dir() and not overwrite:
-        # Only a drafter's own files (and the entries carried over) may be replaced
-        # silently; anything else in the folder would be lost with it.
-        ours = {CONFIG_FILE, WEIGHTS_FILE, *keep}
-        foreign = sorted(p.name for p in path.iterdir() if p.name not in ours)
-        if foreign:
-            what = (
-                "a block drafter and other files"
-                if (path / CONFIG_FILE).is_file()
-                else ("files but no block drafter")
-            )
-            raise FileExistsError(
-                f"path {path} holds {what} ({', '.join(foreign[:5])}); saving would delete "
-                "them: pass overwrite=True to replace the folder whole"
-            )
-    if dtype is not None:
-        drafter = drafter.replace(params=jax.tree.map(lambda x: x.astype(dtype), drafter.params))
-    atomic.replace_folder(path, lambda tmp: write_block_drafter(drafter, tmp), keep=keep)
-    return path
-
-
-def write_block_drafter(drafter: BlockDrafter, folder: Path) -> None:
-    """Writes ``block_drafter.json`` and ``model.safetensors`` into an existing folder."""
-    from safetensors.numpy import save_file
-
-    save_file(_flat_params(drafter.params), str(Path(folder) / WEIGHTS_FILE))
-    (Path(folder) / CONFIG_FILE).write_text(json.dumps(_config_dict(drafter), indent=2))
+    return weights.save(drafter, path, overwrite=overwrite, dtype=dtype, keep=keep)
 
 
 def load_block_drafter(
@@ -611,44 +480,4 @@ def load_block_drafter(
         FileNotFoundError: ``path`` holds no block drafter.
         ValueError: it was built for a target of another shape.
     """
-    from safetensors.numpy import load_file
-
-    path = Path(path)
-    if not (path / CONFIG_FILE).is_file():
-        raise FileNotFoundError(f"path {path} holds no {CONFIG_FILE}: not a block drafter")
-    meta = json.loads((path / CONFIG_FILE).read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"path {path}: {CONFIG_FILE} is not a {FORMAT} file")
-    want = meta["target"]
-    have = {
-        "hidden_size": target.config.hidden_size,
-        "num_layers": target.config.num_layers,
-        "vocab_size": target.vocab_size,
-    }
-    if want != have:
-        raise ValueError(
-            f"target: the drafter in {path} was built for a target with {want}, "
-            f"this target has {have}"
-        )
-    fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in meta["layers"].items()}
-    if fields.get("rope_scaling") is not None:
-        fields["rope_scaling"] = tuple(tuple(p) for p in fields["rope_scaling"])
-    config = ModelConfig(**fields)
-    target_layers = tuple(meta["target_layers"])
-    net = BlockDraftNet(config, len(target_layers), dtype=target.dtype, rngs=nnx.Rngs(0))
-    graphdef, template = nnx.split(net)
-    arrays = upgrade_legacy_layout(load_file(str(path / WEIGHTS_FILE)))
-    expected = _flat_params(template)
-    if set(arrays) != set(expected) or any(arrays[k].shape != expected[k].shape for k in expected):
-        raise ValueError(f"path {path}: {WEIGHTS_FILE} does not match {CONFIG_FILE}")
-    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
-    leaves = [jnp.asarray(arrays[jax.tree_util.keystr(p)], leaf.dtype) for p, leaf in paths_leaves]
-    params = jax.tree_util.tree_unflatten(treedef, leaves)
-    drafter = BlockDrafter(
-        target=target, params=params, graphdef=graphdef, config=config,
-        target_layers=target_layers, block_size=int(meta["block_size"]),
-        num_draft=int(meta["num_draft"] if num_draft is None else num_draft),
-        mode=meta["mode"] if mode is None else mode,
-    )  # fmt: skip
-    drafter.check()
-    return drafter
+    return weights.load(BlockDrafter, path, target, num_draft=num_draft, mode=mode)

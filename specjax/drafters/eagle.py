@@ -37,7 +37,7 @@ committed inputs and the stored columns cover position ``L - 1``; slots ``>= L``
 hold anything (rejected drafts' entries), and every query reads only slots at or
 before its own position, which are rewritten first. Rolling back is free.
 
-**Training** (`eagle_ttt_loss`, used by `specjax.train.train_eagle`) is EAGLE-3's
+**Training** (`eagle_ttt_loss`, used by `specjax.training.train_eagle`) is EAGLE-3's
 training-time test: the frozen target scores the sequences once; the head is unrolled
 ``k`` steps over all positions in parallel. Step 0 is the head fed the fused target
 features. Step ``i`` at position ``j`` is what the decoder computes at draft step ``i``
@@ -51,8 +51,6 @@ Step ``i``'s loss is the soft cross-entropy against the target's distribution at
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import os
 from pathlib import Path
@@ -62,13 +60,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from specjax.block_drafter import default_target_layers
-from specjax.drafters import Drafter, Proposal, TargetFeatures, cache_bytes
+from specjax.drafters import weights
+from specjax.drafters.base import Proposal, TargetFeatures
+from specjax.drafters.features import MODES, FeatureDrafter, layers_config
 from specjax.models.cache import KVCache, TreeMask
 from specjax.models.config import ModelConfig
 from specjax.models.llama import MLP, Dense, RMSNorm, apply_rope, rope_inv_freq
 from specjax.sampling import greedy_tokens, mask_vocab, probs_from_logits, sample
-from specjax.tree import Tree, expand_top_k
+from specjax.tree import expand_top_k
 
 __all__ = [
     "MODES",
@@ -79,10 +78,8 @@ __all__ = [
     "save_eagle_drafter",
 ]
 
-MODES = ("argmax", "sample")
 FORMAT = "specjax-eagle-drafter"
 CONFIG_FILE = "eagle_drafter.json"
-WEIGHTS_FILE = "model.safetensors"
 
 
 # ----------------------------------------------------------------------------
@@ -164,25 +161,6 @@ class EagleHead(nnx.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def _head_config(target, intermediate_size: int | None) -> ModelConfig:
-    """The head layer's config: the target's width, heads and RoPE, Llama-style."""
-    c = target.config
-    return ModelConfig(
-        model_type="llama",
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
-        intermediate_size=intermediate_size or c.intermediate_size,
-        num_layers=1,
-        num_heads=c.num_heads,
-        num_kv_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
-        rms_norm_eps=c.rms_norm_eps,
-        rope_theta=c.rope_theta,
-        rope_scaling=c.rope_scaling,
-        max_position_embeddings=c.max_position_embeddings,
-    )
-
-
 def _shift(x_BT, n: int):
     """``x`` moved ``n`` positions later along axis 1, zero-filled at the start."""
     if n == 0:
@@ -216,12 +194,14 @@ class EagleState:
 
 
 @struct.dataclass
-class EagleDrafter(Drafter):
+class EagleDrafter(FeatureDrafter):
     """Drafts γ tokens autoregressively with an EAGLE-3-style head on the target's features.
 
     See the module docstring for the architecture, the offsets and the state. The
     target is a pytree field: its embedding and LM head are used, never copied, and its
     hidden states arrive from the decoder's own forwards (no second target forward).
+    The fields it shares with `specjax.BlockDrafter` are
+    `~specjax.drafters.features.FeatureDrafter`'s.
 
     Attributes:
         target: the target model; it must return ``feature_layers=`` features and
@@ -234,15 +214,10 @@ class EagleDrafter(Drafter):
         mode: ``"argmax"`` (default; one-hot q) or ``"sample"`` (static).
     """
 
-    target: object
-    params: nnx.State
-    graphdef: nnx.GraphDef = struct.field(pytree_node=False)
-    config: ModelConfig = struct.field(pytree_node=False)
-    target_layers: tuple[int, ...] = struct.field(pytree_node=False)
-    num_draft: int = struct.field(pytree_node=False, default=4)
-    mode: str = struct.field(pytree_node=False, default="argmax")
-    tree: Tree | None = struct.field(pytree_node=False, default=None)
-    drafts_trees = True
+    net_type = EagleHead
+    file_format = FORMAT
+    config_file = CONFIG_FILE
+    noun = "EAGLE drafter"
 
     @classmethod
     def random(
@@ -262,7 +237,7 @@ class EagleDrafter(Drafter):
             key: PRNG key of the initialisation.
             num_draft: γ (>= 0).
             target_layers: target layer indices to fuse (default: a low, a middle and a
-                high layer, `specjax.block_drafter.default_target_layers`).
+                high layer, `specjax.drafters.features.default_target_layers`).
             intermediate_size: the head's MLP width (default: the target's).
             mode: ``"argmax"`` or ``"sample"``.
 
@@ -274,57 +249,35 @@ class EagleDrafter(Drafter):
         from specjax.validation import as_prng_key
 
         key = as_prng_key("key", key)
-        if target_layers is None:
-            target_layers = default_target_layers(target.config.num_layers, 3)
-        target_layers = _check_layers(target_layers, target.config.num_layers)
-        config = _head_config(target, intermediate_size)
-        net = EagleHead(config, len(target_layers), dtype=target.dtype, rngs=nnx.Rngs(params=key))
-        graphdef, params = nnx.split(net)
-        drafter = cls(
-            target=target, params=params, graphdef=graphdef, config=config,
-            target_layers=target_layers, num_draft=num_draft, mode=mode,
-        )  # fmt: skip
-        drafter.check()
-        return drafter
+        target_layers = cls.random_layers(target, target_layers, 3)
+        config = layers_config(target, 1, intermediate_size)
+        return cls.build(target, key, config, target_layers, num_draft=num_draft, mode=mode)
 
-    def check(self) -> None:
-        """Raises ValueError naming the field if γ, the mode or the target layers are invalid."""
-        from specjax.validation import check_int
+    @classmethod
+    def train_config_type(cls) -> type:
+        # Imported here: training (optax's schedules, tqdm) stays out of `import specjax`.
+        from specjax.training.config import EagleTrainConfig
 
-        check_int("num_draft", self.num_draft, lo=0)
-        if self.tree is not None and self.tree.depth != self.num_draft:
-            raise ValueError(
-                f"num_draft (γ) must be the tree's depth {self.tree.depth}, got "
-                f"{self.num_draft}: use with_tree(tree) to set both"
-            )
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        _check_layers(self.target_layers, self.target.config.num_layers)
+        return EagleTrainConfig
 
-    def with_draft(self, num_draft: int | None = None, mode: str | None = None) -> EagleDrafter:
-        """The same head with another γ and/or mode (no new weights)."""
-        out = self.replace(
-            num_draft=self.num_draft if num_draft is None else num_draft,
-            mode=self.mode if mode is None else mode,
+    def loss(self, params, tokens_BT, key, config) -> tuple[jax.Array, dict]:
+        """EAGLE-3's training-time test (`eagle_ttt_loss`) with an `EagleTrainConfig`.
+
+        The head is unrolled ``config.ttt_steps`` steps over all positions, step i fed
+        its own output features of step i-1 and weighted ``config.step_weight ** i``.
+        Metrics (scalars only): ``loss``, ``accuracy`` (step 0's top-1 agreement with
+        the target), ``tau`` (teacher-forced greedy tokens per call at γ = ttt_steps)
+        and ``loss_step{i}``.
+        """
+        del key  # the training-time test draws nothing
+        loss, metrics = eagle_ttt_loss(
+            params, self, tokens_BT, num_steps=config.ttt_steps, step_weight=config.step_weight
         )
-        out.check()
-        return out
-
-    @property
-    def vocab_size(self) -> int:
-        return self.target.vocab_size
-
-    @property
-    def net(self) -> EagleHead:
-        return nnx.merge(self.graphdef, self.params)
-
-    def state_bytes(self, batch_size: int, cache_len: int) -> int:
-        return cache_bytes(self, batch_size, cache_len)
-
-    def init_cache(self, batch_size: int, cache_len: int) -> KVCache:
-        c = self.config
-        dtype = self.target.dtype
-        return KVCache.zeros(1, batch_size, cache_len, c.num_kv_heads, c.head_dim, dtype)
+        # Scalars only in the step's metrics (the per-step vectors are for evaluation).
+        return loss, {
+            "loss": loss, "accuracy": metrics["accuracy"][0], "tau": metrics["tau"],
+            **{f"loss_step{i}": x for i, x in enumerate(metrics["step_losses"])},
+        }  # fmt: skip
 
     # -- The reusable step: feed (feature, token) pairs at explicit positions. --------
 
@@ -377,7 +330,9 @@ class EagleDrafter(Drafter):
 
     # -- The drafter contract. ---------------------------------------------------------
 
-    def init(self, prompts_BS, seq_lengths_B, cache_len, features: TargetFeatures) -> EagleState:
+    def init(
+        self, prompts_BS, seq_lengths_B, cache_len, features: TargetFeatures = None
+    ) -> EagleState:
         b, p = prompts_BS.shape
         lengths = jnp.asarray(seq_lengths_B, jnp.int32)
         fused = self.net.fc(features.hidden)  # [B, P, E] at positions 0..P-1
@@ -396,7 +351,9 @@ class EagleDrafter(Drafter):
         slots = jnp.full((b, w), -1, jnp.int32).at[:, 0].set(lengths - 1)
         return EagleState(cache=cache.rollback(lengths - 1), fused=fused_BWE, slots=slots)
 
-    def update(self, state: EagleState, seq_lengths_B, features: TargetFeatures) -> EagleState:
+    def update(
+        self, state: EagleState, seq_lengths_B, features: TargetFeatures = None
+    ) -> EagleState:
         b, t, _ = features.hidden.shape
         w = state.slots.shape[1]
         if t > w:
@@ -497,21 +454,6 @@ class EagleDrafter(Drafter):
         return Proposal(
             tokens=tokens.astype(jnp.int32), probs=None, state=state.replace(cache=cache)
         )
-
-
-def _check_layers(target_layers, num_target_layers: int) -> tuple[int, ...]:
-    from specjax.validation import check_int
-
-    if isinstance(target_layers, (str, bytes)) or not hasattr(target_layers, "__iter__"):
-        raise ValueError(f"target_layers must be a tuple of layer indices, got {target_layers!r}")
-    layers = tuple(
-        check_int("target_layers", i, lo=0, hi=num_target_layers - 1) for i in target_layers
-    )
-    if not layers:
-        raise ValueError("target_layers must name at least one target layer")
-    if len(set(layers)) != len(layers):
-        raise ValueError(f"target_layers must not repeat a layer, got {layers}")
-    return layers
 
 
 # ----------------------------------------------------------------------------
@@ -620,36 +562,7 @@ def eagle_ttt_loss(
 
 
 # ----------------------------------------------------------------------------
-# Saving and loading (safetensors + JSON; never pickle).
-
-
-def _target_shape(target) -> dict:
-    return {
-        "hidden_size": target.config.hidden_size,
-        "num_layers": target.config.num_layers,
-        "vocab_size": target.vocab_size,
-    }
-
-
-def _flat_params(params) -> dict[str, np.ndarray]:
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
-
-
-def write_eagle_drafter(drafter: EagleDrafter, folder) -> None:
-    """Writes ``eagle_drafter.json`` and ``model.safetensors`` into an existing folder."""
-    from safetensors.numpy import save_file
-
-    meta = {
-        "format": FORMAT,
-        "layers": dataclasses.asdict(drafter.config),
-        "target_layers": list(drafter.target_layers),
-        "num_draft": drafter.num_draft,
-        "mode": drafter.mode,
-        "target": _target_shape(drafter.target),
-    }
-    save_file(_flat_params(drafter.params), str(Path(folder) / WEIGHTS_FILE))
-    (Path(folder) / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
+# Saving and loading (`specjax.drafters.weights`: safetensors + JSON; never pickle).
 
 
 def save_eagle_drafter(
@@ -662,24 +575,7 @@ def save_eagle_drafter(
     holding other files is refused unless ``overwrite``; entries named in ``keep`` are
     carried over.
     """
-    from specjax.io import atomic
-
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"path {path} is a file; pass a folder to hold the drafter")
-    if path.is_dir() and not overwrite:
-        foreign = sorted(
-            p.name for p in path.iterdir() if p.name not in {CONFIG_FILE, WEIGHTS_FILE, *keep}
-        )
-        if foreign:
-            raise FileExistsError(
-                f"path {path} holds other files ({', '.join(foreign[:5])}); saving would "
-                "delete them: pass overwrite=True to replace the folder whole"
-            )
-    if dtype is not None:
-        drafter = drafter.replace(params=jax.tree.map(lambda x: x.astype(dtype), drafter.params))
-    atomic.replace_folder(path, lambda tmp: write_eagle_drafter(drafter, tmp), keep=keep)
-    return path
+    return weights.save(drafter, path, overwrite=overwrite, dtype=dtype, keep=keep)
 
 
 def load_eagle_drafter(
@@ -691,37 +587,4 @@ def load_eagle_drafter(
         FileNotFoundError: ``path`` holds no EAGLE drafter.
         ValueError: it was built for a target of another shape, or its files disagree.
     """
-    from safetensors.numpy import load_file
-
-    path = Path(path)
-    if not (path / CONFIG_FILE).is_file():
-        raise FileNotFoundError(f"path {path} holds no {CONFIG_FILE}: not an EAGLE drafter")
-    meta = json.loads((path / CONFIG_FILE).read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"path {path}: {CONFIG_FILE} is not a {FORMAT} file")
-    if meta["target"] != _target_shape(target):
-        raise ValueError(
-            f"target: the drafter in {path} was built for a target with {meta['target']}, "
-            f"this target has {_target_shape(target)}"
-        )
-    fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in meta["layers"].items()}
-    if fields.get("rope_scaling") is not None:
-        fields["rope_scaling"] = tuple(tuple(p) for p in fields["rope_scaling"])
-    config = ModelConfig(**fields)
-    target_layers = tuple(meta["target_layers"])
-    net = EagleHead(config, len(target_layers), dtype=target.dtype, rngs=nnx.Rngs(0))
-    graphdef, template = nnx.split(net)
-    arrays = load_file(str(path / WEIGHTS_FILE))
-    expected = _flat_params(template)
-    if set(arrays) != set(expected) or any(arrays[k].shape != expected[k].shape for k in expected):
-        raise ValueError(f"path {path}: {WEIGHTS_FILE} does not match {CONFIG_FILE}")
-    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
-    leaves = [jnp.asarray(arrays[jax.tree_util.keystr(p)], leaf.dtype) for p, leaf in paths_leaves]
-    drafter = EagleDrafter(
-        target=target, params=jax.tree_util.tree_unflatten(treedef, leaves), graphdef=graphdef,
-        config=config, target_layers=target_layers,
-        num_draft=int(meta["num_draft"] if num_draft is None else num_draft),
-        mode=meta["mode"] if mode is None else mode,
-    )  # fmt: skip
-    drafter.check()
-    return drafter
+    return weights.load(EagleDrafter, path, target, num_draft=num_draft, mode=mode)

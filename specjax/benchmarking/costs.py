@@ -1,46 +1,17 @@
-"""Timing helpers shared by the benchmark scripts and ``specjax bench``.
+"""What one speculative step costs, measured, and the speedup those costs predict.
 
-Times are wall-clock medians over repeats after a separate first (compiling)
-call, with ``block_until_ready`` so asynchronous dispatch is not mistaken for
-speed.
+Each cost is the median time of a jitted loop of ``inner`` calls (so host dispatch
+does not count), timed by `specjax.benchmarking.timer.time_fn`; the formulas are
+Leviathan et al.'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import statistics
-import time
-
 import jax
 import jax.numpy as jnp
 
-from specjax.drafters import TargetFeatures, init_drafter, prefill, score, update_drafter
-
-
-@dataclasses.dataclass
-class Timing:
-    """``first_s`` includes compilation; ``median_s`` is the steady state."""
-
-    first_s: float
-    median_s: float
-    times_s: list[float]
-
-
-def time_call(fn, *args) -> tuple[float, object]:
-    """Seconds of one ``fn(*args)`` until its outputs are ready, and the outputs."""
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start, out
-
-
-def time_fn(fn, *args, repeats: int = 5) -> tuple[Timing, object]:
-    """Times ``fn(*args)``: one compiling call, then ``repeats`` steady calls."""
-    first, out = time_call(fn, *args)
-    times = []
-    for _ in range(repeats):
-        seconds, out = time_call(fn, *args)
-        times.append(seconds)
-    return Timing(first, statistics.median(times), times), out
+from specjax.benchmarking.timer import time_fn
+from specjax.drafters import TargetFeatures, prefill, score
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -161,7 +132,7 @@ def _drafter_at_context(drafter, batch_size: int, context: int, cache_len: int, 
     seq = jnp.ones((batch_size, cache_len), jnp.int32)
     layers = tuple(drafter.target_layers)
     if not layers:
-        init = jax.jit(lambda d, p, n: init_drafter(d, p, n, cache_len, None))
+        init = jax.jit(lambda d, p, n: d.init(p, n, cache_len, None))
         return lengths, seq, init(drafter, seq[:, :context], lengths)
     if target is None:
         raise ValueError(
@@ -171,7 +142,7 @@ def _drafter_at_context(drafter, batch_size: int, context: int, cache_len: int, 
 
     def init(m, d, p, n):
         _, _, features = prefill(m, p, n, cache_len, layers)
-        return init_drafter(d, p, n, cache_len, features)
+        return d.init(p, n, cache_len, features)
 
     return lengths, seq, jax.jit(init)(target, drafter, seq[:, :context], lengths)
 
@@ -282,7 +253,7 @@ def interleaved_cost(
             proposal = d.propose(keys, state, seq, lengths, sampling)
             tokens = jnp.concatenate([seq[:, :1], proposal.tokens], axis=1)
             logits, target_cache, features = score(m, tokens, positions, target_cache, layers)
-            new_state = update_drafter(d, proposal.state, lengths, features)
+            new_state = d.update(proposal.state, lengths, features)
             tokens = jnp.minimum(tokens, jnp.argmax(logits, -1).astype(jnp.int32))
             return (
                 seq.at[:, : gamma + 1].set(tokens),

@@ -1,0 +1,424 @@
+"""``specjax generate``: complete a prompt (or a --chat message), streamed and timed."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from specjax.cli.common import UserError, check_flag, load_folder
+
+GREEN, RESET = "\033[32m", "\033[0m"
+
+
+# What `--drafter auto` picks for the bundled pair: the fastest drafter measured by
+# scripts/bench_e2e.py (BENCHMARKS.md, "The block drafter"). The bundled block drafter
+# measured slower than the draft model at T=0 and at T=1 on this CPU.
+FASTEST_BUNDLED_DRAFTER = "model"
+
+
+def _load_models(args):
+    """``(target, drafter, tokenizer)``: the drafter of --drafter at its own γ (None: none)."""
+    import specjax
+    from specjax.pretrained import default_pair
+
+    if args.model:
+        target = load_folder(args.model, "--model")
+        draft = load_folder(args.draft, "--draft") if args.draft else None
+    else:
+        if args.draft:
+            raise UserError(
+                "--draft needs --model (the bundled draft only fits the bundled target)"
+            )
+        try:
+            target, draft, _ = default_pair()
+        except (FileNotFoundError, ValueError, OSError) as e:
+            raise UserError(f"cannot load the bundled pair: {e}") from None
+    _resolve_drafter_path(args)
+    if args.drafter == "auto":
+        # The bundled pair: the fastest drafter measured for it (BENCHMARKS.md). A
+        # user's own target: its draft model if given, else a block drafter if given,
+        # else prompt lookup (which needs no weights).
+        if not args.model:
+            args.drafter = FASTEST_BUNDLED_DRAFTER
+        else:
+            args.drafter = "model" if args.draft else "block" if args.block_drafter else "lookup"
+    if args.drafter == "model" and draft is None:
+        raise UserError("--drafter model needs --draft PATH when --model is given")
+    if args.drafter == "block" and args.model and not args.block_drafter:
+        raise UserError(
+            "--drafter block needs --block-drafter PATH when --model is given (the bundled "
+            "block drafter only fits the bundled target)"
+        )
+    tokenizer = target.tokenizer
+    if tokenizer is None:
+        raise UserError(f"{args.model} has no tokenizer.json; specjax generate needs one")
+    if args.drafter == "model":
+        # A smaller draft of a padded family is fine when the two share their ids.
+        draft = specjax.DraftModel(draft)
+        try:
+            specjax.vocab.check_drafter_vocab(target, draft)
+        except ValueError as e:
+            raise UserError(f"--draft {args.draft}: {e}") from None
+    if args.drafter == "block":
+        draft = _load_block_drafter(args, target)
+    if args.drafter == "eagle":
+        if args.model:
+            raise UserError("--drafter eagle: the bundled EAGLE head only fits the bundled target")
+        try:
+            # Sampled drafts with their true q measured better than argmax at T=1.
+            mode = "sample" if args.temperature > 0 else "argmax"
+            draft = specjax.default_drafter("eagle").with_draft(mode=mode)
+        except (FileNotFoundError, ValueError, OSError) as e:
+            raise UserError(f"bundled EAGLE head: {e}") from None
+    if args.drafter == "lookup":
+        draft = specjax.PromptLookup(ngram=args.ngram)
+    if args.drafter == "none":
+        draft = None
+    if args.drafter not in ("model", "block", "eagle", "lookup", "none"):
+        draft = _registered_drafter(args)
+    del specjax
+    return target, draft, tokenizer
+
+
+def _registered_drafter(args):
+    """Any other drafter of `specjax.drafters.registry`, as `specjax.default_drafter` builds it."""
+    from specjax.drafters import registry
+    from specjax.pretrained import default_drafter
+
+    entry = registry.get(args.drafter)
+    if not entry.has_weights:
+        return entry.cls()
+    if args.model:
+        raise UserError(
+            f"--drafter {args.drafter}: its bundled weights only fit the bundled target"
+        )
+    try:
+        return default_drafter(args.drafter)
+    except (FileNotFoundError, ValueError, OSError) as e:
+        raise UserError(f"bundled {entry.cls.noun}: {e}") from None
+
+
+def _drafter_names() -> tuple[str, ...]:
+    """``--drafter``'s names: auto, every drafter of `specjax.drafters.registry`, none."""
+    from specjax.drafters import registry
+
+    return ("auto", *registry.names(), "none")
+
+
+def _parse_tree(args):
+    """``--tree 3,2,2,1`` as a `Tree` (None without it), refused for drafters without trees."""
+    if args.tree is None:
+        return None
+    from specjax.drafters import registry
+    from specjax.tree import Tree
+
+    try:
+        tree = Tree.parse(args.tree)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    trees = [n for n in registry.names() if registry.get(n).cls.drafts_trees]
+    if args.drafter in _drafter_names() and args.drafter not in ("auto", *trees):
+        raise UserError(f"--tree needs a drafter that proposes trees ({', '.join(trees[:-1])} or "
+                        f"{trees[-1]}), not --drafter {args.drafter}")  # fmt: skip
+    if args.gamma is not None and args.gamma != tree.depth:
+        raise UserError(
+            f"--gamma {args.gamma} and --tree {args.tree} disagree: a tree drafts its depth "
+            f"({tree.depth}) per step; drop --gamma"
+        )
+    args.gamma = tree.depth
+    return tree
+
+
+def _resolve_drafter_path(args) -> None:
+    """``--drafter PATH`` means ``--drafter block --block-drafter PATH``."""
+    if args.drafter in _drafter_names():
+        return
+    path = Path(args.drafter)
+    if not path.is_dir():
+        names = ", ".join(_drafter_names())
+        raise UserError(
+            f"--drafter {args.drafter!r}: neither one of {names} nor a block drafter folder"
+        )
+    if args.block_drafter and Path(args.block_drafter) != path:
+        raise UserError(
+            f"--drafter {args.drafter} and --block-drafter {args.block_drafter} name two drafters"
+        )
+    args.drafter, args.block_drafter = "block", str(path)
+
+
+def _load_block_drafter(args, target):
+    """The bundled block drafter, or the one of --block-drafter, at --gamma (or its own γ)."""
+    from specjax.drafters import registry
+    from specjax.pretrained import default_pair_path
+
+    entry = registry.get("block")
+    path = args.block_drafter or default_pair_path() / entry.asset
+    flag = "--block-drafter" if args.block_drafter else "bundled block drafter"
+    try:
+        drafter = entry.load(path, target)
+        # Sampling: verify against the drafter's own marginals ("sample"), which measured
+        # better than argmax drafts at T=1 (BENCHMARKS.md); at T=0 the two are the same.
+        return drafter.with_draft(args.gamma, mode=args.block_mode)
+    except (FileNotFoundError, ValueError, OSError, KeyError) as e:
+        tree = f" (--tree {args.tree} has depth {args.gamma})" if args.tree else ""
+        raise UserError(f"{flag} {path}: {e}{tree}") from None
+
+
+def _eos_id(tokenizer, model):
+    from specjax.tokenizer import EOS_TOKEN
+
+    eos = tokenizer.token_to_id(EOS_TOKEN)
+    return eos if eos is not None else model.config.eos_token_id
+
+
+def _chat_prompt(args, target):
+    """``(prompt text, ids, end-of-turn ids)`` of --chat (and --system) in the template."""
+    from specjax.chat import apply_chat_template, end_of_turn_ids
+
+    if target.chat_template is None:
+        where = f"--model {args.model}" if args.model else "the bundled model"
+        raise UserError(
+            f"--chat: {where} has no chat template (chat_template.jinja, or chat_template "
+            "in tokenizer_config.json); give a PROMPT to complete instead"
+        )
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    messages.append({"role": "user", "content": args.chat})
+    try:
+        text = apply_chat_template(target, messages)
+    except ValueError as e:
+        raise UserError(f"--chat: {e}") from None
+    ids = target.tokenizer.encode(text, add_special_tokens=False).ids
+    return text, ids, list(end_of_turn_ids(target))
+
+
+class _TextStream:
+    """Turns token ids into text as they arrive, keeping multi-byte characters whole.
+
+    A byte-level BPE can split one character over several tokens; until the last one
+    arrives the decoded text ends in U+FFFD, which is held back rather than printed.
+    """
+
+    def __init__(self, tokenizer, hide=(), color=False):
+        self.tokenizer, self.hide, self.color = tokenizer, set(hide), color
+        self.ids, self.printed = [], ""
+
+    def feed(self, ids, from_draft) -> str:
+        out = []
+        for token, drafted in zip(ids, from_draft, strict=True):
+            if token in self.hide:
+                continue
+            self.ids.append(token)
+            text = self.tokenizer.decode(self.ids, skip_special_tokens=False).rstrip("\ufffd")
+            if text.startswith(self.printed):
+                piece, self.printed = text[len(self.printed) :], text
+                out.append(f"{GREEN}{piece}{RESET}" if drafted and self.color and piece else piece)
+        return "".join(out)
+
+    def text(self) -> str:
+        return self.tokenizer.decode(self.ids, skip_special_tokens=False)
+
+
+def _decode_open(key, target, drafter, prompts, max_new_tokens, kw, on_chunk=None):
+    """One run through the open loop: init, then one step to the end or chunks streamed.
+
+    Both ways run the same two compiled programs (init and step), so a streamed first
+    run also compiles what the timed runs use.
+    """
+    import jax
+
+    from specjax import decoding
+
+    state = decoding.init(
+        key, target, prompts, drafter=drafter, max_new_tokens=max_new_tokens, **kw
+    )
+    if on_chunk is None:
+        # Every iteration emits at least one token per active row.
+        state = decoding.step(state, max_new_tokens)
+    else:
+        for chunk_state, new in decoding.stream(state, steps_per_chunk=4):
+            on_chunk(chunk_state, new)
+        state = chunk_state
+    return jax.block_until_ready(decoding.result(state))
+
+
+def cmd_generate(args) -> int:
+    import jax
+    import numpy as np
+
+    import specjax
+    from specjax.benchmarking.timer import time_call, time_interleaved
+    from specjax.decoding import CACHE_BUCKET
+
+    if args.chat is not None:
+        if args.prompt is not None:
+            raise UserError("--chat takes the message itself: give --chat or a PROMPT, not both")
+        if not args.chat.strip():
+            raise UserError("the --chat message is empty")
+    elif args.system is not None:
+        raise UserError("--system needs --chat (it is the system message of the chat)")
+    elif args.prompt is None:
+        raise UserError("give a PROMPT to complete, or --chat MESSAGE")
+    elif not args.prompt.strip():
+        raise UserError("the prompt is empty")
+    for name in ("max_new_tokens", "gamma", "batch", "ngram", "repeats"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    from specjax.validation import check_int
+
+    # jax.random.key keeps 32 bits without x64: larger seeds collide or overflow.
+    check_flag("--seed", check_int, args.seed)
+    sampling = specjax.SamplingConfig(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p
+    )
+    try:
+        specjax.sampling.check_sampling_config(sampling)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+    tree = _parse_tree(args)
+    target, draft, tokenizer = _load_models(args)
+    if args.gamma is None:  # the drafter's own default: a block drafter's trained γ, else 4
+        args.gamma = draft.num_draft if draft is not None else 4
+    if args.chat is not None:
+        # The model sees the rendered template; only the answer is printed, and a
+        # row stops at the end of the assistant's turn.
+        prompt_text, ids, stop_ids = _chat_prompt(args, target)
+        shown_prompt = ""
+    else:
+        prompt_text = shown_prompt = args.prompt
+        ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
+        stop_ids = [_eos_id(tokenizer, target)]
+    context = target.config.max_position_embeddings
+    step_slots = (tree.num_nodes if tree is not None else args.gamma) + 1
+    needed = len(ids) + args.max_new_tokens + step_slots
+    if needed > context:
+        drafts = f"--tree {args.tree}" if tree is not None else f"--gamma {args.gamma}"
+        raise UserError(
+            f"the prompt is {len(ids)} tokens; with --max-new-tokens {args.max_new_tokens} "
+            f"and {drafts} it needs {needed} positions, more than the model's "
+            f"context of {context}"
+        )
+    prompts = [ids] * args.batch
+    # An id past the model's logits can never be emitted (nor passed as eos_id).
+    stop = (
+        set() if args.no_eos else {i for i in stop_ids if i is not None and i < target.vocab_size}
+    )
+    eos = sorted(stop) or None
+    key = jax.random.key(args.seed)
+    cache_len = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
+    kw = dict(sampling=sampling, eos_id=eos, cache_len=cache_len)
+    drafter = None if args.drafter == "none" else draft.with_draft(args.gamma)
+    if tree is not None:
+        try:  # e.g. a tree deeper than a block drafter's block
+            drafter = drafter.with_tree(tree)
+        except ValueError as e:
+            raise UserError(f"--tree {args.tree}: {e}") from None
+    try:  # e.g. a draft smaller than the target's tokenizer (a padded family)
+        specjax.vocab.resolve_vocab_limit(sampling, target, drafter)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    run = lambda d, on_chunk=None: _decode_open(  # noqa: E731
+        key, target, d, prompts, args.max_new_tokens, kw, on_chunk
+    )
+
+    color = sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ
+    hide = stop
+    stream = args.batch == 1 and not args.json and not args.no_stream
+    if stream:
+        # The first run streams row 0 chunk by chunk (no host sync inside a chunk); it
+        # also compiles, so the speed below comes from a second, steady run.
+        text = _TextStream(tokenizer, hide, color)
+        print(shown_prompt, end="", flush=True)
+
+        def show(state, new):
+            if new[0]:
+                end = len(ids) + int(state.num_generated[0])
+                flags = np.asarray(state.from_draft[0, end - len(new[0]) : end]).tolist()
+                print(text.feed(new[0], flags), end="", flush=True)
+
+        compile_s, _ = time_call(run, drafter, show)
+        print(flush=True)
+    else:
+        compile_s, _ = time_call(run, drafter)
+    # The first execution also pays one-time runtime set-up (measured at about 3x a
+    # steady run), so the figures shown are medians of later, steady runs of the same
+    # programs; with --compare plain decoding is compiled and warmed once too, then the
+    # timed runs alternate speculative, plain, speculative, ...
+    fns = [lambda: run(drafter)]
+    if args.compare:
+        run(None)  # compiles and warms plain decoding
+        fns.append(lambda: run(None))
+    # Round robin (speculative, plain, ...): slow drifts of the machine hit both alike.
+    runs, last = time_interleaved(fns, args.repeats)
+    result, seconds = last[0], statistics.median(runs[0])
+    rows = result.to_lists()
+    from_draft = np.asarray(result.from_draft)
+    total = int(np.sum(np.asarray(result.lengths)))
+    summary = {
+        "drafter": args.drafter,
+        "gamma": args.gamma if args.drafter != "none" else 0,
+        "tokens": total,
+        "seconds": seconds,
+        "tokens_per_second": total / seconds,
+        "compile_seconds": compile_s,
+        "repeats": args.repeats,
+        "speculative_seconds_runs": runs[0],
+        "acceptance_rate": float(result.stats.acceptance_rate),
+        "tokens_per_target_call": float(result.tokens_per_call),
+        "target_calls": int(result.stats.target_calls),
+    }
+    if args.compare:
+        plain, plain_s = last[1], statistics.median(runs[1])
+        plain_total = int(np.sum(np.asarray(plain.lengths)))
+        summary["plain_seconds"] = plain_s
+        summary["plain_seconds_runs"] = runs[1]
+        summary["plain_tokens_per_second"] = plain_total / plain_s
+        summary["speedup"] = summary["tokens_per_second"] / summary["plain_tokens_per_second"]
+        if args.temperature == 0:
+            summary["greedy_outputs_equal"] = plain.to_lists() == rows
+
+    texts = []
+    for row in rows:
+        shown = row[:-1] if (row and row[-1] in stop) else row
+        texts.append(tokenizer.decode(shown, skip_special_tokens=False))
+    if args.json:
+        summary.update(prompt=prompt_text, completions=texts, token_ids=rows)
+        print(json.dumps(summary, indent=2))
+        return 0
+
+    if not stream:
+        for b, row in enumerate(rows):
+            shown = row[:-1] if (row and row[-1] in stop) else row
+            if args.batch > 1:
+                print(f"--- sample {b}")
+            rendered = _TextStream(tokenizer, (), color)
+            body = rendered.feed(shown, from_draft[b, : len(shown)].tolist())
+            print(shown_prompt + body + rendered.text()[len(rendered.printed) :])
+    if args.repeats == 1:
+        timing = "1 timed run"
+    else:
+        timing = f"median of {args.repeats}{' interleaved' if args.compare else ''} runs"
+    line = (
+        f"[{args.drafter}] {total} tokens in {seconds:.2f} s = "
+        f"{summary['tokens_per_second']:.1f} tokens/s ({timing}; "
+        f"first run incl. compile {compile_s:.1f} s)"
+    )
+    if args.drafter != "none":
+        line += (
+            f" | acceptance {summary['acceptance_rate']:.2f}"
+            f" | {summary['tokens_per_target_call']:.2f} tokens/target call"
+        )
+    if args.compare:
+        line += (
+            f" | plain {summary['plain_tokens_per_second']:.1f} tokens/s"
+            f" | speedup {summary['speedup']:.2f}x"
+        )
+        if "greedy_outputs_equal" in summary:
+            line += f" | greedy outputs equal: {summary['greedy_outputs_equal']}"
+    if color:
+        line += f"  ({GREEN}green{RESET} = accepted draft tokens)"
+    print(line, file=sys.stderr)
+    return 0

@@ -1,0 +1,199 @@
+"""The command line: its parser, and `main`, which runs the command it names."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specjax.cli.common import UserError
+from specjax.cli.generate import FASTEST_BUNDLED_DRAFTER, cmd_generate
+from specjax.cli.train import SIZES, cmd_distill, cmd_train, cmd_train_drafter
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, with its errors on one line like every other user error."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(
+        prog="specjax",
+        description="Exact speculative decoding in JAX. Runs offline on a bundled code model pair.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser(
+        "generate",
+        help="complete a prompt with speculative decoding",
+        description="Complete PROMPT with speculative decoding (bundled pair by default). "
+        "The text goes to stdout, a one-line summary to stderr.",
+    )
+    g.add_argument(
+        "prompt", nargs="?", help="the text to complete, e.g. 'def fibonacci(n):' (or --chat)"
+    )
+    g.add_argument(
+        "--chat", metavar="MESSAGE",
+        help="chat with an instruct --model instead: MESSAGE is the user's turn, written in "
+        "the model's chat template; only the answer is printed, and generation stops at the "
+        "end of the assistant's turn",
+    )  # fmt: skip
+    g.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
+    g.add_argument(
+        "--model",
+        help="target model: a Hugging Face folder or a GGUF file (specjax[gguf]); default: bundled",
+    )
+    g.add_argument("--draft", help="draft model folder for --drafter model (with --model)")
+    g.add_argument(
+        "--drafter", default="auto", metavar="{auto,block,eagle,model,lookup,none,PATH}",
+        help="who drafts: the block drafter (reads the target's hidden states), the bundled "
+        "EAGLE-style head (eagle: reads them too, drafts step by step), the draft "
+        "model, prompt lookup (n-gram copy), none (plain decoding), or the path of a block "
+        "drafter folder (the same as --drafter block --block-drafter PATH); auto (default): "
+        f"the fastest measured for the bundled pair ({FASTEST_BUNDLED_DRAFTER})",
+    )  # fmt: skip
+    g.add_argument(
+        "--block-mode", choices=["argmax", "sample"], default="sample",
+        help="block drafter: argmax drafts with a one-hot q, or sampled drafts with their "
+        "true q (default; the same drafts at temperature 0)",
+    )  # fmt: skip
+    g.add_argument(
+        "--block-drafter", metavar="PATH",
+        help="block drafter folder for --drafter block with --model (specjax train-drafter)",
+    )  # fmt: skip
+    g.add_argument(
+        "--gamma", type=int, default=None,
+        help="tokens drafted per target call (γ); default: 4, or the block drafter's own (2)",
+    )  # fmt: skip
+    g.add_argument(
+        "--tree", default=None, metavar="K1,K2,...",
+        help="draft a tree instead of a chain: K1 children at the root, K2 under each of "
+        "those, ... (e.g. 3,2,2,1; --drafter block or model); its depth is γ",
+    )  # fmt: skip
+    g.add_argument(
+        "--ngram", type=int, default=3, help="longest n-gram matched by --drafter lookup"
+    )
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1 = off)")
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p × max prob")
+    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
+    g.add_argument("--seed", type=int, default=0, help="PRNG seed (same seed, same output)")
+    g.add_argument("--batch", type=int, default=1, help="generate this many samples at once")
+    g.add_argument(
+        "--no-eos", action="store_true",
+        help="do not stop at <|endoftext|> (with --chat: at the end of the turn)",
+    )  # fmt: skip
+    g.add_argument(
+        "--compare", action="store_true",
+        help="also time plain decoding, interleaved with the speculative runs; print the speedup "
+        "(ratio of the median speeds)",
+    )  # fmt: skip
+    g.add_argument(
+        "--repeats", type=int, default=5, metavar="N",
+        help="timed runs after a warm-up run; the speed shown is their median, with or "
+        "without --compare (with it, N runs of each, alternating speculative, plain, ...) "
+        "(default 5)",
+    )  # fmt: skip
+    g.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    g.add_argument("--no-color", action="store_true", help="do not colour accepted draft tokens")
+    g.add_argument(
+        "--no-stream", action="store_true", help="print the completion at the end, not as it grows"
+    )
+    _add_cache_flag(g)
+    g.set_defaults(func=cmd_generate)
+
+    for name, helptext in [
+        ("train", "train a model (and a byte-level BPE tokenizer) on text files"),
+        ("distill", "distil a draft model from a --target model on text files"),
+    ]:
+        t = sub.add_parser(name, help=helptext, description=helptext)
+        t.add_argument("data", nargs="+", help="text files or folders (read recursively)")
+        t.add_argument("--out", required=True, help="output folder (Hugging Face format)")
+        if name == "distill":
+            t.add_argument("--target", required=True, help="teacher model folder")
+        t.add_argument(
+            "--size", choices=sorted(SIZES), default="tiny" if name == "train" else "draft",
+            help="architecture preset",
+        )  # fmt: skip
+        t.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary (train only)")
+        _add_run_flags(t, steps=1000, batch_size=16, lr=1e-3)
+        t.set_defaults(func=cmd_train if name == "train" else cmd_distill)
+
+    helptext = "train a block drafter (DFlash-style) for a target on text files"
+    d = sub.add_parser(
+        "train-drafter",
+        help=helptext,
+        description=helptext + ". The target "
+        "is frozen; its hidden states are computed inside each training step.",
+    )
+    d.add_argument("data", nargs="+", help="text files or folders (read recursively)")
+    d.add_argument("--out", required=True, help="output folder of the drafter")
+    d.add_argument("--target", help="target model folder (default: the bundled target)")
+    d.add_argument("--layers", type=int, default=2, help="draft layers (1-5)")
+    d.add_argument("--features", type=int, default=3, help="target layers fused")
+    d.add_argument("--block-size", type=int, default=8, help="largest block (γ+1) trained")
+    d.add_argument("--anchors", type=int, default=32, help="blocks per training sequence")
+    _add_run_flags(d, steps=2000, batch_size=8, lr=2e-3)
+    d.set_defaults(func=cmd_train_drafter)
+    return parser
+
+
+def _add_cache_flag(parser) -> None:
+    parser.add_argument(
+        "--no-compilation-cache", action="store_true",
+        help="compile everything anew and keep nothing: no persistent compilation cache "
+        "(by default compiled programs are kept in $SPECJAX_CACHE/jax, so a second run "
+        "starts in seconds; SPECJAX_COMPILATION_CACHE=off does the same as this flag)",
+    )  # fmt: skip
+
+
+def _add_run_flags(parser, *, steps: int, batch_size: int, lr: float) -> None:
+    """The flags every training command shares: schedule, budget, checkpoints."""
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=lr, help="peak learning rate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-minutes", type=float, default=None, help="time budget")
+    parser.add_argument("--checkpoint-every", type=int, default=200)
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    _add_cache_flag(parser)
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace whatever --out holds (by default an existing model is never replaced)",
+    )  # fmt: skip
+
+
+def main(argv=None) -> int:
+    """Runs the command; returns the exit status (0, 2 for a user error, 1, 130).
+
+    User errors print one line, ``specjax: error: ...``, with status 2; so do
+    argparse's (returned, not raised, so that ``main([...])`` can be called
+    in-process). A failure of the file system (a full disk, a permission
+    denied) prints one line with status 1. Only genuine bugs show a traceback.
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a bad option (2), already printed
+        return e.code if isinstance(e.code, int) else 2
+    from specjax import compilation_cache
+
+    if args.no_compilation_cache:
+        compilation_cache.disable()
+    try:
+        # An unreadable cache entry costs a compile and a warning, never the run; the
+        # entry is removed afterwards, so the next run caches the program again.
+        with compilation_cache.repairing():
+            return args.func(args)
+    except UserError as e:
+        print(f"specjax: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"specjax: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("specjax: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,315 @@
+"""``specjax train``, ``distill`` and ``train-drafter``: train on text files into --out."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from specjax.cli.common import UserError, check_flag, load_folder
+
+
+def _read_corpus(paths) -> list[str]:
+    docs = []
+    for p in paths:
+        path = Path(p)
+        if not path.exists():
+            raise UserError(f"{p}: no such file or directory")
+        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        for f in files:
+            try:
+                text = f.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue  # binary files in a folder are skipped, not fatal
+            if text:
+                docs.append(text)
+    if not docs:
+        raise UserError(f"no UTF-8 text found in {' '.join(map(str, paths))}")
+    return docs
+
+
+SIZES = {
+    # name: (hidden, layers, heads, kv heads, intermediate)
+    "tiny": (64, 2, 4, 2, 128),
+    "draft": (128, 2, 4, 2, 384),
+    "target": (384, 8, 6, 2, 1024),
+}
+
+
+# The family the train/distill commands build; the output check compares against it.
+_TRAINED_MODEL_TYPE = "llama"
+
+
+# Where the commands keep training checkpoints, inside --out; the final export
+# carries this folder over instead of deleting it, so --resume keeps working.
+_CHECKPOINTS = "checkpoints"
+
+
+def _check_train_args(args, distill: bool) -> None:
+    """Option checks that need nothing but the command line."""
+    from specjax.validation import check_float, check_int
+
+    for flag, lo in (("--steps", 1), ("--batch-size", 1), ("--seq-len", 1),
+                     ("--checkpoint-every", 0)):  # fmt: skip
+        check_flag(flag, check_int, getattr(args, flag[2:].replace("-", "_")), lo=lo)
+    check_flag("--seed", check_int, args.seed)
+    if not distill:
+        check_flag("--vocab-size", check_int, args.vocab_size, lo=257)
+    check_flag("--lr", check_float, args.lr, lo=0.0, lo_open=True)
+    if args.max_minutes is not None:
+        check_flag("--max-minutes", check_float, args.max_minutes, lo=0.0)
+    if args.resume and args.overwrite:
+        raise UserError(
+            "--resume continues the run in --out and --overwrite discards it; pass one of them"
+        )
+
+
+def _check_out(args) -> Path:
+    """Refuses, before any training, an --out that the final save would refuse or harm."""
+    from specjax.io.hf import check_save_target
+    from specjax.training import list_checkpoints
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; pass a folder to hold the model")
+    try:
+        check_save_target(out, _TRAINED_MODEL_TYPE, overwrite=True)  # root / cwd guard
+    except ValueError as e:
+        raise UserError(f"--out: {e}") from None
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        if not args.resume:
+            what = "a model" if (out / "config.json").exists() else "files"
+            raise UserError(
+                f"--out {out} already holds {what}; pass --overwrite to replace it, "
+                "or --resume to continue its training"
+            )
+        try:
+            check_save_target(out, _TRAINED_MODEL_TYPE, keep=(_CHECKPOINTS,))
+        except ValueError as e:
+            raise UserError(f"--out {out} is not the output of a training run: {e}") from None
+        if not list_checkpoints(out / _CHECKPOINTS):
+            raise UserError(
+                f"--resume: --out {out} has no training checkpoints to continue from; "
+                "pass --overwrite to train a new model in their place"
+            )
+    _check_writable(out)
+    return out
+
+
+def _check_writable(out: Path) -> None:
+    """A read-only folder or a full disk fails here, not after the training."""
+    parent = out if out.is_dir() else out.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryDirectory(dir=parent).cleanup()
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write in {parent}: {e.strerror or e}") from None
+
+
+def _check_resumed_tokenizer(args, out, tokenizer) -> None:
+    from tokenizers import Tokenizer
+
+    from specjax.training import list_checkpoints
+
+    ckpts = list_checkpoints(out / _CHECKPOINTS) if args.resume else []
+    saved = ckpts[-1] / "tokenizer.json" if ckpts else None
+    if saved is None or not saved.is_file():
+        return
+    try:
+        previous = Tokenizer.from_file(str(saved)).to_str()
+    except Exception as e:  # tokenizers raises a bare Exception on a bad file
+        raise UserError(f"--resume: {saved} cannot be read: {e}") from None
+    if previous != tokenizer.to_str():
+        raise UserError(
+            f"--resume: the tokenizer differs from the one of {ckpts[-1]}; resume with the "
+            "same data, --vocab-size and --target, or pass --overwrite to start over"
+        )
+
+
+def _train_in_out(args, out: Path, run):
+    """``run(checkpoint_dir, resume)`` with --out's checkpoint folder; errors as UserError."""
+    import shutil
+
+    checkpoints = out / _CHECKPOINTS
+    if args.overwrite and checkpoints.exists():
+        # --overwrite discards the old run; its checkpoints must not be resumed
+        # into this one. The old model itself stays until the new one replaces it.
+        shutil.rmtree(checkpoints)
+    try:
+        return run(checkpoints, args.resume)
+    except FloatingPointError as e:
+        raise UserError(f"{e} (--lr {args.lr})") from None
+    except ValueError as e:  # training refuses before its first step, e.g. a changed config
+        raise UserError(str(e)) from None
+
+
+def _train_common(args, out, teacher=None):
+
+    import numpy as np
+
+    from specjax import tokenizer as tok_lib
+    from specjax.data import tokenize_documents
+    from specjax.io.hf import save_pretrained
+    from specjax.models import Model, ModelConfig
+    from specjax.training import TrainConfig, train
+
+    docs = _read_corpus(args.data)
+    if teacher is not None:
+        tokenizer = teacher.tokenizer
+        if tokenizer is None:
+            raise UserError(f"--target {args.target} has no tokenizer.json")
+        # The draft shares the teacher's logits one for one (padded vocabularies
+        # included), which distillation and speculative decoding both need.
+        vocab_size = teacher.vocab_size
+        if tokenizer.get_vocab_size() > vocab_size:
+            raise UserError(
+                f"--target {args.target}: its tokenizer has {tokenizer.get_vocab_size()} "
+                f"tokens but the model only {vocab_size} logits (another vocabulary)"
+            )
+        if tokenizer.token_to_id(tok_lib.EOS_TOKEN) is None:
+            raise UserError(
+                f"--target {args.target}: its tokenizer has no {tok_lib.EOS_TOKEN} token, "
+                "which separates the documents of the corpus"
+            )
+    else:
+        tokenizer = tok_lib.train_tokenizer(docs, vocab_size=args.vocab_size)
+        vocab_size = tokenizer.get_vocab_size()
+    _check_resumed_tokenizer(args, out, tokenizer)
+    tokens = tokenize_documents(tokenizer, docs)
+    if len(tokens) <= args.seq_len:
+        raise UserError(f"corpus has {len(tokens)} tokens, need more than --seq-len {args.seq_len}")
+    hidden, layers, heads, kv, inter = SIZES[args.size]
+    config = ModelConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        intermediate_size=inter,
+        tie_word_embeddings=True,
+        max_position_embeddings=max(args.seq_len, 512),
+        eos_token_id=tok_lib.eos_id(tokenizer),
+    )
+    model = Model.random(config, seed=args.seed).replace(tokenizer=tokenizer)
+    try:
+        cfg = TrainConfig(
+            steps=args.steps,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            learning_rate=args.lr,
+            warmup_steps=min(100, args.steps // 10),
+            seed=args.seed,
+            max_minutes=args.max_minutes,
+            checkpoint_every=args.checkpoint_every,
+        )
+    except (TypeError, ValueError) as e:
+        raise UserError(str(e)) from None
+    result = _train_in_out(
+        args, out, lambda checkpoint_dir, resume: train(
+            model, np.asarray(tokens), cfg, teacher=teacher,
+            checkpoint_dir=checkpoint_dir, resume=resume,
+        ),
+    )  # fmt: skip
+    try:
+        save_pretrained(
+            result.model.replace(tokenizer=tokenizer), out,
+            overwrite=args.overwrite, keep=(_CHECKPOINTS,),
+        )  # fmt: skip
+    except ValueError as e:  # --out changed while training
+        raise UserError(f"--out {out}: {e}") from None
+    print(
+        f"saved {out} after {result.steps} steps; final loss {result.losses[-1]:.3f}; "
+        f"{result.tokens_per_second:.0f} tokens/s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_train(args) -> int:
+    _check_train_args(args, distill=False)
+    out = _check_out(args)
+    return _train_common(args, out)
+
+
+def cmd_distill(args) -> int:
+    _check_train_args(args, distill=True)
+    out = _check_out(args)
+    teacher = load_folder(args.target, "--target")
+    if args.seq_len > teacher.config.max_position_embeddings:
+        raise UserError(
+            f"--seq-len {args.seq_len} is beyond the --target model's context "
+            f"({teacher.config.max_position_embeddings})"
+        )
+    return _train_common(args, out, teacher=teacher)
+
+
+def cmd_train_drafter(args) -> int:
+    """Trains a BlockDrafter for --target (default: the bundled target) on text files."""
+
+    import jax
+    import numpy as np
+
+    from specjax.data import tokenize_documents
+    from specjax.drafters.block import BlockDrafter, save_block_drafter
+    from specjax.pretrained import default_pair
+    from specjax.training import BlockTrainConfig, list_checkpoints, train_block_drafter
+    from specjax.validation import check_int
+
+    _check_train_args(args, distill=True)
+    for flag in ("--layers", "--features", "--anchors"):
+        check_flag(flag, check_int, getattr(args, flag[2:]), lo=1)
+    check_flag("--block-size", check_int, args.block_size, lo=2)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; pass a folder to hold the drafter")
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        if not args.resume:
+            what = "a block drafter" if (out / BlockDrafter.config_file).exists() else "files"
+            raise UserError(
+                f"--out {out} already holds {what}; pass --overwrite to replace it, "
+                "or --resume to continue its training"
+            )
+        if not list_checkpoints(out / _CHECKPOINTS):
+            raise UserError(f"--resume: --out {out} has no training checkpoints to continue from")
+    _check_writable(out)
+
+    if args.target:
+        target = load_folder(args.target, "--target")
+    else:
+        target = default_pair()[0]
+    if target.tokenizer is None:
+        raise UserError(f"--target {args.target} has no tokenizer.json")
+    if args.seq_len > target.config.max_position_embeddings:
+        raise UserError(
+            f"--seq-len {args.seq_len} is beyond the target's context "
+            f"({target.config.max_position_embeddings})"
+        )
+    tokens = tokenize_documents(target.tokenizer, _read_corpus(args.data))
+    if len(tokens) <= args.seq_len:
+        raise UserError(f"corpus has {len(tokens)} tokens, need more than --seq-len {args.seq_len}")
+    try:
+        drafter = BlockDrafter.random(
+            target, key=jax.random.key(args.seed), num_draft=min(7, args.block_size - 1),
+            num_layers=args.layers, num_features=args.features, block_size=args.block_size,
+        )  # fmt: skip
+        config = BlockTrainConfig(
+            steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+            learning_rate=args.lr, warmup_steps=min(100, args.steps // 10), seed=args.seed,
+            max_minutes=args.max_minutes, checkpoint_every=args.checkpoint_every,
+            num_anchors=args.anchors, decay=args.block_size / 2,
+        )  # fmt: skip
+    except (TypeError, ValueError) as e:
+        raise UserError(str(e)) from None
+    result = _train_in_out(
+        args, out, lambda checkpoint_dir, resume: train_block_drafter(
+            drafter, np.asarray(tokens), config, checkpoint_dir=checkpoint_dir, resume=resume
+        ),
+    )  # fmt: skip
+    save_block_drafter(result.model, out, overwrite=True, keep=(_CHECKPOINTS,))
+    print(
+        f"saved {out} after {result.steps} steps; final loss {result.losses[-1]:.3f}; "
+        f"{result.tokens_per_second:.0f} tokens/s; use it with specjax generate "
+        f"--model TARGET --drafter block --block-drafter {out}",
+        file=sys.stderr,
+    )
+    return 0

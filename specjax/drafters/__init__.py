@@ -1,0 +1,29 @@
+"""Drafters: who proposes the γ tokens the target verifies.
+
+* `specjax.drafters.base`: the contract every drafter follows (`Drafter`, `Proposal`,
+  `TargetFeatures`) and the target forwards that feed feature drafters;
+* `specjax.drafters.draft_model`: `DraftModel`, a smaller LM;
+* `specjax.drafters.lookup`: `PromptLookup` (no weights) and `NoDraft` (γ = 0);
+* `specjax.drafters.features`: `FeatureDrafter`, the shared base of the drafters that
+  read the target's hidden states, `specjax.drafters.block` (`BlockDrafter`) and
+  `specjax.drafters.eagle` (`EagleDrafter`);
+* `specjax.drafters.weights`: saving and loading their weights;
+* `specjax.drafters.registry`: the drafters by name (``--drafter``,
+  `specjax.default_drafter`).
+"""
+
+from specjax.drafters.base import Drafter as Drafter
+from specjax.drafters.base import Proposal as Proposal
+from specjax.drafters.base import TargetFeatures as TargetFeatures
+from specjax.drafters.base import as_tree as as_tree
+from specjax.drafters.base import cache_bytes as cache_bytes
+from specjax.drafters.base import lookahead as lookahead
+from specjax.drafters.base import prefill as prefill
+from specjax.drafters.base import prefill_positions as prefill_positions
+from specjax.drafters.base import score as score
+from specjax.drafters.block import BlockDrafter as BlockDrafter
+from specjax.drafters.draft_model import DraftModel as DraftModel
+from specjax.drafters.eagle import EagleDrafter as EagleDrafter
+from specjax.drafters.features import FeatureDrafter as FeatureDrafter
+from specjax.drafters.lookup import NoDraft as NoDraft
+from specjax.drafters.lookup import PromptLookup as PromptLookup

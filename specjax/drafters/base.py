@@ -1,0 +1,346 @@
+"""The drafter contract: who proposes the γ tokens the target verifies.
+
+A drafter is a small frozen pytree (``flax.struct.dataclass``) with three pure
+functions. The decoder calls them inside its ``lax.while_loop``:
+
+* ``init(prompts_BS, seq_lengths_B, cache_len, features) -> state`` once, after the
+  prompt;
+* ``propose(keys_BG, state, seq_BS, seq_lengths_B, sampling) -> Proposal`` each step;
+* ``update(state, seq_lengths_B, features) -> state`` after verification, with each
+  row's new length (this is where a draft model rolls its KV cache back).
+
+``seq_BS`` is the decoder's token buffer: slot ``s`` of row ``b`` holds the
+token at position ``s``; only ``s < seq_lengths_B[b]`` is valid. The last valid
+token of each row has not been fed to any model yet.
+
+``keys_BG`` holds one PRNG key per row and drafted position: draft ``i`` of row
+``b`` (position ``seq_lengths_B[b] + i``) must be drawn with ``keys_BG[b, i]``,
+e.g. ``specjax.sample(keys_BG[:, i], q_BV)``, and with nothing else. The decoder
+derives them from the position (`specjax.noise`), so drafts are reproducible per
+row; in coupled verification they are the very keys the target samples that
+position with, which is what makes a good drafter's tokens match. A deterministic
+drafter ignores them. ``sampling`` has one value per row in each leaf (``[B]``).
+
+The static shape parameters (``num_draft`` = γ) are non-pytree fields, so they
+are part of the compiled program; everything else is an array leaf.
+
+Drafters that read the target (`specjax.BlockDrafter`, `specjax.EagleDrafter`; their
+shared base is `specjax.drafters.features.FeatureDrafter`) name the target layers they
+need in a static tuple ``target_layers``. The decoder then asks the target for those
+layers' hidden states inside the forwards it runs anyway (prefill and verify, through
+the model contract's ``feature_layers=``) and hands them over as `TargetFeatures`:
+
+* ``init``'s ``features`` are the prompt's;
+* ``update``'s are those of the γ+1 tokens the verify forward scored. Those at
+  positions ``< seq_lengths_B - 1`` are committed; the rest (rejected drafts) are
+  stale and must never be read.
+
+No drafter ever runs a second target forward. Drafters with an empty
+``target_layers`` (the default) get ``features=None``.
+
+**Trees.** A drafter with a static ``tree`` (`specjax.tree.Tree`, set by
+``with_tree``) proposes ``tokens int32[B, N]``, one per drafted node in the tree's
+order, with ``probs=None`` (children are deterministic: the top-k of its
+distribution) and ``num_draft`` = the tree's depth D; it gets ``keys_BG`` ``[B, D]``
+and may ignore them. The decoder verifies the tree exactly (`specjax.tree`), and a
+feature-reading drafter's ``update`` gets the features of the root and of the
+accepted path, ``[B, D+1, ·]`` at consecutive positions, as for a chain.
+
+**Training.** A trainable drafter (one bound to its frozen ``target``, which is its
+teacher) also names its `specjax.training.TrainConfig` subclass
+(`Drafter.train_config_type`), its objective (`Drafter.loss`) and how its weights go
+to and come from a folder (`Drafter.write`, `Drafter.load`); `specjax.training.train`
+dispatches through those alone.
+
+Writing another drafter (e.g. Medusa-style heads on the target's hidden states)
+means writing one such dataclass and, to reach it by name, one line in
+`specjax.drafters.registry`; see the README's "Writing a drafter".
+"""
+
+from __future__ import annotations
+
+import abc
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.sampling import SamplingConfig
+from specjax.tree import Tree
+
+
+@struct.dataclass
+class Proposal:
+    """What a drafter proposes for one decode step.
+
+    Attributes:
+        tokens: ``int32[B, γ]`` drafted tokens, each in ``[0, V)``.
+        probs: ``float32[B, γ, V]`` the processed draft distributions the
+            tokens were sampled from, or ``None`` for a deterministic drafter
+            (q is then the one-hot of ``tokens``; no one-hots are materialised).
+            A drafter whose ``vocab_size`` V_d is smaller than the target's returns
+            ``[B, γ, V_d]``; the decoder zero-pads it (`specjax.vocab`).
+        state: the drafter's new state.
+    """
+
+    tokens: jax.Array
+    probs: jax.Array | None
+    state: object
+
+
+@struct.dataclass
+class TargetFeatures:
+    """Hidden states of the target's ``target_layers``, as handed to a drafter.
+
+    Attributes:
+        hidden: ``[B, T, n·E]`` the outputs of the n requested layers at T
+            positions, concatenated in ``target_layers`` order.
+        positions: ``int32[B, T]`` the absolute position of each column.
+    """
+
+    hidden: jax.Array
+    positions: jax.Array
+
+
+class Drafter(abc.ABC):
+    """Interface of a drafter. Subclasses are frozen ``flax.struct`` dataclasses.
+
+    Every member the decoders, the memory check, training, the CLI and the benchmarks
+    use is declared here, with one signature for every drafter.
+
+    Attributes:
+        num_draft: γ, tokens proposed per step (static).
+        target_layers: static tuple of target layer indices whose hidden states the
+            drafter reads (`TargetFeatures`); empty for drafters that do not.
+        tree: the static `Tree` the drafter proposes (`with_tree`), or ``None`` for a
+            chain of ``num_draft`` drafts.
+        target: for drafters bound to their target (the trainable ones), that model:
+            the teacher `specjax.training.train` scores each batch with.
+    """
+
+    num_draft: int
+    target_layers: tuple[int, ...] = ()
+    tree: Tree | None = None
+    target: object
+    #: Whether the drafter can propose trees (`with_tree`).
+    drafts_trees: bool = False
+    #: Whether it is the null drafter (`specjax.NoDraft`), the only one the decoders let
+    #: draft nothing (γ = 0): with it, speculative decoding is plain decoding.
+    null_drafter: bool = False
+    #: What errors call it ("block drafter").
+    noun: str = "drafter"
+    #: The file a folder of its saved weights holds (`load`); "" for a drafter without.
+    config_file: str = ""
+
+    def with_tree(self, tree) -> Drafter:
+        """The same drafter proposing ``tree`` (a `Tree`, a branching tuple or "3,2,2,1").
+
+        ``num_draft`` becomes the tree's depth. ``None`` goes back to a chain of
+        ``num_draft`` drafts.
+        """
+        if tree is None:
+            return self.replace(tree=None)
+        if not self.drafts_trees:
+            raise ValueError(f"{type(self).__name__} does not propose trees")
+        tree = as_tree(tree)
+        out = self.replace(tree=tree, num_draft=tree.depth)
+        out.check()  # e.g. a BlockDrafter's block is at least the tree's depth
+        return out
+
+    def with_draft(self, num_draft: int | None = None, mode: str | None = None) -> Drafter:
+        """The same drafter with another γ and/or drafting mode (no new weights).
+
+        The default knows no modes; drafters with some (`specjax.BlockDrafter`'s
+        ``"argmax"`` and ``"sample"``) override it.
+
+        Raises:
+            ValueError: ``mode`` is given, or the new γ is refused by `check`.
+        """
+        if mode is not None:
+            raise ValueError(f"{type(self).__name__} has no drafting modes, got mode={mode!r}")
+        out = self if num_draft is None else self.replace(num_draft=num_draft)
+        out.check()
+        return out
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int | None:
+        """V of the drafter (at most the target's), or ``None`` for any vocabulary."""
+
+    @abc.abstractmethod
+    def init(
+        self, prompts_BS: jax.Array, seq_lengths_B: jax.Array, cache_len: int,
+        features: TargetFeatures | None = None,
+    ):  # fmt: skip
+        """Builds the drafter's state after the prompt (e.g. prefills its cache).
+
+        Args:
+            prompts_BS: ``int32[B, S]`` right-padded prompts.
+            seq_lengths_B: ``int32[B]`` their lengths.
+            cache_len: the decoder's cache slots per row.
+            features: the prompt's `TargetFeatures` of ``target_layers``; ``None``
+                for a drafter that reads none.
+        """
+
+    @abc.abstractmethod
+    def propose(
+        self,
+        keys_BG: jax.Array,
+        state,
+        seq_BS: jax.Array,
+        seq_lengths_B: jax.Array,
+        sampling: SamplingConfig,
+    ) -> Proposal:
+        """Proposes ``num_draft`` tokens per row continuing ``seq_BS[b, :seq_lengths_B[b]]``.
+
+        Args:
+            keys_BG: PRNG keys ``[B, γ]``; draft ``i`` of row ``b`` is drawn with
+                ``keys_BG[b, i]`` only.
+            state: the drafter's state.
+            seq_BS: ``int32[B, S]`` the token buffer (slot == position).
+            seq_lengths_B: ``int32[B]`` valid tokens per row.
+            sampling: the rows' `SamplingConfig`, each leaf ``[B]``.
+
+        Returns:
+            a `Proposal` with ``tokens int32[B, γ]``.
+        """
+
+    @abc.abstractmethod
+    def update(self, state, seq_lengths_B: jax.Array, features: TargetFeatures | None = None):
+        """Returns the state after verification left each row ``seq_lengths_B`` long.
+
+        ``features`` are the verify forward's `TargetFeatures` of ``target_layers``
+        (``None`` for a drafter that reads none).
+        """
+
+    def check(self) -> None:
+        """Raises ValueError/TypeError if the drafter's own settings are inconsistent.
+
+        The decoders call it before anything compiles (after `with_tree` too). The
+        default checks nothing; drafters with settings that can disagree (a block
+        shorter than γ, a mode they lack) override it.
+        """
+        return None
+
+    def own_models(self) -> dict[str, object]:
+        """The models the drafter runs under the model contract, by the name errors use.
+
+        The decoders check each like the target (vocabulary, tree support). The
+        default is none; `specjax.DraftModel` returns ``{"drafter.model": model}``.
+        """
+        return {}
+
+    def state_bytes(self, batch_size: int, cache_len: int) -> int:
+        """Bytes of the drafter's state for ``batch_size`` rows of ``cache_len`` slots.
+
+        The decoders add it to the target's cache in their memory check, before
+        anything compiles. The default, 0, fits drafters whose state is a few
+        per-row scalars; a drafter with a cache overrides it (see `cache_bytes`).
+        """
+        del batch_size, cache_len
+        return 0
+
+    # -- Training (only trainable drafters override these). --------------------------
+
+    @classmethod
+    def train_config_type(cls) -> type | None:
+        """The `specjax.training.TrainConfig` subclass that trains this drafter.
+
+        ``None`` (the default) for a drafter that is not trained; `specjax.training.train`
+        then refuses it like any object that is not a model.
+        """
+        return None
+
+    def loss(self, params, tokens_BT: jax.Array, key: jax.Array, config) -> tuple[jax.Array, dict]:
+        """The training objective on one batch, with ``self.target`` frozen.
+
+        Args:
+            params: the drafter's own weights (differentiated).
+            tokens_BT: ``int32[B, T]`` training sequences.
+            key: PRNG key of the objective's own draws (e.g. anchors).
+            config: an instance of `train_config_type`.
+
+        Returns:
+            ``(loss, metrics)``: a float32 scalar and a dict of float32 scalars
+            holding at least ``loss``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} is not trainable")
+
+    def write(self, folder) -> None:
+        """Writes the drafter's own weights and config into the existing ``folder``."""
+        raise NotImplementedError(f"{type(self).__name__} has no weights of its own to write")
+
+    @classmethod
+    def load(cls, path, target, *, num_draft: int | None = None, mode: str | None = None):
+        """A drafter of this class read from ``path`` (as `write` left it) for ``target``."""
+        raise NotImplementedError(f"{cls.__name__} has no weights of its own to load")
+
+
+def cache_bytes(model, batch_size: int, cache_len: int) -> int:
+    """Bytes of ``model.init_cache(batch_size, cache_len)``, from shapes alone."""
+    shapes = jax.eval_shape(lambda: model.init_cache(batch_size, cache_len))
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+
+
+def as_tree(tree) -> Tree:
+    """A `Tree` from a `Tree`, a branching sequence like ``(3, 2, 2, 1)``, or ``"3,2,2,1"``."""
+    if isinstance(tree, Tree):
+        return tree
+    if isinstance(tree, str):
+        return Tree.parse(tree)
+    return Tree.from_branching(tree)
+
+
+def lookahead(drafter: Drafter) -> int:
+    """Cache slots one step may write past a row's length: γ + 1, or N + 1 for a tree."""
+    tree = getattr(drafter, "tree", None)
+    return (tree.num_nodes if tree is not None else drafter.num_draft) + 1
+
+
+def prefill_positions(batch_size: int, length: int) -> jax.Array:
+    """``int32[B, T]`` positions ``0..T-1`` for every row."""
+    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))
+
+
+def score(
+    model, tokens_BT, positions_BT, cache, feature_layers: tuple[int, ...] = (), tree=None
+):  # fmt: skip
+    """One target forward, collecting a drafter's features when it reads any.
+
+    The one place that calls the model contract with or without ``feature_layers=``
+    (and ``tree=``, a `~specjax.models.cache.TreeMask`, for a tree of drafts).
+
+    Returns:
+        ``(logits float32[B, T, V], new_cache, features)``: ``features`` are the
+        `TargetFeatures` of ``feature_layers`` at ``positions_BT``, or ``None`` when
+        ``feature_layers`` is empty (the plain three-argument call).
+    """
+    extra = {} if tree is None else {"tree": tree}
+    if not feature_layers:
+        logits, cache = model(tokens_BT, positions_BT, cache, **extra)
+        return logits, cache, None
+    logits, cache, hidden = model(
+        tokens_BT, positions_BT, cache, feature_layers=feature_layers, **extra
+    )
+    return logits, cache, TargetFeatures(hidden=hidden, positions=positions_BT)
+
+
+def prefill(
+    model, prompts_BP: jax.Array, prompt_lengths_B: jax.Array, cache_len: int,
+    feature_layers: tuple[int, ...] = (),
+):  # fmt: skip
+    """Runs ``model`` over right-padded prompts into a fresh cache of ``cache_len`` slots.
+
+    Returns:
+        ``(logits float32[B, P, V], cache, features)``, ``features`` the prompt's
+        `TargetFeatures` of ``feature_layers`` (``None`` without them). The cache's
+        lengths are set to ``prompt_lengths - 1``: the last prompt token stays
+        "pending", the same invariant the decode loops keep (the pending token is fed
+        next step). The padded slots written here are overwritten before they are read.
+    """
+    b, p = prompts_BP.shape
+    cache = model.init_cache(b, cache_len)
+    logits, cache, features = score(
+        model, prompts_BP, prefill_positions(b, p), cache, feature_layers
+    )
+    return logits, cache.rollback(prompt_lengths_B - 1), features

@@ -1,0 +1,163 @@
+"""`DraftModel`: a smaller LM drafting autoregressively with its own KV cache."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.drafters.base import Drafter, Proposal, cache_bytes, prefill
+from specjax.models.cache import KVCache, TreeMask
+from specjax.sampling import greedy_tokens, mask_vocab, probs_from_logits, sample
+from specjax.tree import Tree, expand_top_k
+
+
+@struct.dataclass
+class DraftModel(Drafter):
+    """A smaller LM that drafts γ tokens autoregressively with its own KV cache.
+
+    The draft samples from ``probs_from_logits(draft_logits, sampling)``, the
+    same transforms the target's distribution gets (``vocab_limit`` included), and
+    returns those full probabilities so rejection sampling sees the q it actually
+    sampled from.
+
+    The draft may have a smaller vocabulary than the target (a padded family, see
+    `specjax.vocab`): its ``[B, γ, V_d]`` q is zero-padded by the decoder.
+
+    With ``greedy_draft=True`` it proposes its argmax instead (below the row's
+    ``vocab_limit``) and returns no q: the verifier then treats q as the one-hot of
+    each draft, which is exact (a draft ``x`` is accepted with probability
+    ``p(x)``), needs no ``[B, γ, V]`` buffer, and can accept more than the true q
+    when the draft ranks well but is underconfident (BENCHMARKS.md measures both).
+
+    Attributes:
+        model: the draft model (any object following the model contract).
+        num_draft: γ, tokens proposed per step (static).
+        greedy_draft: propose the draft's argmax with one-hot q (static).
+    """
+
+    model: object
+    num_draft: int = struct.field(pytree_node=False, default=4)
+    greedy_draft: bool = struct.field(pytree_node=False, default=False)
+    tree: Tree | None = struct.field(pytree_node=False, default=None)
+    drafts_trees = True
+    noun = "draft model"
+    config_file = "config.json"
+
+    @classmethod
+    def load(cls, path, target, *, num_draft: int | None = None, mode: str | None = None):
+        """A draft model read from a Hugging Face folder (or ``.gguf`` file) for ``target``.
+
+        Its weights are cast to the target's dtype; ``num_draft`` defaults to 4.
+        """
+        from specjax.io.hf import load_pretrained
+
+        drafter = cls(load_pretrained(path, dtype=target.dtype))
+        return drafter.with_draft(num_draft, mode)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    def _readable(self, tokens):
+        # The decoders refuse concrete limits and prompts that would show the draft an
+        # id >= its V; a traced vocab_limit cannot be checked, and an out-of-range id
+        # would embed as NaN (jnp.take's fill) and poison its cache. Any input keeps the
+        # output exact (the verifier only needs the q the drafts came from).
+        return jnp.minimum(tokens, self.model.vocab_size - 1)
+
+    def init(self, prompts_BS, seq_lengths_B, cache_len, features=None):
+        del features  # reads no target layers
+        _, cache, _ = prefill(self.model, self._readable(prompts_BS), seq_lengths_B, cache_len)
+        return cache
+
+    def own_models(self) -> dict[str, object]:
+        return {"drafter.model": self.model}
+
+    def state_bytes(self, batch_size: int, cache_len: int) -> int:
+        return cache_bytes(self.model, batch_size, cache_len)
+
+    def propose(self, keys_BG, state: KVCache, seq_BS, seq_lengths_B, sampling):
+        if self.tree is not None:
+            return self._propose_tree(state, seq_BS, seq_lengths_B, sampling)
+        b = seq_BS.shape[0]
+        rows = jnp.arange(b)
+        last = seq_lengths_B - 1
+        # The first step feeds the two newest tokens. After a step where every
+        # draft was accepted the draft cache lacks the last draft token; feeding
+        # it again otherwise rewrites an identical entry, so one code path
+        # serves both cases without a Python branch.
+        prev = jnp.maximum(last - 1, 0)
+        tokens_B2 = self._readable(jnp.stack([seq_BS[rows, prev], seq_BS[rows, last]], axis=1))
+        positions_B2 = jnp.stack([prev, last], axis=1)
+        logits, cache = self.model(tokens_B2, positions_B2, state)
+        if self.num_draft == 0:
+            # A step that drafts nothing (adaptive γ): the two newest tokens are still
+            # fed, so that the cache never lacks more than the newest one.
+            return Proposal(tokens=jnp.zeros((b, 0), jnp.int32), probs=None, state=cache)
+
+        def draw(keys_B, logits_BV):
+            if self.greedy_draft:
+                # No q to return, so no [B, V] probabilities are ever computed.
+                return greedy_tokens(mask_vocab(logits_BV, sampling.vocab_limit)), None
+            probs = probs_from_logits(logits_BV, sampling)
+            return sample(keys_B, probs), probs
+
+        token, probs = draw(keys_BG[:, 0], logits[:, -1])
+
+        def step(carry, keys_B):
+            token_B, position_B, cache = carry
+            logits, cache = self.model(token_B[:, None], position_B[:, None], cache)
+            next_token, probs = draw(keys_B, logits[:, 0])
+            return (next_token, position_B + 1, cache), (next_token, probs)
+
+        # Unrolled: γ is small and static, and the inner while loop's carry
+        # copies cost ~10% of a proposal on CPU (0.37 -> 0.335 ms, bundled draft, γ=4).
+        (_, _, cache), (tokens_rest, probs_rest) = jax.lax.scan(
+            step, (token, last + 1, cache), jnp.moveaxis(keys_BG[:, 1:], 1, 0), unroll=True
+        )
+        tokens = jnp.concatenate([token[:, None], jnp.moveaxis(tokens_rest, 0, 1)], axis=1)
+        if self.greedy_draft:
+            return Proposal(tokens=tokens, probs=None, state=cache)
+        probs = jnp.concatenate([probs[:, None], jnp.moveaxis(probs_rest, 0, 1)], axis=1)
+        return Proposal(tokens=tokens, probs=probs, state=cache)
+
+    def _propose_tree(self, state: KVCache, seq_BS, seq_lengths_B, sampling) -> Proposal:
+        """Expands the top-k of each node, one draft forward per level.
+
+        The draft cache holds committed tokens only (``state.lengths`` of them): tree
+        nodes are written past the pending token and forgotten by `update`, since the
+        accepted ones sit at tree slots, not at their positions. So a step first feeds
+        every committed token the cache lacks (at most D + 1: the accepted path and the
+        pending token), then the levels, each attending to its ancestors.
+        """
+        tree = self.tree
+        b, s = seq_BS.shape
+        rows = jnp.arange(b)
+        last = seq_lengths_B - 1
+        fed = jnp.minimum(state.lengths, last)
+        positions_BW = fed[:, None] + jnp.arange(tree.depth + 1)[None]
+        # Positions past `last` feed stale tokens into slots the levels overwrite (or
+        # past the cache's end, dropped); no committed query sees them.
+        tokens_BW = self._readable(seq_BS[rows[:, None], jnp.minimum(positions_BW, s - 1)])
+        logits_BWV, cache = self.model(tokens_BW, positions_BW, state)
+        visible = jnp.asarray(tree.ancestors)
+
+        def score_level(depth, tokens_Bn, cache):
+            first, stop = tree.level(depth)
+            mask = TreeMask(
+                start=last, slots=last[:, None] + jnp.arange(first, stop)[None],
+                visible=visible[first:stop],
+            )  # fmt: skip
+            positions_Bn = jnp.broadcast_to(last[:, None] + depth, tokens_Bn.shape)
+            return self.model(self._readable(tokens_Bn), positions_Bn, cache, tree=mask)
+
+        root_B1V = logits_BWV[rows, last - fed][:, None]
+        tokens, cache = expand_top_k(tree, root_B1V, sampling.vocab_limit, score_level, cache)
+        return Proposal(tokens=tokens, probs=None, state=cache.rollback(last + 1))
+
+    def update(self, state: KVCache, seq_lengths_B, features=None):
+        del features
+        # A tree step leaves its committed length in state.lengths (below the new
+        # length); a chain step's cache holds every accepted draft.
+        return state.rollback(jnp.minimum(state.lengths, seq_lengths_B - 1))

@@ -1,0 +1,168 @@
+"""Saving and loading a drafter's own weights: safetensors and JSON, never pickle.
+
+One format for every `~specjax.drafters.features.FeatureDrafter`: a folder holding the
+drafter's config file (``block_drafter.json``, ``eagle_drafter.json``: its format name,
+the `ModelConfig` of its layers, its target layers, γ, mode and the shape of the target
+it was built for) and ``model.safetensors`` (its parameters by NNX path). The target's
+weights are never written: a drafter is loaded for a target and reads that one's.
+
+Saving is atomic (`specjax.io.atomic.replace_folder`) and refuses, before anything is
+written, a path that is a file, a file-system root or the working directory (the guard
+of `specjax.io.hf.check_save_target`), and a folder holding anything but a drafter's
+own files, unless ``overwrite``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.models.config import ModelConfig
+from specjax.models.llama import upgrade_legacy_layout
+from specjax.validation import with_article
+
+__all__ = ["WEIGHTS_FILE", "flat_params", "load", "save", "target_shape", "write"]
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def flat_params(params) -> dict[str, np.ndarray]:
+    """Host arrays of ``params`` named by ``jax.tree_util.keystr`` of their path."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
+
+
+def target_shape(target) -> dict:
+    """What a drafter's weights depend on in its target: width, depth and vocabulary."""
+    return {
+        "hidden_size": target.config.hidden_size,
+        "num_layers": target.config.num_layers,
+        "vocab_size": target.vocab_size,
+    }
+
+
+def write(drafter, folder) -> None:
+    """Writes the drafter's config file and ``model.safetensors`` into an existing folder."""
+    from safetensors.numpy import save_file
+
+    meta = {
+        "format": drafter.file_format,
+        "layers": dataclasses.asdict(drafter.config),
+        "target_layers": list(drafter.target_layers),
+        **drafter.file_fields(),
+        "num_draft": drafter.num_draft,
+        "mode": drafter.mode,
+        "target": target_shape(drafter.target),
+    }
+    save_file(flat_params(drafter.params), str(Path(folder) / WEIGHTS_FILE))
+    (Path(folder) / drafter.config_file).write_text(json.dumps(meta, indent=2))
+
+
+def save(drafter, path, *, overwrite: bool = False, dtype=None, keep=()) -> Path:
+    """Writes the drafter's own weights (not the target's) atomically to folder ``path``.
+
+    The folder holds the drafter's config file and ``model.safetensors`` (in ``dtype``,
+    default the weights' own; loading casts to the target's dtype). A non-empty folder
+    that holds anything but this drafter's files is refused unless ``overwrite``;
+    entries named in ``keep`` (e.g. a training run's checkpoint folder) are carried over.
+
+    Returns:
+        ``path`` as a `Path`.
+
+    Raises:
+        ValueError: ``path`` is a file, a file-system root or holds the working
+            directory (even with ``overwrite``).
+        FileExistsError: ``path`` holds other files, without ``overwrite``.
+    """
+    from specjax.io import atomic
+    from specjax.io.hf import check_save_target
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"path {path} is a file; pass a folder to hold the drafter")
+    # The checkpoints' guard, whatever the folder holds: never replace a root or the
+    # working directory whole.
+    check_save_target(path, drafter.file_format, overwrite=True)
+    if path.is_dir() and not overwrite:
+        # Only a drafter's own files (and the entries carried over) may be replaced
+        # silently; anything else in the folder would be lost with it.
+        ours = {drafter.config_file, WEIGHTS_FILE, *keep}
+        foreign = sorted(p.name for p in path.iterdir() if p.name not in ours)
+        if foreign:
+            what = (
+                f"{with_article(drafter.noun)} and other files"
+                if (path / drafter.config_file).is_file()
+                else f"files but no {drafter.noun}"
+            )
+            raise FileExistsError(
+                f"path {path} holds {what} ({', '.join(foreign[:5])}); saving would delete "
+                "them: pass overwrite=True to replace the folder whole"
+            )
+    if dtype is not None:
+        drafter = drafter.replace(params=jax.tree.map(lambda x: x.astype(dtype), drafter.params))
+    atomic.replace_folder(path, lambda tmp: write(drafter, tmp), keep=keep)
+    return path
+
+
+def load(
+    cls, path: str | os.PathLike, target, *, num_draft: int | None = None, mode: str | None = None
+):
+    """Loads a drafter of class ``cls`` written by `save` for ``target``.
+
+    Files from before the ``[out, in]`` weight layout (``...['kernel']``
+    ``[in, out]``) are converted as they are read (`upgrade_legacy_layout`).
+
+    Args:
+        cls: the `~specjax.drafters.features.FeatureDrafter` subclass saved there.
+        path: the folder.
+        target: the target to bind it to, shaped like the one it was built for.
+        num_draft, mode: override the saved γ and mode.
+
+    Raises:
+        FileNotFoundError: ``path`` holds no drafter of this class.
+        ValueError: it was built for a target of another shape, its files disagree,
+            or an override is refused by the drafter's check.
+    """
+    from safetensors.numpy import load_file
+
+    path = Path(path)
+    config_file = cls.config_file
+    if not (path / config_file).is_file():
+        raise FileNotFoundError(f"path {path} holds no {config_file}: not {with_article(cls.noun)}")
+    meta = json.loads((path / config_file).read_text())
+    if meta.get("format") != cls.file_format:
+        raise ValueError(f"path {path}: {config_file} is not a {cls.file_format} file")
+    want, have = meta["target"], target_shape(target)
+    if want != have:
+        raise ValueError(
+            f"target: the drafter in {path} was built for a target with {want}, "
+            f"this target has {have}"
+        )
+    fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in meta["layers"].items()}
+    if fields.get("rope_scaling") is not None:
+        fields["rope_scaling"] = tuple(tuple(p) for p in fields["rope_scaling"])
+    config = ModelConfig(**fields)
+    target_layers = tuple(meta["target_layers"])
+    net = cls.net_type(config, len(target_layers), dtype=target.dtype, rngs=nnx.Rngs(0))
+    graphdef, template = nnx.split(net)
+    arrays = upgrade_legacy_layout(load_file(str(path / WEIGHTS_FILE)))
+    expected = flat_params(template)
+    if set(arrays) != set(expected) or any(arrays[k].shape != expected[k].shape for k in expected):
+        raise ValueError(f"path {path}: {WEIGHTS_FILE} does not match {config_file}")
+    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
+    leaves = [jnp.asarray(arrays[jax.tree_util.keystr(p)], leaf.dtype) for p, leaf in paths_leaves]
+    drafter = cls(
+        target=target, params=jax.tree_util.tree_unflatten(treedef, leaves), graphdef=graphdef,
+        config=config, target_layers=target_layers, **cls.fields_from_file(meta),
+        num_draft=int(meta["num_draft"] if num_draft is None else num_draft),
+        mode=meta["mode"] if mode is None else mode,
+    )  # fmt: skip
+    drafter.check()
+    return drafter
