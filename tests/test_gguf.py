@@ -476,6 +476,8 @@ def test_missing_gguf_package_says_how_to_install(tiny, monkeypatch):
         load_gguf(tiny["llama"])
 
 
+# Slow tier: 4 s, a fresh interpreter; a packaging property.
+@pytest.mark.slow
 def test_import_specjax_does_not_import_gguf():
     code = "import sys, specjax; assert 'gguf' not in sys.modules, 'gguf imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

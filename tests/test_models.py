@@ -223,6 +223,8 @@ def test_weights_are_stored_out_by_in_and_the_embedding_vocab_by_hidden():
     assert untied.params["lm_head"]["weight"][...].shape == (61, untied.config.hidden_size)
 
 
+# Slow tier: 4 s; a memory property, not an output one.
+@pytest.mark.slow
 def test_decoding_copies_no_weight():
     """The compiled decode loop reads every weight matrix in place.
 
@@ -327,6 +329,8 @@ def test_scanned_layers_compute_what_the_unrolled_layers_compute(name):
         np.testing.assert_array_equal(a, b)
 
 
+# Slow tier: 2 s; a compile-size property; scanned == unrolled stays in the fast tier.
+@pytest.mark.slow
 def test_scanned_program_does_not_grow_with_depth():
     """Compile time follows program size: scanned, 2 and 8 layers lower to the same
     program (one layer body); unrolled, 8 layers lower to about 4× as much."""

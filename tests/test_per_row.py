@@ -48,6 +48,11 @@ def decoders(target):
 
 
 DECODERS = ["plain", "draft_model", "lookup"]
+# For the costlier tests: the two decoders (plain and speculative) in the fast tier; the
+# prompt-lookup drafter, a third program each, in the slow tier (4 s a test).
+DECODERS_LOOKUP_SLOW = [
+    pytest.param(n, marks=pytest.mark.slow) if n == "lookup" else n for n in DECODERS
+]
 
 
 def _prompts(batch, seed=0):
@@ -65,7 +70,7 @@ TEMPERATURES = [0.0, 1.5, 0.0, 2.0]  # greedy rows next to hot sampled rows
     "form",
     ["list", "numpy", "jax"],
 )
-@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("name", DECODERS_LOOKUP_SLOW)
 def test_greedy_rows_in_a_sampled_batch_equal_plain_greedy(decoders, name, form):
     """B == γ+1: rows 0 and 2 are greedy and must equal plain greedy token for token.
 
@@ -187,7 +192,7 @@ def test_bad_token_budgets_are_refused(decoders, name, value):
         decoders(name, _prompts(B), max_new_tokens=value)
 
 
-@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("name", DECODERS_LOOKUP_SLOW)
 def test_traced_budgets_below_one_give_no_tokens_in_both_decoders(decoders, name):
     """Inside a user's jit the budget cannot be checked; <= 0 then means 0 tokens."""
     prompts = jnp.asarray([[1, 2, 3]] * B, jnp.int32)

@@ -205,6 +205,8 @@ def test_resume_is_bit_identical(corpus, tmp_path):
     assert again.losses == reference.losses and again.steps == 9
 
 
+# Slow tier: backward compatibility of one old layout; resume stays in the fast tier.
+@pytest.mark.slow
 def test_resumes_a_checkpoint_from_before_the_out_in_layout(corpus, tmp_path):
     """The model files are Hugging Face's either way; the optimizer state used to be
     named and shaped like nnx.Linear kernels ``['kernel']`` ``[in, out]`` (the tied

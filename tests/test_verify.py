@@ -204,7 +204,10 @@ def test_rejection_sample_is_exact(name):
     "config",
     [
         SamplingConfig(temperature=0.7, top_k=10, top_p=0.8),
-        SamplingConfig(temperature=1.3, top_p=0.6, min_p=0.05),
+        # Slow tier (3 s): the second combination of filters.
+        pytest.param(
+            SamplingConfig(temperature=1.3, top_p=0.6, min_p=0.05), marks=pytest.mark.slow
+        ),
     ],
     ids=["t0.7_k10_p0.8", "t1.3_p0.6_minp0.05"],
 )

@@ -246,6 +246,8 @@ def test_control_unmasked_padded_rows_are_rejected(target, exact):
     assert p < FALSE_ALARM, f"p = {p:.2e}"
 
 
+# Slow tier: 6 s; widens the smaller-draft contract (greedy, fast tier) to coupled mode.
+@pytest.mark.slow
 def test_coupled_with_a_smaller_draft_equals_plain(target, draft):
     kw = dict(max_new_tokens=12, sampling=_sampled(0.8, top_p=0.95), seeds=[5, 6, 7])
     plain = specjax.generate(jax.random.key(3), target, PROMPTS, **kw)
