@@ -19,21 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.model_contract import ModelContractError, check_logits_shape, not_a_pytree
+
 __all__ = ["ModelContractError", "check_model"]
 
 #: Rows and tokens of the probe input: B = 2 so that per-row lengths can differ.
 _BATCH, _LENGTH, _CACHE = 2, 6, 16
-
-
-class ModelContractError(TypeError):
-    """A model breaks a rule of the model contract; the message names the rule."""
-
-    def __init__(self, rule: str, message: str):
-        self.rule = rule
-        super().__init__(
-            f"model contract, rule '{rule}': {message} (see the README's 'Bring your own "
-            "model'; specjax.check_model(model) checks every rule)"
-        )
 
 
 def _low_precision(model) -> bool:
@@ -65,17 +56,8 @@ def _forward(model, tokens, positions, cache, rule):
 
 
 def _check_logits(logits, tokens, vocab: int) -> np.ndarray:
-    b, t = np.shape(tokens)
-    shape, dtype = tuple(np.shape(logits)), getattr(logits, "dtype", None)
-    if len(shape) != 3 or shape[:2] != (b, t):
-        raise ModelContractError(
-            "logits [B, T, V]", f"tokens of shape {(b, t)} gave logits of shape {shape}; every "
-            "position needs its own row of logits, also for T > 1 (prefill, verification)"
-        )  # fmt: skip
-    if shape[2] != vocab:
-        raise ModelContractError(
-            "vocab_size", f"model.vocab_size is {vocab} but the logits are {shape[2]} wide"
-        )
+    check_logits_shape(tuple(np.shape(logits)), np.shape(tokens), vocab)
+    dtype = getattr(logits, "dtype", None)
     if dtype != jnp.float32:
         raise ModelContractError(
             "float32 logits", f"logits are {dtype}; probabilities are computed in float32"
@@ -123,8 +105,7 @@ def check_model(model, *, drafter=None, seed: int = 0) -> None:
     Raises:
         ModelContractError: the first rule the model breaks.
     """
-    leaves = jax.tree.leaves(model)
-    if len(leaves) == 1 and leaves[0] is model:
+    if not_a_pytree(model):
         raise ModelContractError(
             "pytree", f"{type(model).__name__} is not a pytree, so jax.jit cannot take it: "
             "make it a flax.struct.dataclass or an nnx.Module, or register it"

@@ -173,3 +173,34 @@ def test_names_the_rule_each_broken_toy_breaks(model, rule):
         specjax.check_model(model)
     assert info.value.rule == rule
     assert f"rule '{rule}'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "model, rule",
+    [
+        (NotAPytree(Bigram(_table())), "pytree"),
+        (LastLogitsOnly(_table()), "logits [B, T, V]"),
+        (CacheWithoutRollback(_table()), "rollback"),
+        (WiderVocab(_table()), "vocab_size"),
+    ],
+    ids=["not-a-pytree", "B-V-logits", "no-rollback", "wide-vocab_size"],
+)
+@pytest.mark.parametrize("decoder", ["generate", "speculative_generate", "as_drafter"])
+def test_the_decoders_name_the_rule_before_compiling(model, rule, decoder):
+    """The rules shapes decide, from both decoders and for a drafter's own model; masking
+    by lengths needs values, so only `check_model` sees it."""
+    key, prompts = jax.random.key(0), [[1, 2, 3]]
+    with pytest.raises(specjax.ModelContractError, match="check_model") as info:
+        if decoder == "generate":
+            specjax.generate(key, model, prompts, max_new_tokens=2)
+        elif decoder == "speculative_generate":
+            drafter = specjax.PromptLookup(ngram=1, num_draft=2)
+            specjax.speculative_generate(key, model, drafter, prompts, max_new_tokens=2)
+        else:
+            # A target one id wider, so that the pair's vocabulary check (a drafter's
+            # vocab_size at most the target's) lets every broken drafter through.
+            wide = Bigram(jax.random.normal(jax.random.key(5), (V + 1, V + 1), jnp.float32))
+            specjax.speculative_generate(
+                key, wide, specjax.DraftModel(model, num_draft=2), prompts, max_new_tokens=2
+            )
+    assert info.value.rule == rule

@@ -33,7 +33,7 @@ from flax import struct
 
 import specjax
 from specjax import decoding
-from specjax.models.cache import TreeMask
+from specjax.models.cache import KVCache, TreeMask
 from specjax.testing import tiny_model
 from specjax.tree import Tree, tree_verify
 
@@ -430,8 +430,22 @@ def test_bad_tree_drafters_are_refused(pair):
 
 
 @struct.dataclass
+class _CacheWithoutCompaction:
+    """A `KVCache` behind another layout: lengths and rollback, no ``compact_path``."""
+
+    inner: KVCache
+
+    @property
+    def lengths(self):
+        return self.inner.lengths
+
+    def rollback(self, lengths):
+        return self.replace(inner=self.inner.rollback(lengths))
+
+
+@struct.dataclass
 class _OwnCacheLayout:
-    """A tree-capable target whose cache (a dict of lengths) has no ``compact_path``."""
+    """A tree-capable target whose cache has no ``compact_path``."""
 
     model: object
     supports_tree = True
@@ -441,7 +455,8 @@ class _OwnCacheLayout:
         return self.model.vocab_size
 
     def init_cache(self, batch_size: int, max_len: int):
-        return {"lengths": jnp.zeros((batch_size,), jnp.int32)}
+        return _CacheWithoutCompaction(self.model.init_cache(batch_size, max_len))
 
-    def __call__(self, *args, **kwargs):
-        return self.model(*args, **kwargs)
+    def __call__(self, tokens_BT, positions_BT, cache, **kwargs):
+        logits, inner = self.model(tokens_BT, positions_BT, cache.inner, **kwargs)
+        return logits, _CacheWithoutCompaction(inner)

@@ -19,6 +19,7 @@ import numpy as np
 
 from specjax.decoding.state import CACHE_BUCKET, EOS_BUCKET, PROMPT_BUCKET, VERIFICATIONS
 from specjax.drafters.base import Drafter, cache_bytes, lookahead
+from specjax.model_contract import check_before_compiling
 from specjax.sampling import SamplingConfig, check_sampling_config, per_row
 from specjax.tree import Tree
 from specjax.validation import (
@@ -248,6 +249,9 @@ def check_drafter(target, drafter: Drafter):
     drafter.check()  # the drafter's own settings, e.g. γ, mode, layers, tree
     if getattr(drafter, "tree", None) is not None:
         _check_tree(target, drafter)
+    # Last: the pair's own rules above name the more specific problem first.
+    for role, model in drafter.own_models().items():
+        check_before_compiling(model, role)
 
 
 def _check_tree(target, drafter: Drafter) -> None:
@@ -338,6 +342,7 @@ def _prepare(
     key = as_prng_key("key", key)
     vocab = _check_model("target", target)
     check_drafter(target, drafter)
+    check_before_compiling(target, "target")
     if drafter.tree is not None and (
         gamma_by_active_rows is not None or draft_confidence is not None
     ):
