@@ -59,6 +59,7 @@ import specjax
 from specjax import training as train
 from specjax.drafters import Proposal, TargetFeatures
 from specjax.drafters.block import BlockDrafter, load_block_drafter, save_block_drafter
+from specjax.model_contract import check_before_compiling
 from specjax.models.llama import rope_inv_freq
 from specjax.sampling import greedy_tokens, probs_from_logits
 from specjax.testing import chi_square_pvalue, exact_sequence_probs, sequence_counts, tiny_model
@@ -583,6 +584,10 @@ def test_decoder_runs_no_second_target_forward(target, trained):
     calls = _Calls()
     counted = CountingModel(inner=target, calls=calls)
     drafter = trained.with_draft(num_draft=gamma).replace(target=counted)
+    # The decoders' contract probe (one eval_shape forward per model signature, outside
+    # the compiled program) runs first, so that only the decode program's forwards count.
+    check_before_compiling(counted, "target")
+    calls.clear()
     jax.eval_shape(
         lambda key: (
             specjax.speculative_generate(
