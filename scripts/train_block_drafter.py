@@ -49,6 +49,7 @@ from specjax.training.target_data import (
     heldout_prompts,
     instruction_prompts,  # noqa: F401  (tests/test_bench_smoke.py reads it from here)
     mix_streams,
+    train_logged,
 )
 
 
@@ -169,15 +170,7 @@ def main(argv=None):
         f"drafter: {n_params / 1e6:.2f}M params, target layers {drafter.target_layers}, "
         f"block {args.block_size}, {config.steps} steps, budget {args.minutes} min"
     )
-    t0 = time.time()
-    result = train.train_block_drafter(
-        drafter, stream, config, checkpoint_dir=work / "train", resume=args.resume
-    )
-    minutes = (time.time() - t0) / 60
-    log(
-        f"trained {result.steps} steps in {minutes:.1f} min, {result.tokens_per_second:,.0f} "
-        f"tok/s, final loss {result.losses[-1]:.4f}"
-    )
+    result, minutes = train_logged(drafter, stream, config, work=work, resume=args.resume, log=log)
     drafter = result.model
 
     gammas = (1, 3) if args.quick else tuple(args.eval_gammas)

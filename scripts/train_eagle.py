@@ -43,6 +43,7 @@ from specjax.training.target_data import (
     generate_continuations,
     heldout_prompts,
     mix_streams,
+    train_logged,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,15 +187,7 @@ def main(argv=None):
         f"{config.steps} steps of {config.batch_size}×{config.seq_len}, TTT {config.ttt_steps} "
         f"steps, budget {args.minutes} min"
     )
-    t0 = time.time()
-    result = train.train_eagle(
-        drafter, stream, config, checkpoint_dir=work / "train", resume=args.resume
-    )
-    minutes = (time.time() - t0) / 60
-    log(
-        f"trained {result.steps} steps in {minutes:.1f} min, {result.tokens_per_second:,.0f} "
-        f"tok/s, final loss {result.losses[-1]:.4f}"
-    )
+    result, minutes = train_logged(drafter, stream, config, work=work, resume=args.resume, log=log)
 
     # The shipped head is the bf16 file: evaluate what a user loads.
     save_eagle_drafter(

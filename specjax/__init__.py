@@ -23,6 +23,7 @@ from specjax.drafters import PromptLookup as PromptLookup
 from specjax.drafters import Proposal as Proposal
 from specjax.io import load_pretrained as load_pretrained
 from specjax.io import save_pretrained as save_pretrained
+from specjax.io.fetch import fetch as fetch
 from specjax.model_check import ModelContractError as ModelContractError
 from specjax.model_check import check_model as check_model
 from specjax.models import KVCache as KVCache

@@ -27,6 +27,11 @@ if "SPECJAX_COMPILATION_CACHE" not in os.environ:
     _RUN_CACHE = tempfile.mkdtemp(prefix="specjax-test-xla-")
     os.environ["SPECJAX_COMPILATION_CACHE"] = _RUN_CACHE
 
+# GGUF loads convert every time in tests unless a test turns the converted-weights
+# cache on (tests/test_converted.py): several tests load one file twice with the
+# conversion patched, which a cache hit would silently skip.
+os.environ.setdefault("SPECJAX_WEIGHT_CACHE", "off")
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -12,6 +12,7 @@ dequantization changes the logits. The real checkpoint is SmolLM2-135M-Instruct
 import copy
 import functools
 import math
+import os
 import re
 import subprocess
 import sys
@@ -758,3 +759,90 @@ def test_smollm2_tokenizer_matches_transformers(smollm2):
         assert ours.decode(ids, skip_special_tokens=True) == hf_tokenizer.decode(
             ids, skip_special_tokens=True
         ), text
+
+
+# ---------------------------------------------------------------- converted-weights cache
+
+
+def _same_model(a, b):
+    assert a.config == b.config
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32))
+    assert a.chat_template == b.chat_template
+    text = "hello world, the cat is here"
+    assert (a.tokenizer is None) == (b.tokenizer is None)
+    if a.tokenizer is not None:
+        assert a.tokenizer.encode(text).ids == b.tokenizer.encode(text).ids
+
+
+@pytest.fixture
+def weight_cache(tmp_path, monkeypatch):
+    root = tmp_path / "converted"
+    monkeypatch.setenv("SPECJAX_WEIGHT_CACHE", str(root))
+    return root
+
+
+@pytest.mark.first_case_fast
+@pytest.mark.parametrize("case", ["llama", "gemma3", "mistral", "qwen2"])
+def test_second_load_reads_the_converted_weights_and_equals_the_conversion(
+    case, tiny, weight_cache, monkeypatch
+):
+    direct = load_gguf(tiny[case])
+    first = specjax.load_pretrained(tiny[case])
+    (entry,) = weight_cache.iterdir()
+    assert entry.name.startswith(f"{case}-float32-") and (entry / "model.safetensors").is_file()
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("converted again despite the cached entry")
+
+    monkeypatch.setattr(gguf_module, "load_gguf", no_conversion)
+    second = specjax.load_pretrained(tiny[case])
+    for model in (first, second):
+        _same_model(model, direct)
+    prompt = _prompt(direct.vocab_size)
+    np.testing.assert_array_equal(_logits(second, prompt), _logits(direct, prompt))
+
+
+def test_a_changed_file_or_dtype_is_a_miss(tmp_path, weight_cache):
+    path = write_tiny_gguf(tmp_path / "m.gguf", "qwen2")
+    specjax.load_pretrained(path)
+    specjax.load_pretrained(path, dtype=jnp.bfloat16)
+    assert len(list(weight_cache.iterdir())) == 2  # one entry per dtype
+    write_tiny_gguf(tmp_path / "m.gguf", "llama")  # the same path, another model
+    os.utime(path, ns=(1, 1))  # and a new modification time, whatever the clock says
+    _same_model(specjax.load_pretrained(path), load_gguf(path))
+    assert len(list(weight_cache.iterdir())) == 3
+
+
+def test_a_corrupt_entry_warns_and_is_rewritten(tiny, weight_cache):
+    specjax.load_pretrained(tiny["qwen2"])
+    (entry,) = weight_cache.iterdir()
+    weights = entry / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.warns(UserWarning, match="unreadable converted-weights entry"):
+        model = specjax.load_pretrained(tiny["qwen2"])
+    _same_model(model, load_gguf(tiny["qwen2"]))
+    _same_model(specjax.load_pretrained(tiny["qwen2"]), model)  # rewritten, readable again
+
+
+def test_an_unwritable_cache_warns_and_still_loads(tiny, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SPECJAX_WEIGHT_CACHE", str(blocker / "converted"))
+    with pytest.warns(UserWarning, match="could not keep the converted weights"):
+        model = specjax.load_pretrained(tiny["qwen2"])
+    _same_model(model, load_gguf(tiny["qwen2"]))
+
+
+@pytest.mark.parametrize("off", ["off", "0", "No"])
+def test_the_cache_can_be_turned_off(off, tiny, tmp_path, monkeypatch):
+    from specjax.io import converted
+
+    monkeypatch.setenv("SPECJAX_WEIGHT_CACHE", off)
+    assert converted.cache_dir() is None
+    monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path))
+    specjax.load_pretrained(tiny["qwen2"])
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.delenv("SPECJAX_WEIGHT_CACHE")
+    assert converted.cache_dir() == tmp_path / "converted"  # the default, under $SPECJAX_CACHE

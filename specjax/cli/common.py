@@ -9,13 +9,31 @@ class UserError(Exception):
     """A mistake in the command line or its inputs, reported without a traceback."""
 
 
+def model_path(path, flag) -> Path:
+    """``path`` if it is a model folder or a GGUF file, else the file of the model *named*
+    ``path`` (`specjax.io.fetch.names`), fetched on first use; errors name ``flag``."""
+    from specjax.io import fetch
+
+    p = Path(path)
+    if p.is_dir() or (p.suffix.lower() == ".gguf" and p.is_file()):
+        return p
+    if str(path) in fetch.names():
+        try:
+            return fetch.fetch(str(path))
+        except fetch.FetchError as e:
+            raise UserError(f"{flag} {path}: {e}") from None
+    raise UserError(
+        f"{flag} {path}: no such directory or .gguf file, and no model of that name "
+        f"(known: {', '.join(fetch.names())})"
+    )
+
+
 def load_folder(path, flag):
-    """The model at ``path`` (a Hugging Face folder or a GGUF file); errors name ``flag``."""
+    """The model at ``path`` (a Hugging Face folder, a GGUF file or a model name, see
+    `model_path`); errors name ``flag``."""
     from specjax.io.hf import load_pretrained
 
-    is_gguf = Path(path).suffix.lower() == ".gguf" and Path(path).is_file()
-    if not (Path(path).is_dir() or is_gguf):
-        raise UserError(f"{flag} {path}: no such directory or .gguf file")
+    path = model_path(path, flag)
     try:
         return load_pretrained(path)
     except (FileNotFoundError, ValueError, OSError, KeyError) as e:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from specjax.cli.common import UserError
+from specjax.cli.fetch import cmd_fetch
 from specjax.cli.generate import FASTEST_BUNDLED_DRAFTER, cmd_generate
 from specjax.cli.train import SIZES, cmd_distill, cmd_train, cmd_train_drafter
 
@@ -42,9 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
     g.add_argument(
         "--model",
-        help="target model: a Hugging Face folder or a GGUF file (specjax[gguf]); default: bundled",
+        help="target model: a Hugging Face folder, a GGUF file (specjax[gguf]) or a model "
+        "name that specjax fetches once (specjax fetch --list, e.g. qwen2.5-coder-1.5b); "
+        "default: bundled",
     )
-    g.add_argument("--draft", help="draft model folder for --drafter model (with --model)")
+    g.add_argument(
+        "--draft",
+        help="draft model for --drafter model (with --model): a folder, a GGUF file or a "
+        "model name (e.g. qwen2.5-coder-0.5b)",
+    )
     g.add_argument(
         "--drafter", default="auto", metavar="{auto,block,eagle,model,lookup,none,PATH}",
         help="who drafts: the block drafter (reads the target's hidden states), the bundled "
@@ -137,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--anchors", type=int, default=32, help="blocks per training sequence")
     _add_run_flags(d, steps=2000, batch_size=8, lr=2e-3)
     d.set_defaults(func=cmd_train_drafter)
+
+    helptext = "fetch models by name into $SPECJAX_CACHE (once; --model NAME does it too)"
+    f = sub.add_parser("fetch", help=helptext, description=helptext)
+    f.add_argument("names", nargs="*", metavar="NAME", help="the models to fetch")
+    f.add_argument("--list", action="store_true", help="list the names, whether each is cached")
+    f.set_defaults(func=cmd_fetch)
     return parser
 
 
@@ -181,7 +194,7 @@ def main(argv=None) -> int:
         return e.code if isinstance(e.code, int) else 2
     from specjax import compilation_cache
 
-    if args.no_compilation_cache:
+    if getattr(args, "no_compilation_cache", False):  # fetch compiles nothing
         compilation_cache.disable()
     try:
         # An unreadable cache entry costs a compile and a warning, never the run; the

@@ -18,8 +18,7 @@ from specjax.decoding.checks import _output_width, _prepare
 from specjax.decoding.loop import _run
 from specjax.decoding.refill import _hand_on, _init_state
 from specjax.decoding.state import DecodeState, GenerationResult
-from specjax.drafters.base import Drafter
-from specjax.drafters.lookup import NoDraft
+from specjax.drafters.base import Drafter, NoDraft
 from specjax.sampling import SamplingConfig
 from specjax.validation import check_int, is_concrete
 

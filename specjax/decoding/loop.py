@@ -195,7 +195,7 @@ def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
         raise ValueError(
             f"draft_confidence needs a drafter that returns its q, and the "
             f"{type(drafter).__name__} proposes one-hot drafts (probs=None): use a "
-            "DraftModel without greedy_draft, or BlockDrafter(mode='sample')"
+            "drafter that samples its drafts and returns their q (Proposal.probs)"
         )
     if state.draft_confidence is None or gamma == 0:
         num_drafted = jnp.full((b,), gamma, jnp.int32)

@@ -13,6 +13,7 @@
 """
 
 from specjax.drafters.base import Drafter as Drafter
+from specjax.drafters.base import NoDraft as NoDraft
 from specjax.drafters.base import Proposal as Proposal
 from specjax.drafters.base import TargetFeatures as TargetFeatures
 from specjax.drafters.base import as_tree as as_tree
@@ -25,5 +26,4 @@ from specjax.drafters.block import BlockDrafter as BlockDrafter
 from specjax.drafters.draft_model import DraftModel as DraftModel
 from specjax.drafters.eagle import EagleDrafter as EagleDrafter
 from specjax.drafters.features import FeatureDrafter as FeatureDrafter
-from specjax.drafters.lookup import NoDraft as NoDraft
 from specjax.drafters.lookup import PromptLookup as PromptLookup

@@ -276,6 +276,37 @@ class Drafter(abc.ABC):
         raise NotImplementedError(f"{cls.__name__} has no weights of its own to load")
 
 
+class StatelessDrafter(Drafter):
+    """A drafter without weights or state: any vocabulary, nothing to build or roll back."""
+
+    @property
+    def vocab_size(self) -> None:
+        return None
+
+    def init(self, prompts_BS, seq_lengths_B, cache_len, features=None):
+        return ()
+
+    def update(self, state, seq_lengths_B, features=None):
+        return state
+
+
+@struct.dataclass
+class NoDraft(StatelessDrafter):
+    """The null drafter (γ = 0): with it, speculative decoding *is* plain decoding.
+
+    Each step then scores only the pending token and emits the target's own sample,
+    drawn with the same position-keyed noise that speculative decoding uses for its
+    bonus tokens. `specjax.generate` runs the one decode loop with this drafter.
+    """
+
+    num_draft: int = struct.field(pytree_node=False, default=0)
+    null_drafter = True
+
+    def propose(self, keys_BG, state, seq_BS, seq_lengths_B, sampling):
+        tokens = jnp.zeros((seq_BS.shape[0], 0), jnp.int32)
+        return Proposal(tokens=tokens, probs=None, state=state)
+
+
 def cache_bytes(model, batch_size: int, cache_len: int) -> int:
     """Bytes of ``model.init_cache(batch_size, cache_len)``, from shapes alone."""
     shapes = jax.eval_shape(lambda: model.init_cache(batch_size, cache_len))

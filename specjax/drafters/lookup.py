@@ -1,29 +1,16 @@
-"""Drafters without weights: `PromptLookup` (n-gram copying) and `NoDraft` (γ = 0)."""
+"""`PromptLookup`: drafting by n-gram copying, without weights (`NoDraft` lives in `base`)."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafters.base import Drafter, Proposal
-
-
-class _Stateless(Drafter):
-    """A drafter without weights or state: any vocabulary, nothing to build or roll back."""
-
-    @property
-    def vocab_size(self) -> None:
-        return None
-
-    def init(self, prompts_BS, seq_lengths_B, cache_len, features=None):
-        return ()
-
-    def update(self, state, seq_lengths_B, features=None):
-        return state
+from specjax.drafters.base import NoDraft as NoDraft  # re-exported: its old home
+from specjax.drafters.base import Proposal, StatelessDrafter
 
 
 @struct.dataclass
-class PromptLookup(_Stateless):
+class PromptLookup(StatelessDrafter):
     """Drafts by copying what followed the latest earlier match of the current n-gram.
 
     For ``n = ngram, ngram-1, ..., 1`` it looks for the most recent earlier
@@ -73,20 +60,3 @@ class PromptLookup(_Stateless):
         idx = jnp.minimum(start[:, None] + jnp.arange(self.num_draft)[None], last[:, None])
         tokens = jnp.take_along_axis(seq_BS, idx, axis=1)
         return Proposal(tokens=tokens.astype(jnp.int32), probs=None, state=state)
-
-
-@struct.dataclass
-class NoDraft(_Stateless):
-    """The null drafter (γ = 0): with it, speculative decoding *is* plain decoding.
-
-    Each step then scores only the pending token and emits the target's own sample,
-    drawn with the same position-keyed noise that speculative decoding uses for its
-    bonus tokens. `specjax.generate` runs the one decode loop with this drafter.
-    """
-
-    num_draft: int = struct.field(pytree_node=False, default=0)
-    null_drafter = True
-
-    def propose(self, keys_BG, state, seq_BS, seq_lengths_B, sampling):
-        tokens = jnp.zeros((seq_BS.shape[0], 0), jnp.int32)
-        return Proposal(tokens=tokens, probs=None, state=state)

@@ -8,8 +8,10 @@
 * :mod:`specjax.io.gguf` and :mod:`specjax.io.gguf_tokenizer`: llama.cpp GGUF files
   and the tokenizer rebuilt from their metadata, imported only when a GGUF file
   is loaded (the reader needs the optional ``gguf`` package);
+* :mod:`specjax.io.converted`: a GGUF file's converted weights, kept once as a
+  Hugging Face folder, so the next load takes seconds;
 * :mod:`specjax.io.atomic`: folder writes a reader sees whole or not at all;
-* :mod:`specjax.io.fetch`: real checkpoints for tests and benchmarks.
+* :mod:`specjax.io.fetch`: models by name (`specjax.fetch`), fetched once into the cache.
 """
 
 from specjax.io.hf import load_pretrained as load_pretrained

@@ -113,7 +113,10 @@ def load_pretrained(
             exactly one and no ``config.json``: it is dequantized with the
             optional ``gguf`` package (``pip install "specjax[gguf]"``), and its
             tokenizer, chat template and end-of-turn ids come from the file
-            (see :func:`specjax.io.gguf.load_gguf`). Pickle formats
+            (see :func:`specjax.io.gguf.load_gguf`); the converted weights are
+            kept once under ``$SPECJAX_CACHE/converted`` so the next load of the
+            same file takes seconds (`specjax.io.converted`; set
+            ``SPECJAX_WEIGHT_CACHE=off`` to convert every time). Pickle formats
             (``.bin``, ``.pt``, ``.pth``) are refused, never opened.
         dtype: parameter dtype (the checkpoint's tensors are cast to it);
             float32 by default, bfloat16 supported; must be a floating dtype.
@@ -140,9 +143,15 @@ def load_pretrained(
     folder = Path(path)
     gguf_file = _gguf_file(folder)
     if gguf_file is not None:
-        from specjax.io.gguf import load_gguf
+        from specjax.io.converted import load_gguf_cached
 
-        return load_gguf(gguf_file, dtype=dtype).with_scan_layers(scan_layers)
+        model = load_gguf_cached(
+            gguf_file,
+            dtype,
+            read_folder=lambda folder, dtype: load_pretrained(folder, dtype),
+            write_folder=lambda model, folder: save_pretrained(model, folder, overwrite=True),
+        )
+        return model.with_scan_layers(scan_layers)
     config_path = folder / "config.json"
     if not config_path.is_file():
         hint = ""

@@ -5,8 +5,9 @@ A drafter learns to predict what its target will write, so besides the corpus
 windows (`generate_continuations`) and, for an instruction-tuned target, its chat
 answers to instruction-style prompts built from the corpus (`generate_answers`); rows
 alternate greedy and temperature 1 (per-row settings in one batch). `mix_streams`
-mixes them with the corpus; `heldout_prompts` gives the evaluation prompts and
-`evaluate_drafter` what a drafter achieves on them.
+mixes them with the corpus; `train_logged` trains a drafter on the stream as the
+scripts do; `heldout_prompts` gives the evaluation prompts and `evaluate_drafter` what
+a drafter achieves on them.
 """
 
 from __future__ import annotations
@@ -245,6 +246,24 @@ def mix_streams(corpus, generated, fraction: float):
         else max(1, round(fraction * len(corpus) / ((1 - fraction) * len(generated))))
     )
     return np.concatenate([corpus] + [generated] * reps), reps
+
+
+def train_logged(drafter, stream, config, *, work, resume: bool, log):
+    """``(result, minutes)``: `~specjax.training.train_drafter` with checkpoints in
+    ``work / "train"``, logging the steps, throughput and final loss.
+
+    The block drafter's and the EAGLE head's scripts train through this one function.
+    """
+    from specjax.training.drafter import train_drafter
+
+    t0 = time.time()
+    result = train_drafter(drafter, stream, config, checkpoint_dir=work / "train", resume=resume)
+    minutes = (time.time() - t0) / 60
+    log(
+        f"trained {result.steps} steps in {minutes:.1f} min, {result.tokens_per_second:,.0f} "
+        f"tok/s, final loss {result.losses[-1]:.4f}"
+    )
+    return result, minutes
 
 
 def evaluate_drafter(
