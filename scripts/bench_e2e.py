@@ -177,6 +177,11 @@ def parse_args(argv=None):
         default=0.0,
         help="tolerate (and report) greedy mismatches whose |logit gap| is below this",
     )
+    parser.add_argument(
+        "--scan-layers", action="store_true",
+        help="run --target's layers as one lax.scan (compiles once for any depth; README, "
+        "'Layer scan', for its cost per step); on with --quick --target",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write results.json, results.md and plots here")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
@@ -205,13 +210,16 @@ def quick_real(args) -> None:
     to end (CI runs it on SmolLM2-135M on 2 CPU cores).
 
     One prompt per workload, 8 new tokens, batch 1 and 2, one timed pass and no sweep
-    beyond the main γ: each further decode loop is a 30-layer program to compile.
+    beyond the main γ, and the layers scanned: compiling is most of the run.
     Prompt lookup keeps γ = 4, so that its verification is the
     `~specjax.benchmarking.targets.VERIFY_WIDTH` forward, and the block drafter takes
     the same γ (see `specjax.benchmarking.pairs.load_block`). Compilation is most of
     the run.
     """
     args.per_workload, args.max_new_tokens, args.large_batch = 1, 8, 2
+    # Each decode loop of the unrolled 30-layer model is a 30-layer program to compile;
+    # scanned, XLA compiles one layer per program.
+    args.scan_layers = True
     args.sweep, args.block_sweep = [args.gamma], None  # None: the block γ alone
     args.repeats, args.cost_repeats, args.cost_inner = 1, 1, 2
     if args.torch_threads == "auto":

@@ -1,8 +1,7 @@
 """Keeps JAX strict and the suite deterministic."""
 
 import os
-import shutil
-import tempfile
+from pathlib import Path
 
 # Tests run on CPU, single-threaded eigen would be slower; keep XLA's defaults
 # but never let a stray accelerator or a preallocating backend change results.
@@ -16,20 +15,22 @@ os.environ["XLA_FLAGS"] = (
     + " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 ).strip()
 
-# One persistent compilation cache for the whole run, shared by the xdist workers (they
-# inherit this variable from the controller, which sets it first): a program compiled
-# by one test module or worker is loaded from disk by the others, including after
-# the module-end jax.clear_caches() below. A fresh folder each run, so that the
-# suite's time never depends on an earlier run; SPECJAX_COMPILATION_CACHE set by the
-# caller is kept (set it to a fixed folder to reuse programs across runs).
-_RUN_CACHE = None
+# One persistent compilation cache per checkout, shared by the xdist workers (they
+# inherit this variable from the controller, which sets it first) and by the two
+# tiers: a program compiled by one test module, worker or tier is loaded from disk by
+# the others, including after the module-end jax.clear_caches() below, so
+# `pytest && pytest -m slow` (the README's command, and CI's) compiles each program
+# once. jax keys every entry by the program, jax/jaxlib versions, flags and backend,
+# so a changed program is a miss, never a stale hit. The folder is `.xla-cache/` at
+# the top of the checkout (git ignores it; delete it for a cold run), bounded below;
+# SPECJAX_COMPILATION_CACHE set by the caller is kept.
+_RUN_CACHE = Path(__file__).resolve().parents[1] / ".xla-cache"
 if "SPECJAX_COMPILATION_CACHE" not in os.environ:
-    _RUN_CACHE = tempfile.mkdtemp(prefix="specjax-test-xla-")
-    os.environ["SPECJAX_COMPILATION_CACHE"] = _RUN_CACHE
+    os.environ["SPECJAX_COMPILATION_CACHE"] = str(_RUN_CACHE)
 
 # GGUF loads convert every time in tests unless a test turns the converted-weights
-# cache on (tests/test_converted.py): several tests load one file twice with the
-# conversion patched, which a cache hit would silently skip.
+# cache on (tests/test_gguf.py, "converted-weights cache"): several tests load one
+# file twice with the conversion patched, which a cache hit would silently skip.
 os.environ.setdefault("SPECJAX_WEIGHT_CACHE", "off")
 
 import jax  # noqa: E402
@@ -37,6 +38,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# Least recently used entries go first beyond this (a full run writes about 1 GB).
+jax.config.update("jax_compilation_cache_max_size", 4 * 2**30)
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
@@ -82,12 +85,6 @@ _LONGEST_MODULES_FIRST = (
     "test_eagle", "test_compilation_cache", "test_vocab", "test_reproducible",
     "test_hf_interop",
 )  # fmt: skip
-
-
-def pytest_sessionfinish(session):
-    # The controller (or a run without xdist) made the folder; workers leave it alone.
-    if _RUN_CACHE is not None and not hasattr(session.config, "workerinput"):
-        shutil.rmtree(_RUN_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

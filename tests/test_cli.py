@@ -122,6 +122,55 @@ def test_generate_with_model_folders(model_folders):
     assert json.loads(proc.stdout)["greedy_outputs_equal"] is True
 
 
+@pytest.mark.parametrize(
+    "flags, quantized",
+    [(("--draft-quantize", "int8"), (None, "int8")),
+     (("--quantize", "int8-weights", "--draft-quantize", "none"), ("int8-weights", None)),
+     (("--quantize", "int8-weights"), ("int8-weights", "int8-weights"))],
+)  # fmt: skip
+@pytest.mark.first_case_fast
+def test_generate_with_quantized_models_is_greedy_exact(
+    cli_in_process, model_folders, flags, quantized, monkeypatch
+):
+    """--quantize / --draft-quantize reach the models, and the quantized target's
+    speculative output equals its plain output."""
+    from specjax.cli import generate as cli_generate
+
+    seen = {}
+    real = cli_generate._quantized
+
+    def spy(args, target, draft):
+        target, draft = real(args, target, draft)
+        seen["models"] = (target.quantization, draft.quantization)
+        return target, draft
+
+    monkeypatch.setattr(cli_generate, "_quantized", spy)
+    proc = cli_in_process(
+        "generate", "def f(x):", "--model", model_folders["target"],
+        "--draft", model_folders["draft"], "--max-new-tokens", "6", "--json", "--compare",
+        *flags,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["greedy_outputs_equal"] is True
+    assert seen["models"] == quantized
+
+
+def test_an_int8_activation_target_needs_plain_decoding(cli_in_process, model_folders):
+    proc = cli_in_process(
+        "generate", "def f(x):", "--model", model_folders["target"],
+        "--draft", model_folders["draft"], "--quantize", "int8",
+    )  # fmt: skip
+    assert_user_error(proc, "--quantize int8 rounds the target's activations")
+
+
+def test_draft_quantize_needs_a_draft_model(cli_in_process, model_folders):
+    proc = cli_in_process(
+        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "lookup",
+        "--draft-quantize", "int8",
+    )  # fmt: skip
+    assert_user_error(proc, "--draft-quantize needs a draft model")
+
+
 # Slow tier: 10 s: --compare times both decoders.
 @pytest.mark.slow
 def test_generate_compare_reports_medians_of_interleaved_runs(model_folders):

@@ -103,8 +103,13 @@ def load_pair(args, tmp: Path) -> Pair:
 def load_target(args) -> Pair:
     """``--target`` (a Hugging Face folder or a GGUF) and ``--draft`` if given, in float32."""
     # float32 like transformers' side: the greedy outputs are compared token for token.
-    target = specjax.load_pretrained(args.target, dtype=jnp.float32)
-    draft = specjax.load_pretrained(args.draft, dtype=jnp.float32) if args.draft else None
+    scan = getattr(args, "scan_layers", False)
+    target = specjax.load_pretrained(args.target, dtype=jnp.float32, scan_layers=scan)
+    draft = (
+        specjax.load_pretrained(args.draft, dtype=jnp.float32, scan_layers=scan)
+        if args.draft
+        else None
+    )
     name = f"target {args.target}, " + (f"draft {args.draft}" if args.draft else "no draft model")
     draft_dir = Path(args.draft) if args.draft else None
     return Pair(target, draft, target.tokenizer, Path(args.target), draft_dir, name, real=True)

@@ -55,6 +55,7 @@ def _load_models(args):
     tokenizer = target.tokenizer
     if tokenizer is None:
         raise UserError(f"{args.model} has no tokenizer.json; specjax generate needs one")
+    target, draft = _quantized(args, target, draft)
     if args.drafter == "model":
         # A smaller draft of a padded family is fine when the two share their ids.
         draft = specjax.DraftModel(draft)
@@ -81,6 +82,26 @@ def _load_models(args):
         draft = _registered_drafter(args)
     del specjax
     return target, draft, tokenizer
+
+
+def _quantized(args, target, draft):
+    """``(target, draft model)`` with ``--quantize`` / ``--draft-quantize`` applied."""
+    from specjax.models.quant import quantize
+
+    draft_mode = args.quantize if args.draft_quantize is None else args.draft_quantize
+    if args.draft_quantize is not None and not (args.drafter == "model" and draft is not None):
+        raise UserError("--draft-quantize needs a draft model (--drafter model --draft PATH)")
+    if args.quantize == "int8" and args.drafter != "none":
+        raise UserError(
+            "--quantize int8 rounds the target's activations, which makes its verify "
+            "score another model than its plain steps; use --draft-quantize int8 (the "
+            "draft model, always exact), --quantize int8-weights, or --drafter none"
+        )
+    if args.quantize:
+        target = quantize(target, args.quantize)
+    if draft is not None and draft_mode not in (None, "none") and args.drafter == "model":
+        draft = quantize(draft, draft_mode)
+    return target, draft
 
 
 def _registered_drafter(args):

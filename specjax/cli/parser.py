@@ -53,6 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
         "model name (e.g. qwen2.5-coder-0.5b)",
     )
     g.add_argument(
+        "--quantize", choices=["int8", "int8-weights"], default=None,
+        help="run the target (and the draft model) with int8 weights: int8 also quantizes "
+        "each token's activations (int8 x int8 dots, fastest on a CPU at batch 1; for the "
+        "target only with --drafter none, as its verify would not equal its plain steps), "
+        "int8-weights keeps float32 products (specjax.models.quant)",
+    )  # fmt: skip
+    g.add_argument(
+        "--draft-quantize", choices=["int8", "int8-weights", "none"], default=None,
+        help="the draft model's own --quantize (default: the same as --quantize); "
+        "--draft-quantize int8 is the fastest exact setting measured on a CPU",
+    )  # fmt: skip
+    g.add_argument(
         "--drafter", default="auto", metavar="{auto,block,eagle,model,lookup,none,PATH}",
         help="who drafts: the block drafter (reads the target's hidden states), the bundled "
         "EAGLE-style head (eagle: reads them too, drafts step by step), the draft "

@@ -343,6 +343,18 @@ def _prepare(
     vocab = _check_model("target", target)
     check_drafter(target, drafter)
     check_before_compiling(target, "target")
+    if getattr(target, "quantization", None) == "int8" and not drafter.null_drafter:
+        # Rounding each token's activations to int8 turns the last-bit differences
+        # between a one-token step and a (γ+1)-token verify (attention, norms) into
+        # whole int8 steps, so the verify would score another model than plain decoding
+        # runs: measured on Qwen2.5-Coder-1.5B, greedy outputs part.
+        raise ValueError(
+            "target is quantized with int8 activations (specjax.models.quant, mode "
+            "'int8'): its logits depend on how many tokens one forward scores, so "
+            "speculative decoding could not equal its plain decoding; quantize the "
+            "drafter's model instead (any drafter stays exact), or the target with "
+            "'int8-weights'"
+        )
     if drafter.tree is not None and (
         gamma_by_active_rows is not None or draft_confidence is not None
     ):

@@ -83,14 +83,27 @@ class DraftModel(Drafter):
         b = seq_BS.shape[0]
         rows = jnp.arange(b)
         last = seq_lengths_B - 1
-        # The first step feeds the two newest tokens. After a step where every
-        # draft was accepted the draft cache lacks the last draft token; feeding
-        # it again otherwise rewrites an identical entry, so one code path
-        # serves both cases without a Python branch.
+        # After a step where every draft was accepted the draft cache lacks the last
+        # draft token (at last - 1): the first forward then feeds the two newest
+        # tokens, else only the newest. Both forwards give the same logits for a row
+        # whose cache is complete (the second rewrites an identical entry), so one
+        # row that lacks its entry sends the batch through the two-token forward. The
+        # branch is worth it: a two-token forward costs about twice a one-token one on
+        # a CPU in float32 (BENCHMARKS.md, "The real pair").
         prev = jnp.maximum(last - 1, 0)
         tokens_B2 = self._readable(jnp.stack([seq_BS[rows, prev], seq_BS[rows, last]], axis=1))
         positions_B2 = jnp.stack([prev, last], axis=1)
-        logits, cache = self.model(tokens_B2, positions_B2, state)
+
+        def feed(width):
+            def run(cache):
+                logits, cache = self.model(
+                    tokens_B2[:, 2 - width :], positions_B2[:, 2 - width :], cache
+                )
+                return logits[:, -1:], cache
+
+            return run
+
+        logits, cache = jax.lax.cond(jnp.any(state.lengths < last), feed(2), feed(1), state)
         if self.num_draft == 0:
             # A step that drafts nothing (adaptive γ): the two newest tokens are still
             # fed, so that the cache never lacks more than the newest one.

@@ -440,6 +440,11 @@ def save_pretrained(
         OSError: writing failed; the old folder, if any, is intact.
     """
     # Everything that can be refused is refused before the disk is touched.
+    if getattr(model, "quantization", None) is not None:
+        raise ValueError(
+            f"model is quantized ({model.quantization!r}) and has no Hugging Face form: "
+            "save the float model and quantize it after loading (specjax.models.quant)"
+        )
     config_to_hf(model.config, model.dtype)
     _parse_size(max_shard_size)
     keep = tuple(keep)

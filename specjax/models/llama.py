@@ -164,6 +164,21 @@ class Attention(nnx.Module):
             self.q_norm = _norm(c, d, dtype)
             self.k_norm = _norm(c, d, dtype)
 
+    def project_qkv(self, x_BTE):
+        """The query, key and value projections ``[B, T, H·D]``, ``[B, T, K·D]`` twice.
+
+        Three products, or one when a quantized model fused them (``qkv_proj``, see
+        `specjax.models.quant`): the rows of one input are then quantized once and
+        read by one kernel, and slicing its output gives the same values.
+        """
+        fused = getattr(self, "qkv_proj", None)
+        if fused is None:
+            return self.q_proj(x_BTE), self.k_proj(x_BTE), self.v_proj(x_BTE)
+        nq = self.config.num_heads * self.config.head_dim
+        nk = self.config.num_kv_heads * self.config.head_dim
+        y = fused(x_BTE)
+        return y[..., :nq], y[..., nq : nq + nk], y[..., nq + nk :]
+
     def __call__(
         self, x_BTE, positions_BT, k_LBKDS, v_LBKSD, layer: int, inv_freq, window, tree=None
     ):
@@ -182,9 +197,8 @@ class Attention(nnx.Module):
         b, t, _ = x_BTE.shape
         d, h, kh = c.head_dim, c.num_heads, c.num_kv_heads
         g = h // kh  # query heads per kv head
-        q = self.q_proj(x_BTE).reshape(b, t, h, d)
-        k = self.k_proj(x_BTE).reshape(b, t, kh, d)
-        v = self.v_proj(x_BTE).reshape(b, t, kh, d)
+        q, k, v = self.project_qkv(x_BTE)
+        q, k, v = q.reshape(b, t, h, d), k.reshape(b, t, kh, d), v.reshape(b, t, kh, d)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, positions_BT, inv_freq)
@@ -256,7 +270,12 @@ class MLP(nnx.Module):
         self.act = _ACTIVATIONS[config.hidden_act]
 
     def __call__(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        fused = getattr(self, "gate_up_proj", None)  # one product: see Attention.project_qkv
+        if fused is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = jnp.split(fused(x), 2, axis=-1)
+        return self.down_proj(self.act(gate) * up)
 
 
 class DecoderLayer(nnx.Module):
@@ -544,7 +563,22 @@ class Model:
 
     @property
     def dtype(self):
-        return jax.tree.leaves(self.params)[0].dtype
+        """The compute dtype: that of the floating parameters (int8 ones are quantized)."""
+        leaves = jax.tree.leaves(self.params)
+        return next(
+            (x.dtype for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)), leaves[0].dtype
+        )
+
+    @property
+    def quantization(self) -> str | None:
+        """``None`` for float weights, else the mode of `specjax.models.quant.quantize`."""
+        if all(jnp.issubdtype(x.dtype, jnp.floating) for x in jax.tree.leaves(self.params)):
+            return None
+        module = nnx.merge(self.graphdef, self.params)
+        return next(
+            (sub.quantization for _, sub in nnx.iter_graph(module) if hasattr(sub, "quantization")),
+            None,
+        )
 
     def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
         """An empty cache of ``max_len`` slots for ``batch_size`` rows."""
