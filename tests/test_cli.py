@@ -128,7 +128,9 @@ def test_generate_with_model_folders(model_folders):
      (("--quantize", "int8-weights", "--draft-quantize", "none"), ("int8-weights", None)),
      (("--quantize", "int8-weights"), ("int8-weights", "int8-weights"))],
 )  # fmt: skip
-@pytest.mark.first_case_fast
+# Slow tier: 17 s a case (--compare decodes twice); tests/test_quant.py's fast cases
+# keep the library's equality, the user-error tests below the flags' checks.
+@pytest.mark.slow
 def test_generate_with_quantized_models_is_greedy_exact(
     cli_in_process, model_folders, flags, quantized, monkeypatch
 ):

@@ -48,6 +48,7 @@ def test_quantize_rows_round_trips_within_half_a_step():
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("which", ["untied", "tied"])
+@pytest.mark.first_case_fast
 def test_quantized_logits_are_close_to_float32_and_quantization_matters(mode, which, target, tied):
     model = target if which == "untied" else tied
     qmodel = quantize(model, mode)
@@ -66,6 +67,7 @@ def test_quantized_logits_are_close_to_float32_and_quantization_matters(mode, wh
 
 
 @pytest.mark.parametrize("batch", [1, 2, 5])
+@pytest.mark.first_case_fast
 def test_int8_rows_do_not_depend_on_the_batch_or_the_width(batch, target):
     """Each row's logits are the row's alone, bit for bit: the one-row padding and the
     batch change nothing (exact int32 sums, per-row scales). Not across widths: see
@@ -78,6 +80,8 @@ def test_int8_rows_do_not_depend_on_the_batch_or_the_width(batch, target):
         np.testing.assert_array_equal(together[row], alone[0])
 
 
+# Slow tier: two more compiled models; the unrolled path is the fast tier's.
+@pytest.mark.slow
 def test_scanned_and_unrolled_quantized_models_agree(target):
     tokens = _tokens(2, 7)
     unrolled = quantize(target, "int8")
@@ -118,6 +122,8 @@ def test_greedy_speculative_equals_plain_with_quantized_models(
     assert int(jnp.min(spec.lengths)) == 13
 
 
+# Slow tier: 8 s; the fast tier keeps the greedy equality with an int8 draft.
+@pytest.mark.slow
 def test_coupled_at_t1_equals_plain_sampling_with_an_int8_draft(target):
     """Coupled verification's guarantee (output == plain for the same key) holds for
     a float target with an int8 draft of itself, at T = 1."""
