@@ -270,12 +270,8 @@ def run_specjax(target, drafter, prompts, args, temperature, key=0):
         return jax.block_until_ready(outs)
 
     once()  # compiles, and warms the caches
-    best = None
-    for _ in range(args.e2e_repeats):
-        t = time.perf_counter()
-        outs = once()
-        best = min(best or 1e9, time.perf_counter() - t)
-    return best, outs
+    times, outs = time_runs(once, repeats=args.e2e_repeats)
+    return min(times), outs
 
 
 def stage_e2e(args, results, target, draft, workloads):
