@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.model_contract import ModelContractError, check_logits_shape, not_a_pytree
+from specjax.typed_jit import typed_jit
 
 __all__ = ["ModelContractError", "check_model"]
 
@@ -34,7 +35,7 @@ def _low_precision(model) -> bool:
     )
 
 
-@jax.jit
+@typed_jit
 def _call(model, tokens_BT, positions_BT, cache):
     # Under jit, as the decoders call it: eager op-by-op dispatch of a real model
     # costs far more than compiling the three probe shapes once.

@@ -20,6 +20,7 @@ from specjax.decoding.refill import _hand_on, _init_state
 from specjax.decoding.state import DecodeState, GenerationResult
 from specjax.drafters.base import Drafter, NoDraft
 from specjax.sampling import SamplingConfig
+from specjax.typed_jit import typed_jit
 from specjax.validation import check_int, is_concrete
 
 
@@ -52,9 +53,13 @@ def _trim(out: GenerationResult, width: int) -> GenerationResult:
 
 
 _STATIC = ("cache_len", "verification", "num_slots", "gamma_table")
-_decode_jit = jax.jit(lambda *a, **k: _result(_run(_init_state(*a, **k))), static_argnames=_STATIC)
-_init_jit = jax.jit(_init_state, static_argnames=_STATIC)
-_result_jit = jax.jit(_result)
+# typed_jit, not jax.jit: models of different classes with the same fields must not
+# share a compiled program (see specjax/typed_jit.py).
+_decode_jit = typed_jit(
+    lambda *a, **k: _result(_run(_init_state(*a, **k))), static_argnames=_STATIC
+)
+_init_jit = typed_jit(_init_state, static_argnames=_STATIC)
+_result_jit = typed_jit(_result)
 
 
 def _decode(traced, static, width: int) -> GenerationResult:
@@ -70,7 +75,7 @@ def _step_loop(models, loop_state: DecodeState, num_steps) -> DecodeState:
 # The loop state is donated (its caches and buffers are updated in place, so a chunk
 # needs no second copy of them: without donation peak memory doubles); the models are
 # not, since the caller still holds them.
-_step_jit = jax.jit(_step_loop, donate_argnums=(1,))
+_step_jit = typed_jit(_step_loop, donate_argnums=(1,))
 
 
 # ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from specjax.drafters.base import Drafter
 from specjax.models.llama import Model
 from specjax.training.config import TrainConfig
 from specjax.training.losses import lm_loss
+from specjax.typed_jit import typed_jit
 
 
 @struct.dataclass
@@ -136,6 +137,6 @@ def train_step(
 
 # The state is donated: params and both Adam moments are updated in place
 # instead of holding two copies of each at the step boundary.
-_jit_train_step = jax.jit(
+_jit_train_step = typed_jit(
     train_step, static_argnames=("model", "config", "teacher"), donate_argnums=0
 )
