@@ -35,6 +35,7 @@ from specjax.pretrained import smollm2_drafter as smollm2_drafter
 from specjax.sampling import SamplingConfig as SamplingConfig
 from specjax.sampling import probs_from_logits as probs_from_logits
 from specjax.sampling import sample as sample
+from specjax.stops import StopStrings as StopStrings
 from specjax.verify import coupled_verify as coupled_verify
 from specjax.verify import greedy_verify as greedy_verify
 from specjax.verify import rejection_sample as rejection_sample

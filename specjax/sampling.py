@@ -34,6 +34,7 @@ from flax import struct
 from jax import lax
 
 from specjax import noise
+from specjax.penalties import apply_logit_transforms
 from specjax.validation import INT32_MAX, is_concrete
 
 __all__ = [
@@ -57,11 +58,15 @@ _BISECTION_STEPS = 30
 _FLAT_SAMPLING_MAX_V = 2048
 _SAMPLING_BLOCK = 256
 
-_FLOAT_FIELDS = ("temperature", "top_p", "min_p")
+_PENALTY_FIELDS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", *_PENALTY_FIELDS)
 _FIELDS = ("temperature", "top_k", "top_p", "min_p")
+#: The value of each penalty that turns it off.
+PENALTY_OFF = dict(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
 _DTYPES = dict(
     temperature=jnp.float32, top_k=jnp.int32, top_p=jnp.float32, min_p=jnp.float32,
-    vocab_limit=jnp.int32,
+    vocab_limit=jnp.int32, repetition_penalty=jnp.float32, presence_penalty=jnp.float32,
+    frequency_penalty=jnp.float32,
 )  # fmt: skip
 
 
@@ -104,6 +109,33 @@ class SamplingConfig:
             decoders use the target's real vocabulary
             (`specjax.vocab.default_vocab_limit`: its tokenizer's size when smaller than
             V, else V).
+        repetition_penalty: transformers' repetition penalty: a token that occurs in
+            the prompt or in the generated tokens before a position has its logit
+            divided by it when positive, multiplied by it when negative; ``> 0``,
+            ``1`` disables it.
+        presence_penalty: OpenAI's presence penalty: subtracted from the logit of every
+            token that occurs in the *generated* tokens (not the prompt); in
+            ``[-2, 2]``, ``0`` disables it.
+        frequency_penalty: OpenAI's frequency penalty: subtracted once per occurrence
+            in the generated tokens; in ``[-2, 2]``, ``0`` disables it.
+
+            The three penalties default to ``None``: no penalty code in the compiled
+            program (the decoders then count no tokens). Setting any of them compiles
+            the program with penalties once; their values are traced like every
+            setting (the unset ones act as off).
+        logit_bias: ``None``, or an additive bias ``float32[V]`` (every row) or
+            ``[B, V]`` (one per row); ``-inf`` forbids an id. Its width must be the
+            target's V (checked by the decoders).
+        forbidden_ids: ``None``, or ids that are never tokens: ``[K]`` (every row), or
+            one list per row (ragged lists are padded with ``-1``, which forbids
+            nothing).
+        counts: the token history the penalties read (`specjax.penalties.TokenCounts`),
+            set by the decoders for each scored position and handed to the drafters;
+            leave it ``None``. Without it the penalties are not applied.
+
+    The logit transforms (forbidden ids, bias, penalties) act before the temperature
+    and the filters; `specjax.penalties` says in which order and why speculation
+    stays exact with them.
     """
 
     temperature: jax.Array | float = 1.0
@@ -111,13 +143,19 @@ class SamplingConfig:
     top_p: jax.Array | float = 1.0
     min_p: jax.Array | float = 0.0
     vocab_limit: jax.Array | int | None = None
+    repetition_penalty: jax.Array | float | None = None
+    presence_penalty: jax.Array | float | None = None
+    frequency_penalty: jax.Array | float | None = None
+    logit_bias: jax.Array | None = None
+    forbidden_ids: jax.Array | None = None
+    counts: object = None
 
     def __post_init__(self):
         # A Python float and a float32 array are different jit signatures; storing one
         # canonical host array keeps a single compiled program for every value.
         for name in _FLOAT_FIELDS:
             value = getattr(self, name)
-            if _is_host_value(value):
+            if value is not None and _is_host_value(value):
                 arr = np.asarray(value)
                 if arr.dtype == object or not (
                     np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
@@ -131,6 +169,10 @@ class SamplingConfig:
             object.__setattr__(self, "top_k", _host_top_k(self.top_k))
         if _is_host_value(self.vocab_limit):
             object.__setattr__(self, "vocab_limit", _host_vocab_limit(self.vocab_limit))
+        if _is_host_value(self.logit_bias):
+            object.__setattr__(self, "logit_bias", _host_logit_bias(self.logit_bias))
+        if _is_host_value(self.forbidden_ids):
+            object.__setattr__(self, "forbidden_ids", _host_forbidden_ids(self.forbidden_ids))
 
     @classmethod
     def greedy(cls) -> SamplingConfig:
@@ -173,6 +215,49 @@ def _host_vocab_limit(value) -> np.ndarray:
     return arr.astype(np.int32)
 
 
+def _host_logit_bias(value) -> np.ndarray:
+    """``logit_bias`` as float32 ``[V]`` or ``[B, V]``."""
+    try:
+        arr = np.asarray(value, np.float32)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"SamplingConfig.logit_bias must be a float array [V] or [B, V], got {value!r:.60}"
+        ) from None
+    if arr.ndim not in (1, 2):
+        raise ValueError(
+            f"SamplingConfig.logit_bias must be [V] (every row) or [B, V] (one per row), "
+            f"got shape {list(arr.shape)}"
+        )
+    if np.any(np.isnan(arr) | (arr == np.inf)):
+        raise ValueError("SamplingConfig.logit_bias must not hold NaN or +inf (-inf forbids an id)")
+    return arr
+
+
+def _host_forbidden_ids(value) -> np.ndarray:
+    """``forbidden_ids`` as int32 ``[K]`` or ``[B, K]``; ragged per-row lists padded with -1."""
+    if isinstance(value, list) and value and all(isinstance(r, (list, tuple)) for r in value):
+        width = max((len(r) for r in value), default=0)
+        value = [list(r) + [-1] * (width - len(r)) for r in value]
+    arr = np.asarray(value)
+    if arr.size == 0:
+        arr = arr.astype(np.int32)
+    if arr.dtype == object or arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(
+            f"SamplingConfig.forbidden_ids must be integer ids [K] or one list per row, "
+            f"got {value!r:.60}"
+        )
+    if arr.ndim not in (1, 2):
+        raise ValueError(
+            f"SamplingConfig.forbidden_ids must be [K] (every row) or one list per row [B, K], "
+            f"got shape {list(arr.shape)}"
+        )
+    if arr.size and (np.min(arr) < -1 or np.max(arr) > INT32_MAX):
+        raise ValueError(
+            f"SamplingConfig.forbidden_ids must be ids >= 0 (-1 pads a row), got {value!r:.60}"
+        )
+    return arr.astype(np.int32)
+
+
 def check_sampling_config(config: SamplingConfig, batch_size: int | None = None) -> None:
     """Raises ValueError naming the first field with a bad shape or out-of-range value.
 
@@ -194,9 +279,17 @@ def check_sampling_config(config: SamplingConfig, batch_size: int | None = None)
         "top_p": (lambda v: (v > 0) & (v <= 1), "must be in (0, 1] (1 disables top-p)"),
         "min_p": (lambda v: (v >= 0) & (v < 1), "must be in [0, 1) (0 disables min-p)"),
         "vocab_limit": (lambda v: v >= 1, "must be >= 1 (ids >= vocab_limit are masked)"),
+        "repetition_penalty": (
+            lambda v: (v > 0) & (v < np.inf),
+            "must be > 0 and finite (1 disables it)",
+        ),
+        "presence_penalty": (lambda v: (v >= -2) & (v <= 2), "must be in [-2, 2] (0 disables it)"),
+        "frequency_penalty": (lambda v: (v >= -2) & (v <= 2), "must be in [-2, 2] (0 disables it)"),
     }
     for name, (is_valid, requirement) in checks.items():
         value = getattr(config, name)
+        if name in _PENALTY_FIELDS and value is None:
+            continue
         if name == "vocab_limit" and value is None:
             continue
         dtype = getattr(value, "dtype", None)
@@ -228,6 +321,21 @@ def check_sampling_config(config: SamplingConfig, batch_size: int | None = None)
         if name == "top_k" and not np.issubdtype(value.dtype, np.integer):
             if not np.all(value == np.round(value)):
                 raise ValueError(f"SamplingConfig.top_k must be an integer; got {value!r}")
+    for name in ("logit_bias", "forbidden_ids"):
+        value = getattr(config, name)
+        if value is None:
+            continue
+        shape = tuple(jnp.shape(value))
+        if len(shape) == 2 and batch_size is not None and shape[0] != batch_size:
+            raise ValueError(
+                f"SamplingConfig.{name} has shape {list(shape)}: a per-row {name} needs one "
+                f"row per prompt, [{batch_size}, ...]"
+            )
+        if len(shape) not in (1, 2):
+            raise ValueError(
+                f"SamplingConfig.{name} has shape {list(shape)}; it must be rank 1 (every "
+                "row) or rank 2 (one row per prompt)"
+            )
 
 
 def per_row(config: SamplingConfig, batch_size: int) -> SamplingConfig:
@@ -242,7 +350,29 @@ def per_row(config: SamplingConfig, batch_size: int) -> SamplingConfig:
         jnp.asarray(getattr(config, name), _DTYPES[name]), (batch_size,)
     )
     limit = None if config.vocab_limit is None else broadcast("vocab_limit")
-    return SamplingConfig(**{name: broadcast(name) for name in _FIELDS}, vocab_limit=limit)
+    # The bias and the forbidden ids become one row per prompt too ([B, V], [B, K]): the
+    # decoders gather every leaf by prompt along its leading axis, which must never be V.
+    rows = lambda x, dtype: (
+        None
+        if x is None
+        else jnp.broadcast_to(  # noqa: E731
+            jnp.asarray(x, dtype), (batch_size, jnp.shape(x)[-1])
+        )
+    )
+    # Penalties: all None (none in the program), or all [B] (the unset ones off).
+    penalties = {name: getattr(config, name) for name in _PENALTY_FIELDS}
+    if any(v is not None for v in penalties.values()):
+        penalties = {
+            name: jnp.broadcast_to(
+                jnp.asarray(PENALTY_OFF[name] if v is None else v, jnp.float32), (batch_size,)
+            )
+            for name, v in penalties.items()
+        }
+    return SamplingConfig(
+        **{name: broadcast(name) for name in _FIELDS}, vocab_limit=limit, **penalties,
+        logit_bias=rows(config.logit_bias, jnp.float32),
+        forbidden_ids=rows(config.forbidden_ids, jnp.int32),
+    )  # fmt: skip
 
 
 def greedy_tokens(logits: jax.Array) -> jax.Array:
@@ -363,7 +493,8 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
 
     0. vocabulary limit: logits at ids ``>= config.vocab_limit`` become ``-inf`` (when it
        is set), so those ids get probability 0 in every later step and in the
-       degenerate cases below;
+       degenerate cases below; then the logit transforms of `specjax.penalties`
+       (forbidden ids, logit bias, and the penalties when ``config.counts`` is set);
     1. temperature: ``softmax(logits / temperature)``; a temperature ``<= 0`` or NaN
        returns the one-hot of `greedy_tokens` (lowest index on ties) instead, chosen per
        row by a traced select, so greedy and sampled rows share one compiled program;
@@ -407,6 +538,7 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
 
     x_RxV = logits.astype(jnp.float32)
     x_RxV = mask_vocab(jnp.where(jnp.isnan(x_RxV), -jnp.inf, x_RxV), config.vocab_limit)
+    x_RxV = apply_logit_transforms(x_RxV, config, config.counts)
     greedy_R1 = ~(temperature_R1 > 0)
 
     def greedy():

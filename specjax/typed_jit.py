@@ -67,9 +67,15 @@ def typed_jit(
         donate_argnums=tuple(i + 1 for i in donate_argnums),
     )
 
+    def types_of(args, kwargs):
+        return dataclass_types((args, {k: v for k, v in kwargs.items() if k not in static}))
+
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        traced_kwargs = {k: v for k, v in kwargs.items() if k not in static}
-        return compiled(dataclass_types((args, traced_kwargs)), *args, **kwargs)
+        return compiled(types_of(args, kwargs), *args, **kwargs)
 
+    # As on a jitted function: lower (for profiling), programs compiled, clear.
+    call.lower = lambda *args, **kwargs: compiled.lower(types_of(args, kwargs), *args, **kwargs)
+    call._cache_size = compiled._cache_size
+    call.clear_cache = compiled.clear_cache
     return call

@@ -54,8 +54,16 @@ def test_quick_run_prints_tables_and_writes_results(quick_run):
     assert {("specjax", m, 4) for m in ("plain", "draft", "lookup")} <= systems
     assert [r["gamma"] for r in results["sweep"]] == [1, 2]
     assert all(r["tokens"] == 2 * 12 for r in results["rows"] if r["batch"] == 1)
-    for name in ("gamma_sweep.png", "throughput.png", "block_sweep.png", "results.md"):
+    for name in ("gamma_sweep.png", "throughput.png", "block_sweep.png", "results.md",
+                 "acceptance_by_position.png"):  # fmt: skip
         assert (tmp_path / name).stat().st_size > 0
+    for r in results["rows"]:  # α_i per draft position for specjax's drafters only
+        by_position = r["acceptance_by_position"]
+        if r["framework"] == "specjax" and r["method"] != "plain":
+            assert len(by_position) == r["gamma"], r
+            assert all(a is None or 0.0 <= a <= 1.0 for a in by_position)
+        else:
+            assert by_position is None, r
 
 
 @pytest.mark.slow

@@ -74,6 +74,11 @@ def test_generate_bundled_pair_greedy_equals_plain(drafter, resolved, gamma):
     assert out["tokens"] == 24 and len(out["completions"][0]) > 0
     assert 0.0 <= out["acceptance_rate"] <= 1.0
     assert out["tokens_per_target_call"] >= 1.0
+    # Per position: γ rates, each in [0, 1]; position 0 is judged at every step.
+    assert len(out["acceptance_by_position"]) == gamma
+    assert all(0.0 <= a <= 1.0 for a in out["acceptance_by_position"])
+    assert out["position_reached"][0] == out["target_calls"]
+    assert len(out["row_acceptance_rate"]) == 1
 
 
 @pytest.mark.slow
@@ -222,7 +227,9 @@ def test_generate_repeats_must_be_positive(cli_in_process):
         ("empty prompt", ["   "], ["prompt is empty"]),
         ("unknown option", ["hi", "--bogus"], ["unrecognized arguments: --bogus"]),
         ("bad gamma", ["hi", "--gamma", "0"], ["--gamma"]),
-        ("bad top-p", ["hi", "--top-p", "1.5"], ["top_p"]),
+        ("bad top-p", ["hi", "--top-p", "1.5"], ["--top-p"]),
+        ("bad penalty", ["hi", "--repetition-penalty", "0"], ["--repetition-penalty"]),
+        ("empty stop", ["hi", "--stop", ""], ["--stop", "non-empty"]),
         ("missing folder", ["hi", "--model", "/nonexistent/model"], ["no such directory"]),
     ],
 )

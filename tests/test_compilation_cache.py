@@ -36,6 +36,9 @@ def entries(cache_root):
     return sorted((Path(cache_root) / "jax").glob("*-cache"))
 
 
+# Slow tier: two fresh processes each import jax and compile (about 21 s); the fast
+# tier keeps the cache's unit contracts.
+@pytest.mark.slow
 def test_second_process_compiles_nothing(tmp_path):
     first = run_worker(tmp_path)
     assert first["cache_dir"] == str(tmp_path / "jax")

@@ -135,6 +135,9 @@ def test_ragged_rows_equal_rows_alone(target):
 # Reproducibility, compilation, statistics.
 
 
+# Slow tier: compiles the decoder a second time inside a user's jit (about 16 s); the
+# fast tier's reproducibility contract is in test_reproducible.py.
+@pytest.mark.slow
 def test_same_key_same_output_and_user_jit(target):
     drafter = specjax.DraftModel(tiny_model(seed=3, vocab_size=V), num_draft=3)
     prompts = jnp.asarray([[1, 2, 3, 4], [4, 3, 2, 1]], jnp.int32)
@@ -210,6 +213,9 @@ def test_no_recompilation_for_traced_settings(target, tmp_path):
         assert decoding.api._decode_jit._cache_size() == before, name
 
 
+# Slow tier (about 7 s): the open loop's traced settings stay in the fast tier through
+# test_vocab.py's open-loop test.
+@pytest.mark.slow
 def test_open_loop_step_compiles_once_for_any_chunk(target):
     drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
     sampling = specjax.SamplingConfig(temperature=jnp.asarray([1.0, 0.0, 0.6]))

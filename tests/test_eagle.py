@@ -457,6 +457,7 @@ def _batch(corpus, b=2, t=7, seed=0):
     return jnp.asarray(np.stack([corpus[s : s + t] for s in starts]), jnp.int32)
 
 
+@pytest.mark.slow  # a gradient program of the head and target (about 6 s)
 def test_gradients_reach_only_the_head(trained, corpus):
     tokens = _batch(corpus, b=4, t=16)
     target = trained.target
@@ -474,6 +475,7 @@ def test_gradients_reach_only_the_head(trained, corpus):
 
 
 @pytest.mark.parametrize("step_weight", [0.8, 0.5])
+@pytest.mark.slow  # a training-loss property, about 8 s a case; the head's decoding stays fast
 def test_loss_is_the_weighted_soft_cross_entropy_of_decode_chains(trained, corpus, step_weight):
     """Recomputed without the TTT code: for every anchor a, a decode-path chain
     (`step_logits` on a cache) gives step i's q at a + i; numpy takes the soft

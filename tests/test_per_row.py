@@ -193,6 +193,8 @@ def test_bad_token_budgets_are_refused(decoders, name, value):
 
 
 @pytest.mark.parametrize("name", DECODERS_LOOKUP_SLOW)
+# Fast tier: plain decoding; the drafters' cases (about 7 s each) are slow.
+@pytest.mark.first_case_fast
 def test_traced_budgets_below_one_give_no_tokens_in_both_decoders(decoders, name):
     """Inside a user's jit the budget cannot be checked; <= 0 then means 0 tokens."""
     prompts = jnp.asarray([[1, 2, 3]] * B, jnp.int32)

@@ -83,8 +83,9 @@ def test_a_row_does_not_depend_on_the_batch_around_it(pair, name):
 
 @pytest.mark.parametrize("gamma", [2, 6])
 @pytest.mark.parametrize("name", ["draft_model", "lookup"])
-# Fast tier: the first case of each parametrize list; the others run with -m slow.
-@pytest.mark.first_case_fast
+# Slow tier (about 15 s a case): coupled == plain stays in the fast tier through
+# test_block_drafter.py's B == γ+1 case and test_verify.py's enumerated coupled test.
+@pytest.mark.slow
 def test_coupled_equals_plain_alone_and_in_a_batch(pair, name, gamma):
     target, draft = pair
     drafter = _drafter(name, draft, gamma)
@@ -188,8 +189,9 @@ def test_stream_yields_every_token_once(pair):
 
 
 @pytest.mark.parametrize("name", ["plain", "draft_model"])
-# Fast tier: the first case of each parametrize list; the others run with -m slow.
-@pytest.mark.first_case_fast
+# Slow tier (about 10 s a case): the fast tier checks the chosen token's log-probability
+# in test_top_logprobs.py.
+@pytest.mark.slow
 def test_logprobs_are_the_targets_processed_log_probabilities(pair, name):
     """Against a teacher-forced forward over prompt + output (no cache reuse)."""
     target, draft = pair

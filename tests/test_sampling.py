@@ -328,6 +328,8 @@ def _blocked_weights():
 
 
 @pytest.mark.parametrize("weights", [_flat_weights(), _blocked_weights()], ids=["flat", "blocked"])
+# Fast tier: the flat race; the blocked one (V > 2048, about 12 s) is slow.
+@pytest.mark.first_case_fast
 def test_sample_follows_weights_and_never_draws_zeros(weights):
     """N = 200k draws; chi-square with pooled small cells, ALPHA = 1e-6; any draw of a
     zero, negative or NaN weight fails outright."""

@@ -291,6 +291,9 @@ def test_tree_greedy_with_batch_of_depth_plus_one_rows_and_refill(pair):
 
 
 @pytest.mark.parametrize("verification", ["rejection", "coupled"])
+# Fast tier: scalar settings with rejection verification; the other three cases (a tree
+# decode program each, about 7 s) are slow.
+@pytest.mark.first_case_fast
 @pytest.mark.parametrize(
     "sampling",
     [

@@ -107,3 +107,14 @@ def test_generate_runs_each_model_class_of_the_same_fields():
     for k, cls in enumerate(models):
         out = specjax.generate(jax.random.key(0), cls(jnp.zeros((5,))), [[1, 2]], max_new_tokens=3)
         assert out.tokens.tolist() == [[k, k, k]]
+
+
+def test_lower_is_keyed_like_the_call():
+    """`.lower` (used by scripts/profile_decode.py) lowers the program the call runs."""
+    import jax.numpy as jnp
+
+    from specjax.typed_jit import typed_jit
+
+    double = typed_jit(lambda x: 2 * x)
+    x = jnp.arange(3.0)
+    assert (double.lower(x).compile()(x) == double(x)).all()

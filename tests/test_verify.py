@@ -571,6 +571,7 @@ def test_properties_on_random_inputs(gamma, data):
     q=hnp.arrays(np.float64, (6,), elements=st.sampled_from([0.0, 0.01, 0.1, 0.5, 1.0, 3.0])),
     seed=st.integers(0, 2**31 - 1),
 )
+@pytest.mark.slow  # sampled (empirical), about 5 s; the enumerated tests above are exact
 def test_empirical_exactness_on_random_distributions(p, q, seed):
     """γ = 1, V = 6, (p, q) from hypothesis (sparse, tied, disjoint): token 0 follows p_0
     and the bonus token follows p_1. N = 50k per example, ALPHA = 1e-6 per check (25

@@ -154,6 +154,15 @@ def row_of(system: System, plain: System | None, costs: dict | None) -> dict:
         "speedup": None,
         "acceptance_rate": o.accepted / o.drafted if o.drafted else None,
         "alpha": alpha_from_hist(o.hist) if o.hist else None,
+        # α_i per draft position: accepted / judged (None where never judged).
+        "acceptance_by_position": (
+            [
+                a / r if r else None
+                for a, r in zip(o.position_accepted, o.position_reached, strict=True)
+            ]
+            if o.position_reached
+            else None
+        ),
         "tokens_per_call": o.num_tokens / max(o.target_calls, 1),
         "step_ms": t.median_s / max(o.steps, 1) * 1e3,
         "model_step_ms": None,

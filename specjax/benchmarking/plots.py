@@ -32,7 +32,23 @@ def plot(results: dict, out: Path) -> list[Path]:
     paths.append(plot_throughput(results, out / "throughput.png", plt))
     if len(results["config"]["workloads"]) > 1:
         paths.append(plot_workloads(results, out / "workloads.png", plt))
+    if any(r.get("acceptance_by_position") for r in results["rows"]):
+        paths.append(plot_acceptance_by_position(results, out / "acceptance_by_position.png", plt))
     return paths
+
+
+def plot_acceptance_by_position(results: dict, path: Path, plt) -> Path:
+    """α_i (accepted / judged) at each draft position, per batch-1 specjax system and T."""
+    rows = [r for r in results["rows"] if r["batch"] == 1 and r.get("acceptance_by_position")]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        alpha = [np.nan if a is None else a for a in r["acceptance_by_position"]]
+        ax.plot(range(1, len(alpha) + 1), alpha, "o-",
+                label=f"{r['method']} γ={r['gamma']} T={r['temperature']:g}")  # fmt: skip
+    ax.set(xlabel="draft position", ylabel="α_i = accepted / judged", ylim=(0, 1.05))
+    ax.legend(fontsize=8)
+    fig.suptitle("acceptance by draft position, batch 1")
+    return _save(fig, path, plt)
 
 
 def plot_gamma_sweep(sweep, path: Path, plt) -> Path:

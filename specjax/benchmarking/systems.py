@@ -29,6 +29,9 @@ class Outcome:
     drafted: int
     accepted: int
     hist: list[int] | None  # specjax: how often 0..γ drafts were accepted
+    # specjax: per draft position, drafts judged (earlier ones accepted) and accepted.
+    position_reached: list[int] | None = None
+    position_accepted: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -46,6 +49,8 @@ class Outcome:
             drafted=sum(p.drafted for p in parts),
             accepted=sum(p.accepted for p in parts),
             hist=[int(h) for h in np.sum(hists, axis=0)] if hists else None,
+            position_reached=_sum_lists([p.position_reached for p in parts]),
+            position_accepted=_sum_lists([p.position_accepted for p in parts]),
         )
 
 
@@ -109,6 +114,12 @@ class System:
         return merged
 
 
+def _sum_lists(lists) -> list[int] | None:
+    """Element-wise sum of equal-length int lists (None entries left out; all None: None)."""
+    kept = [x for x in lists if x is not None]
+    return [int(v) for v in np.sum(kept, axis=0)] if kept else None
+
+
 def _summarize_specjax(results) -> Outcome:
     tokens = [row for r in results for row in r.to_lists()]
     stats = [jax.device_get(r.stats) for r in results]
@@ -120,6 +131,8 @@ def _summarize_specjax(results) -> Outcome:
         drafted=int(sum(np.sum(s.drafted) for s in stats)),
         accepted=int(sum(np.sum(s.accepted) for s in stats)),
         hist=[int(h) for h in hist] if hist.size else None,
+        position_reached=_sum_lists([np.asarray(s.position_reached) for s in stats]) or None,
+        position_accepted=_sum_lists([np.asarray(s.position_accepted) for s in stats]) or None,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -291,13 +292,21 @@ def cmd_generate(args) -> int:
 
     # jax.random.key keeps 32 bits without x64: larger seeds collide or overflow.
     check_flag("--seed", check_int, args.seed)
-    sampling = specjax.SamplingConfig(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p
-    )
     try:
+        sampling = specjax.SamplingConfig(
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+            # Off by default: no penalty code in the compiled program.
+            **{
+                name: getattr(args, name)
+                for name, off in specjax.sampling.PENALTY_OFF.items()
+                if getattr(args, name) != off
+            },
+        )  # fmt: skip
         specjax.sampling.check_sampling_config(sampling)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    except (ValueError, TypeError) as e:
+        # Named as the flag: SamplingConfig.repetition_penalty is --repetition-penalty.
+        flag = lambda m: "--" + m.group(1).replace("_", "-")  # noqa: E731
+        raise UserError(re.sub(r"SamplingConfig\.(\w+)", flag, str(e))) from None
 
     tree = _parse_tree(args)
     target, draft, tokenizer = _load_models(args)
@@ -331,6 +340,13 @@ def cmd_generate(args) -> int:
     key = jax.random.key(args.seed)
     cache_len = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
     kw = dict(sampling=sampling, eos_id=eos, cache_len=cache_len)
+    if args.stop:
+        try:
+            kw["stop"] = specjax.StopStrings.build(
+                args.stop, tokenizer, target.vocab_size, len(prompts)
+            )
+        except (TypeError, ValueError) as e:
+            raise UserError(f"--stop: {e}") from None
     drafter = None if args.drafter == "none" else draft.with_draft(args.gamma)
     if tree is not None:
         try:  # e.g. a tree deeper than a block drafter's block
@@ -388,6 +404,10 @@ def cmd_generate(args) -> int:
         "repeats": args.repeats,
         "speculative_seconds_runs": runs[0],
         "acceptance_rate": float(result.stats.acceptance_rate),
+        # α_i per draft position (judged drafts only) and each sample's own rate.
+        "acceptance_by_position": np.asarray(result.stats.acceptance_by_position).tolist(),
+        "position_reached": np.asarray(result.stats.position_reached).tolist(),
+        "row_acceptance_rate": np.asarray(result.stats.row_acceptance_rate).tolist(),
         "tokens_per_target_call": float(result.tokens_per_call),
         "target_calls": int(result.stats.target_calls),
     }

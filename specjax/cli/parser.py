@@ -97,6 +97,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1 = off)")
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p × max prob")
+    g.add_argument(
+        "--stop", action="append", metavar="TEXT",
+        help="end a sample when its text contains TEXT (repeatable; kept in the output)",
+    )  # fmt: skip
+    g.add_argument(
+        "--repetition-penalty", type=float, default=1.0,
+        help="transformers' repetition penalty over prompt and output (1 = off)",
+    )  # fmt: skip
+    g.add_argument(
+        "--presence-penalty", type=float, default=0.0,
+        help="OpenAI's presence penalty over the output, in [-2, 2] (0 = off)",
+    )  # fmt: skip
+    g.add_argument(
+        "--frequency-penalty", type=float, default=0.0,
+        help="OpenAI's frequency penalty over the output, in [-2, 2] (0 = off)",
+    )  # fmt: skip
     g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
     g.add_argument("--seed", type=int, default=0, help="PRNG seed (same seed, same output)")
     g.add_argument("--batch", type=int, default=1, help="generate this many samples at once")

@@ -36,6 +36,8 @@ def _result(state: DecodeState) -> GenerationResult:
         lengths=out.lengths,
         from_draft=out.from_draft,
         logprobs=out.logprobs,
+        top_ids=out.top_ids,
+        top_logprobs=out.top_logprobs,
         truncated=out.truncated,
         invalid=out.invalid,
         stats=state.stats.replace(
@@ -49,10 +51,14 @@ def _trim(out: GenerationResult, width: int) -> GenerationResult:
         tokens=out.tokens[:, :width],
         from_draft=out.from_draft[:, :width],
         logprobs=out.logprobs[:, :width],
+        top_ids=out.top_ids[:, :width],
+        top_logprobs=out.top_logprobs[:, :width],
     )
 
 
-_STATIC = ("cache_len", "verification", "num_slots", "gamma_table")
+_STATIC = (
+    "cache_len", "verification", "num_slots", "gamma_table", "top_logprobs", "raw_logprobs",
+)  # fmt: skip
 # typed_jit, not jax.jit: models of different classes with the same fields must not
 # share a compiled program (see specjax/typed_jit.py).
 _decode_jit = typed_jit(
@@ -97,6 +103,9 @@ def init(
     num_slots: int | None = None,
     gamma_by_active_rows=None,
     draft_confidence: float | None = None,
+    top_logprobs: int = 0,
+    raw_logprobs: bool = False,
+    stop=None,
 ) -> DecodeState:
     """Prefills the prompts and returns the `DecodeState` that `step` advances.
 
@@ -117,6 +126,7 @@ def init(
     traced, static, width = _prepare(
         key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
         verification, num_slots, gamma_by_active_rows, draft_confidence,
+        top_logprobs=top_logprobs, raw_logprobs=raw_logprobs, stop=stop,
     )  # fmt: skip
     return _init_jit(*traced, **static)
 
@@ -214,6 +224,9 @@ def generate(
     seeds=None,
     cache_len: int | None = None,
     num_slots: int | None = None,
+    top_logprobs: int = 0,
+    raw_logprobs: bool = False,
+    stop=None,
 ) -> GenerationResult:
     """Plain autoregressive decoding: prefill, then one ``lax.while_loop``.
 
@@ -248,6 +261,16 @@ def generate(
             inside the same on-device loop (continuous batching), serving the longest
             budgets first so that the shortest fill the tail; settings, seeds and
             budgets follow the prompt, and outputs come back in prompt order.
+        top_logprobs: k >= 0 (static): also return the k most probable ids at each
+            emitted position and their log-probabilities (``GenerationResult.top_ids``,
+            ``.top_logprobs``), from the processed distribution the token was drawn
+            from.
+        raw_logprobs: static: ``top_logprobs`` from the raw logits' log-softmax
+            (before the vocabulary limit, penalties, temperature and filters).
+        stop: stop strings: a list of strings (every prompt) or one list per prompt,
+            spelled with ``model.tokenizer``, or a `specjax.StopStrings`. A row ends
+            with the token that completes one of its stop strings in the generated
+            text (split across tokens too); that token is kept (`specjax.stops`).
 
     Returns:
         :class:`GenerationResult` with ``tokens int32[N, max(max_new_tokens)]``.
@@ -262,7 +285,7 @@ def generate(
     """
     traced, static, width = _prepare(
         key, model, NoDraft(), prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
-        "rejection", num_slots,
+        "rejection", num_slots, top_logprobs=top_logprobs, raw_logprobs=raw_logprobs, stop=stop,
     )  # fmt: skip
     return _decode(traced, static, width)
 
@@ -282,6 +305,9 @@ def speculative_generate(
     num_slots: int | None = None,
     gamma_by_active_rows=None,
     draft_confidence: float | None = None,
+    top_logprobs: int = 0,
+    raw_logprobs: bool = False,
+    stop=None,
 ) -> GenerationResult:
     """Speculative decoding in one jitted ``lax.while_loop``, exact in distribution.
 
@@ -348,6 +374,11 @@ def speculative_generate(
             the longest active row proposed. Exact: whether a position is proposed
             depends only on the drafts before it, and the drafts not proposed are
             never accepted. Needs a drafter that returns q.
+        top_logprobs: k (static): the k most probable ids and their log-probabilities
+            at each emitted position, as in `generate`; the same for accepted drafts
+            and target tokens (the target's processed distribution at that position).
+        raw_logprobs: static: from the raw logits instead, as in `generate`.
+        stop: stop strings, as in `generate`; no token past a stop is ever emitted.
 
     Returns:
         :class:`GenerationResult` with ``tokens int32[N, max(max_new_tokens)]``.
@@ -364,5 +395,6 @@ def speculative_generate(
     traced, static, width = _prepare(
         key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
         verification, num_slots, gamma_by_active_rows, draft_confidence,
+        top_logprobs=top_logprobs, raw_logprobs=raw_logprobs, stop=stop,
     )  # fmt: skip
     return _decode(traced, static, width)

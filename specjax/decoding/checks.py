@@ -20,7 +20,8 @@ import numpy as np
 from specjax.decoding.state import CACHE_BUCKET, EOS_BUCKET, PROMPT_BUCKET, VERIFICATIONS
 from specjax.drafters.base import Drafter, cache_bytes, lookahead
 from specjax.model_contract import check_before_compiling
-from specjax.sampling import SamplingConfig, check_sampling_config, per_row
+from specjax.sampling import PENALTY_OFF, SamplingConfig, check_sampling_config, per_row
+from specjax.stops import StopStrings
 from specjax.tree import Tree
 from specjax.validation import (
     INT32_MAX,
@@ -330,7 +331,8 @@ def _check_features(target, drafter: Drafter) -> None:
 
 def _prepare(
     key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
-    verification, num_slots=None, gamma_by_active_rows=None, draft_confidence=None,
+    verification, num_slots=None, gamma_by_active_rows=None, draft_confidence=None, *,
+    top_logprobs=0, raw_logprobs=False, stop=None,
 ):  # fmt: skip
     """Validates a decoder's inputs on the host, before anything compiles.
 
@@ -378,6 +380,7 @@ def _prepare(
         )
     max_new_B = _check_max_new_tokens(max_new_tokens, b)
     check_sampling_config(sampling, b)
+    _check_logit_transforms(sampling, vocab, drafter)
     sampling_B = per_row(resolve_vocab_limit(sampling, target, drafter), b)
     num_prompts = b
     b = _check_num_slots(num_slots, num_prompts)
@@ -387,8 +390,11 @@ def _prepare(
     )
     if resolved > INT32_MAX // 2:
         raise ValueError(f"{name}: a cache of {resolved} slots does not fit int32 positions")
-    # + seq, logprobs and flags per slot, and the same per prompt for the outputs.
-    nbytes = cache_bytes(target, b, resolved) + (b + num_prompts) * resolved * 9
+    top_logprobs = _check_top_logprobs(top_logprobs, vocab)
+    # + seq, logprobs and flags per slot (and k top ids and log-probabilities), and the
+    # same per prompt for the outputs.
+    per_slot = 9 + 8 * top_logprobs
+    nbytes = cache_bytes(target, b, resolved) + (b + num_prompts) * resolved * per_slot
     nbytes += drafter.state_bytes(b, resolved)
     check_fits_memory(name, nbytes, f"caches of {resolved} slots for {b} rows")
     # Bucket the prompt width like the cache, capped by the cache itself.
@@ -397,15 +403,75 @@ def _prepare(
     traced = (
         key, target, drafter, prompts_BP, lengths_B, jnp.asarray(max_new_B), sampling_B,
         _eos_array(eos_id, vocab), _check_seeds(seeds, num_prompts),
-        _check_confidence(draft_confidence),
+        _check_confidence(draft_confidence), _stop_strings(stop, target, vocab, num_prompts),
     )  # fmt: skip
     static = dict(
         cache_len=resolved, verification=verification, num_slots=b,
         gamma_table=_check_gamma_table(gamma_by_active_rows, drafter.num_draft),
+        top_logprobs=top_logprobs,
+        raw_logprobs=_check_bool("raw_logprobs", raw_logprobs),
     )  # fmt: skip
     # From host values (inside a user's jit the arrays above are already traced).
     host_lengths = np.asarray(lengths_B) if is_concrete(lengths_B) else np.full((num_prompts,), p)
     return traced, static, _output_width(max_new_B, host_lengths, resolved)
+
+
+def _stop_strings(stop, target, vocab: int, num_prompts: int):
+    """``stop`` as a `StopStrings` (built with the target's tokenizer), or None."""
+    if stop is None:
+        return None
+    if isinstance(stop, StopStrings):
+        if stop.token_bytes.shape[0] != vocab or stop.active.shape[0] != num_prompts:
+            raise ValueError(
+                f"stop: a StopStrings built for V = {stop.token_bytes.shape[0]} and "
+                f"{stop.active.shape[0]} prompts, but the target has V = {vocab} and there "
+                f"are {num_prompts} prompts"
+            )
+        return stop
+    return StopStrings.build(stop, getattr(target, "tokenizer", None), vocab, num_prompts)
+
+
+def _check_top_logprobs(k, vocab: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= vocab:
+        raise ValueError(
+            f"top_logprobs must be an int in [0, V = {vocab}] (0: none), got {k!r:.40}"
+        )
+    return int(k)
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r:.40}")
+    return bool(value)
+
+
+def _check_logit_transforms(sampling: SamplingConfig, vocab: int, drafter: Drafter) -> None:
+    """The settings that need the target's V or the drafter: bias width, forbidden ids, trees."""
+    bias = sampling.logit_bias
+    if bias is not None and jnp.shape(bias)[-1] != vocab:
+        raise ValueError(
+            f"SamplingConfig.logit_bias has shape {list(jnp.shape(bias))}: its last axis "
+            f"must be the target's vocabulary size V = {vocab}"
+        )
+    ids = sampling.forbidden_ids
+    if ids is not None and is_concrete(ids) and np.size(ids) and np.max(ids) >= vocab:
+        raise ValueError(
+            f"SamplingConfig.forbidden_ids holds id {int(np.max(ids))}, outside the target's "
+            f"vocabulary [0, {vocab})"
+        )
+    if drafter.tree is None:
+        return
+    settings = [getattr(sampling, name) for name in PENALTY_OFF]
+    off = PENALTY_OFF.values()
+    if not all(
+        x is None or (is_concrete(x) and np.all(np.asarray(x) == o))
+        for x, o in zip(settings, off, strict=True)
+    ):
+        raise ValueError(
+            "repetition_penalty, presence_penalty and frequency_penalty are not supported "
+            f"with a tree drafter ({drafter.tree!r}): a node's penalties would have to count "
+            "its own ancestors; use a chain drafter (they must be concrete and off here)"
+        )
 
 
 def _output_width(max_new_B, prompt_lengths_B, cache_len: int) -> int:

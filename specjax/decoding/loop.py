@@ -20,7 +20,9 @@ from specjax.decoding.refill import _refill
 from specjax.decoding.state import DecodeState
 from specjax.drafters.base import score
 from specjax.models.cache import TreeMask
+from specjax.penalties import along_drafts, prefix_counts
 from specjax.sampling import mask_vocab, probs_from_logits
+from specjax.stops import first_stop
 from specjax.tree import path_nodes_with_root, tree_verify
 from specjax.verify import coupled_verify, rejection_sample, rejection_sample_onehot
 from specjax.vocab import pad_to_vocab
@@ -52,11 +54,14 @@ def _draft_probs(proposal, drafter, batch: int, gamma: int, vocab: int):
 
 
 def _write(buffer_BS, values_BT, start_B, count_B):
-    """``buffer[b, start[b] + t] = values[b, t]`` for ``t < count[b]``; nothing else changes."""
-    b, t = values_BT.shape
+    """``buffer[b, start[b] + t] = values[b, t]`` for ``t < count[b]``; nothing else changes.
+
+    ``buffer`` is ``[B, S, ...]`` and ``values`` ``[B, T, ...]`` (the same trailing axes).
+    """
+    b, t = values_BT.shape[:2]
     rows = jnp.arange(b)[:, None]
     slots = start_B[:, None] + jnp.arange(t)[None]
-    keep = jnp.arange(t)[None] < count_B[:, None]
+    keep = (jnp.arange(t)[None] < count_B[:, None]).reshape((b, t) + (1,) * (values_BT.ndim - 2))
     old = buffer_BS[rows, jnp.minimum(slots, buffer_BS.shape[1] - 1)]
     # mode="drop": a slot past the end of the buffer is never written (or clamped).
     return buffer_BS.at[rows, slots].set(jnp.where(keep, values_BT, old), mode="drop")
@@ -136,6 +141,8 @@ class _Verified:
         usable: ``bool[B, G]`` that p is a distribution (not NaN / all masked).
         target_cache: the target's cache, slot == position for the emitted positions.
         features: the drafter's `TargetFeatures` at the G emitted positions, or None.
+        logits: ``[B, G, V]`` the target's raw logits at the emitted positions (read
+            only for raw top log-probabilities).
     """
 
     drafter: object
@@ -147,6 +154,7 @@ class _Verified:
     usable: jax.Array
     target_cache: object
     features: object
+    logits: jax.Array
 
 
 def _usable(logits_BTV, sampling) -> jax.Array:
@@ -179,9 +187,10 @@ def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
     lengths = state.seq_lengths
     offsets = jnp.arange(gamma + 1)
     positions_BG1, keys_BG1 = _step_keys(state, gamma + 1)
+    counts_BV = prefix_counts(state, target.vocab_size)
     proposal = drafter.propose(
         _draft_keys(state, keys_BG1, gamma), state.drafter_state, state.seq, lengths,
-        state.sampling,
+        state.sampling.replace(counts=counts_BV),
     )  # fmt: skip
     draft_probs = _draft_probs(proposal, drafter, b, gamma, target.vocab_size)
     draft_tokens_BG = proposal.tokens.astype(jnp.int32)
@@ -213,7 +222,9 @@ def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
         logits_BG1V, target_cache, features = _score_drafted(
             target, drafter, tokens_in, positions_BG1, state.target_cache, width_index
         )
-    target_probs = probs_from_logits(logits_BG1V, state.sampling)
+    # Position i's penalties count the prefix and drafts 0..i-1 (`specjax.penalties`).
+    counts_BG1V = along_drafts(state.sampling, counts_BV, draft_tokens_BG)
+    target_probs = probs_from_logits(logits_BG1V, state.sampling.replace(counts=counts_BG1V))
     if state.verification == "coupled":
         block_BG1, num_accepted = coupled_verify(keys_BG1, draft_tokens_BG, target_probs)
     elif draft_probs is None:
@@ -226,7 +237,7 @@ def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
         drafter=drafter, drafter_state=proposal.state, block=block_BG1,
         num_accepted=num_accepted, num_drafted=num_drafted, probs=target_probs,
         usable=_usable(logits_BG1V, state.sampling), target_cache=target_cache,
-        features=features,
+        features=features, logits=logits_BG1V,
     )  # fmt: skip
 
 
@@ -283,6 +294,7 @@ def _verify_tree(state: DecodeState) -> _Verified:
         num_accepted=num_accepted, num_drafted=jnp.full((b,), depth, jnp.int32),
         probs=probs_BD1V, usable=_usable(along(logits_BN1V), state.sampling),
         target_cache=target_cache.compact_path(last, path_BD), features=features,
+        logits=along(logits_BN1V),
     )  # fmt: skip
 
 
@@ -291,6 +303,27 @@ def _decode_step(state: DecodeState, gamma: int) -> DecodeState:
     if state.drafter.tree is not None:
         return _commit(state, _verify_tree(state))
     return _commit(state, _verify_chain(state, gamma))
+
+
+def _top_logprobs(state: DecodeState, verified: _Verified):
+    """``(int32[B, G, k], float32[B, G, k])``: the k most probable ids at each emitted
+    position and their log-probabilities, most probable first (ties: lowest id).
+
+    From the processed distribution that decided the position (the one ``logprobs``
+    reads), or from the raw logits' log-softmax when the state asks for raw ones. k is
+    static: with k = 0 nothing is computed.
+    """
+    k = state.top_ids.shape[-1]
+    b, g1 = verified.block.shape
+    if k == 0:
+        return jnp.zeros((b, g1, 0), jnp.int32), jnp.zeros((b, g1, 0), jnp.float32)
+    if state.raw_logprobs:
+        logits = verified.logits.astype(jnp.float32)
+        log_dist = jax.nn.log_softmax(jnp.where(jnp.isnan(logits), -jnp.inf, logits), axis=-1)
+    else:
+        log_dist = jnp.log(verified.probs)
+    values, ids = jax.lax.top_k(log_dist, k)
+    return ids.astype(jnp.int32), values
 
 
 def _commit(state: DecodeState, verified: _Verified) -> DecodeState:
@@ -313,14 +346,31 @@ def _commit(state: DecodeState, verified: _Verified) -> DecodeState:
     )
     budget = state.max_new_tokens - state.num_generated
     num_emit = jnp.minimum(jnp.minimum(num_accepted + 1, eos_cut), jnp.minimum(budget, num_usable))
+    if state.stop is not None:  # cut after the token that completes a stop string
+        stop_cut, stop_hit = first_stop(
+            state.stop, state.stop.active[state.queue.slot_prompt], state.seq,
+            state.prompt_lengths, lengths, jnp.maximum(block_BG1, 0),
+        )  # fmt: skip
+        stopped = stop_hit & (stop_cut <= num_emit)
+        num_emit = jnp.minimum(num_emit, stop_cut)
+    else:
+        stopped = jnp.zeros_like(active)
     num_emit = jnp.where(active, jnp.maximum(num_emit, 0), 0)
     block_BG1 = jnp.maximum(block_BG1, 0)
     logprobs_BG1 = jnp.log(jnp.take_along_axis(verified.probs, block_BG1[..., None], -1)[..., 0])
+    top_ids_BG1K, top_logprobs_BG1K = _top_logprobs(state, verified)
 
     new_lengths = lengths + num_emit
     active_i = active.astype(jnp.int32)
     accepted_one_hot = jax.nn.one_hot(num_accepted, max_gamma + 1, dtype=jnp.int32)
     accepted_one_hot *= active_i[:, None]
+    # Per draft position i (the tree's depth i): proposed, judged (drafts 0..i-1 all
+    # accepted) and accepted, over active rows.
+    draft_positions = jnp.arange(max_gamma)[None]
+    drafted_BG = (draft_positions < verified.num_drafted[:, None]) & active[:, None]
+    reached_BG = drafted_BG & (draft_positions <= num_accepted[:, None])
+    accepted_BG = drafted_BG & (draft_positions < num_accepted[:, None])
+    count = lambda mask_BG: jnp.sum(mask_BG, axis=0, dtype=jnp.int32)  # noqa: E731
     stats = state.stats
     state = state.replace(
         seq=_write(state.seq, block_BG1, lengths, num_emit),
@@ -328,6 +378,8 @@ def _commit(state: DecodeState, verified: _Verified) -> DecodeState:
             state.from_draft, offsets[None] < num_accepted[:, None], lengths, num_emit
         ),
         logprobs=_write(state.logprobs, logprobs_BG1, lengths, num_emit),
+        top_ids=_write(state.top_ids, top_ids_BG1K, lengths, num_emit),
+        top_logprobs=_write(state.top_logprobs, top_logprobs_BG1K, lengths, num_emit),
         seq_lengths=new_lengths,
         target_cache=verified.target_cache.rollback(new_lengths - 1),
         drafter_state=verified.drafter.update(
@@ -339,12 +391,15 @@ def _commit(state: DecodeState, verified: _Verified) -> DecodeState:
             drafted=stats.drafted + verified.num_drafted * active_i,
             accepted=stats.accepted + num_accepted * active_i,
             accepted_hist=stats.accepted_hist + jnp.sum(accepted_one_hot, axis=0),
+            position_drafted=stats.position_drafted + count(drafted_BG),
+            position_reached=stats.position_reached + count(reached_BG),
+            position_accepted=stats.position_accepted + count(accepted_BG),
         ),
     )
 
     emitted_BG1 = offsets[None] < num_emit[:, None]
     hit_eos = jnp.any(emitted_BG1 & is_eos_BG1, axis=1)
-    finished = hit_eos | (state.num_generated >= state.max_new_tokens)
+    finished = hit_eos | (active & stopped) | (state.num_generated >= state.max_new_tokens)
     invalid = active & (num_usable == 0)
     # Judged by the largest step, so that whether a row is truncated never depends on
     # which γ variant ran.

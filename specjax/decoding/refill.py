@@ -20,7 +20,9 @@ from specjax.drafters.base import lookahead, prefill
 
 def _init_state(
     key, target, drafter, prompts_NP, prompt_lengths_N, max_new_N, sampling_N, eos_K, seeds_N,
-    draft_confidence, *, cache_len, verification, num_slots, gamma_table,
+    draft_confidence, stop=None, *, cache_len, verification, num_slots, gamma_table,
+    top_logprobs=0,
+    raw_logprobs=False,
 ) -> DecodeState:  # fmt: skip
     """Prefills the first ``num_slots`` prompts into the slots (one batched forward)."""
     b = num_slots
@@ -44,6 +46,10 @@ def _init_state(
         prompt_lengths=prompt_lengths_B,
         from_draft=jnp.zeros((b, cache_len), bool),
         logprobs=jnp.zeros((b, cache_len), jnp.float32),
+        top_ids=jnp.full((b, cache_len, top_logprobs), -1, jnp.int32),
+        top_logprobs=jnp.zeros((b, cache_len, top_logprobs), jnp.float32),
+        raw_logprobs=raw_logprobs,
+        stop=stop,
         done=done,
         truncated=truncated,
         invalid=jnp.zeros((b,), bool),
@@ -59,6 +65,9 @@ def _init_state(
             drafted=zeros,
             accepted=zeros,
             accepted_hist=jnp.zeros((drafter.num_draft + 1,), jnp.int32),
+            position_drafted=jnp.zeros((drafter.num_draft,), jnp.int32),
+            position_reached=jnp.zeros((drafter.num_draft,), jnp.int32),
+            position_accepted=jnp.zeros((drafter.num_draft,), jnp.int32),
         ),
         queue=PromptQueue(
             prompts=prompts_NP,
@@ -70,7 +79,7 @@ def _init_state(
             next_prompt=jnp.asarray(b, jnp.int32),
             slot_prompt=order_N[:b],
         ),
-        outputs=PromptOutputs.empty(num_prompts, cache_len),
+        outputs=PromptOutputs.empty(num_prompts, cache_len, top_logprobs),
         gamma_table=gamma_table,
         draft_confidence=draft_confidence,
     )
@@ -103,11 +112,15 @@ def _slot_outputs(state: DecodeState, slots_M) -> PromptOutputs:
     valid = jnp.arange(width)[None] < lengths[:, None]
     idx = jnp.minimum(idx, width - 1)
     gather = lambda buffer: jnp.take_along_axis(take(buffer), idx, axis=1)  # noqa: E731
+    # [M, S, k] buffers: the same slots, every one of the k entries.
+    gather_k = lambda buffer: jnp.take_along_axis(take(buffer), idx[..., None], axis=1)  # noqa: E731
     stats = state.stats
     return PromptOutputs(
         tokens=jnp.where(valid, gather(state.seq), -1),
         from_draft=valid & gather(state.from_draft),
         logprobs=jnp.where(valid, gather(state.logprobs), 0.0),
+        top_ids=jnp.where(valid[..., None], gather_k(state.top_ids), -1),
+        top_logprobs=jnp.where(valid[..., None], gather_k(state.top_logprobs), 0.0),
         lengths=lengths,
         truncated=take(state.truncated),
         invalid=take(state.invalid),
@@ -153,6 +166,8 @@ def _load(state: DecodeState, slot) -> DecodeState:
         prompt_lengths=put(state.prompt_lengths, length),
         from_draft=put(state.from_draft, False),
         logprobs=put(state.logprobs, 0.0),
+        top_ids=put(state.top_ids, -1),
+        top_logprobs=put(state.top_logprobs, 0.0),
         done=put(state.done, done),
         truncated=put(state.truncated, truncated),
         invalid=put(state.invalid, False),

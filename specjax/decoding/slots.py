@@ -85,6 +85,8 @@ class PromptOutputs:
         tokens: ``int32[N, S]`` generated tokens, ``-1`` after each prompt's length.
         from_draft: ``bool[N, S]``.
         logprobs: ``float32[N, S]``.
+        top_ids: ``int32[N, S, k]``.
+        top_logprobs: ``float32[N, S, k]``.
         lengths: ``int32[N]`` tokens generated per prompt.
         truncated: ``bool[N]``.
         invalid: ``bool[N]``.
@@ -96,6 +98,8 @@ class PromptOutputs:
     tokens: jax.Array
     from_draft: jax.Array
     logprobs: jax.Array
+    top_ids: jax.Array
+    top_logprobs: jax.Array
     lengths: jax.Array
     truncated: jax.Array
     invalid: jax.Array
@@ -104,13 +108,15 @@ class PromptOutputs:
     accepted: jax.Array
 
     @classmethod
-    def empty(cls, num_prompts: int, width: int) -> PromptOutputs:
+    def empty(cls, num_prompts: int, width: int, top_logprobs: int = 0) -> PromptOutputs:
         zeros = jnp.zeros((num_prompts,), jnp.int32)
         flags = jnp.zeros((num_prompts,), bool)
         return cls(
             tokens=jnp.full((num_prompts, width), -1, jnp.int32),
             from_draft=jnp.zeros((num_prompts, width), bool),
             logprobs=jnp.zeros((num_prompts, width), jnp.float32),
+            top_ids=jnp.full((num_prompts, width, top_logprobs), -1, jnp.int32),
+            top_logprobs=jnp.zeros((num_prompts, width, top_logprobs), jnp.float32),
             lengths=zeros,
             truncated=flags,
             invalid=flags,

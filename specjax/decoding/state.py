@@ -40,6 +40,13 @@ class GenerationStats:
         accepted: ``int32[N]`` drafted tokens the verifier accepted per prompt.
         accepted_hist: ``int32[γ+1]`` how often 0..γ drafts were accepted in
             one step (over active rows); one bin for plain decoding.
+        position_drafted: ``int32[γ]`` drafts proposed at each draft position
+            (position 0 is the first draft of a step), over active rows and steps;
+            a tree's positions are its depths. Steps with a smaller γ (adaptive γ,
+            ``draft_confidence``) propose fewer positions.
+        position_reached: ``int32[γ]`` of those, the drafts the verifier judged: every
+            earlier draft of the step was accepted.
+        position_accepted: ``int32[γ]`` of those, the drafts it accepted.
     """
 
     target_calls: jax.Array
@@ -47,11 +54,29 @@ class GenerationStats:
     drafted: jax.Array
     accepted: jax.Array
     accepted_hist: jax.Array
+    position_drafted: jax.Array
+    position_reached: jax.Array
+    position_accepted: jax.Array
 
     @property
     def acceptance_rate(self) -> jax.Array:
         """Accepted / drafted tokens over the whole batch."""
         return jnp.sum(self.accepted) / jnp.maximum(jnp.sum(self.drafted), 1)
+
+    @property
+    def row_acceptance_rate(self) -> jax.Array:
+        """``float32[N]`` accepted / drafted tokens of each prompt (0 where none drafted)."""
+        return self.accepted / jnp.maximum(self.drafted, 1)
+
+    @property
+    def acceptance_by_position(self) -> jax.Array:
+        """``float32[γ]`` α_i: how often the draft at position i was accepted when judged.
+
+        ``position_accepted / position_reached`` (0 where never judged): the per-draft
+        acceptance the verifier decides, not diluted by drafts cut off by an earlier
+        rejection. Their running product is the chance a step accepts i+1 drafts.
+        """
+        return self.position_accepted / jnp.maximum(self.position_reached, 1)
 
 
 @struct.dataclass
@@ -68,6 +93,12 @@ class GenerationResult:
         logprobs: ``float32[N, W]`` the target's log-probability of each token under
             the processed distribution it was sampled from (0 for greedy rows, whose
             distribution is one-hot); ``0`` after a row's length.
+        top_ids: ``int32[N, W, k]`` with ``top_logprobs=k``: the k most probable ids at
+            each emitted position, most probable first (ties: the lowest id); ``-1``
+            after a row's length. ``k = 0`` (default): ``[N, W, 0]``.
+        top_logprobs: ``float32[N, W, k]`` their log-probabilities, from the same
+            processed distribution as ``logprobs`` (greedy rows: ``0`` then ``-inf``),
+            or from the raw logits' log-softmax with ``raw_logprobs=True``.
         truncated: ``bool[N]`` rows stopped because their cache was full before
             reaching EOS or ``max_new_tokens``.
         invalid: ``bool[N]`` rows stopped because the target's logits were NaN or all
@@ -83,6 +114,8 @@ class GenerationResult:
     truncated: jax.Array
     invalid: jax.Array
     stats: GenerationStats
+    top_ids: jax.Array
+    top_logprobs: jax.Array
 
     @property
     def tokens_per_call(self) -> jax.Array:
@@ -112,6 +145,11 @@ class DecodeState:
         prompt_lengths: ``int32[B]``.
         from_draft: ``bool[B, S]`` slot holds an accepted draft token.
         logprobs: ``float32[B, S]`` log-probability of each generated token.
+        top_ids: ``int32[B, S, k]`` the k most probable ids at each generated slot.
+        top_logprobs: ``float32[B, S, k]`` their log-probabilities.
+        raw_logprobs: static: ``top_logprobs`` from the raw logits, not the processed
+            distribution.
+        stop: the `~specjax.stops.StopStrings` (``active`` per prompt), or None.
         done: ``bool[B]`` row has stopped.
         truncated: ``bool[B]`` row stopped on a full cache.
         invalid: ``bool[B]`` row stopped on a NaN or empty target distribution.
@@ -142,6 +180,8 @@ class DecodeState:
     prompt_lengths: jax.Array
     from_draft: jax.Array
     logprobs: jax.Array
+    top_ids: jax.Array
+    top_logprobs: jax.Array
     done: jax.Array
     truncated: jax.Array
     invalid: jax.Array
@@ -156,6 +196,8 @@ class DecodeState:
     outputs: PromptOutputs
     gamma_table: tuple[tuple[int, int], ...] = struct.field(pytree_node=False, default=())
     draft_confidence: jax.Array | None = None
+    raw_logprobs: bool = struct.field(pytree_node=False, default=False)
+    stop: object = None
 
     @property
     def num_generated(self) -> jax.Array:

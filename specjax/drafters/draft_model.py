@@ -84,51 +84,65 @@ class DraftModel(Drafter):
         rows = jnp.arange(b)
         last = seq_lengths_B - 1
         # After a step where every draft was accepted the draft cache lacks the last
-        # draft token (at last - 1): the first forward then feeds the two newest
-        # tokens, else only the newest. Both forwards give the same logits for a row
-        # whose cache is complete (the second rewrites an identical entry), so one
-        # row that lacks its entry sends the batch through the two-token forward. The
-        # branch is worth it: a two-token forward costs about twice a one-token one on
-        # a CPU in float32 (BENCHMARKS.md, "The real pair").
+        # draft token (at last - 1): the two newest tokens are then fed, else only the
+        # newest. Both give the same logits for a row whose cache is complete (the
+        # first rewrites an identical entry), so one row that lacks its entry sends
+        # the batch through the two-token branch. On a CPU it feeds them one at a
+        # time: there a two-token float32 forward of Qwen2.5-Coder-0.5B cost 3x a
+        # one-token one (199 vs 65 ms; XLA's one-row matrix-vector kernel is the fast
+        # one). On an accelerator, or with int8 activations (whose one-row products
+        # are padded to two rows anyway: `specjax.models.quant`), a two-token forward
+        # costs about a one-token one, so it is one forward.
         prev = jnp.maximum(last - 1, 0)
         tokens_B2 = self._readable(jnp.stack([seq_BS[rows, prev], seq_BS[rows, last]], axis=1))
         positions_B2 = jnp.stack([prev, last], axis=1)
 
-        def feed(width):
-            def run(cache):
-                logits, cache = self.model(
-                    tokens_B2[:, 2 - width :], positions_B2[:, 2 - width :], cache
-                )
+        def feed_newest(cache):
+            return self.model(tokens_B2[:, 1:], positions_B2[:, 1:], cache)
+
+        def feed_both(cache):
+            if (
+                jax.default_backend() != "cpu"
+                or getattr(self.model, "quantization", None) == "int8"
+            ):
+                logits, cache = self.model(tokens_B2, positions_B2, cache)
                 return logits[:, -1:], cache
+            _, cache = self.model(tokens_B2[:, :1], positions_B2[:, :1], cache)
+            return feed_newest(cache)
 
-            return run
-
-        logits, cache = jax.lax.cond(jnp.any(state.lengths < last), feed(2), feed(1), state)
+        logits, cache = jax.lax.cond(jnp.any(state.lengths < last), feed_both, feed_newest, state)
         if self.num_draft == 0:
             # A step that drafts nothing (adaptive γ): the two newest tokens are still
             # fed, so that the cache never lacks more than the newest one.
             return Proposal(tokens=jnp.zeros((b, 0), jnp.int32), probs=None, state=cache)
 
-        def draw(keys_B, logits_BV):
+        def draw(keys_B, logits_BV, counts):
             if self.greedy_draft:
                 # No q to return, so no [B, V] probabilities are ever computed.
                 return greedy_tokens(mask_vocab(logits_BV, sampling.vocab_limit)), None
-            probs = probs_from_logits(logits_BV, sampling)
+            # The penalties of draft i read the prefix and drafts 0..i-1, as the
+            # target's at that position do (`specjax.penalties`).
+            probs = probs_from_logits(logits_BV, sampling.replace(counts=counts))
             return sample(keys_B, probs), probs
 
-        token, probs = draw(keys_BG[:, 0], logits[:, -1])
+        def after(counts, token_B):
+            return None if counts is None else counts.add(token_B)
+
+        token, probs = draw(keys_BG[:, 0], logits[:, -1], sampling.counts)
 
         def step(carry, keys_B):
-            token_B, position_B, cache = carry
+            token_B, position_B, cache, counts = carry
+            counts = after(counts, token_B)
             logits, cache = self.model(token_B[:, None], position_B[:, None], cache)
-            next_token, probs = draw(keys_B, logits[:, 0])
-            return (next_token, position_B + 1, cache), (next_token, probs)
+            next_token, probs = draw(keys_B, logits[:, 0], counts)
+            return (next_token, position_B + 1, cache, counts), (next_token, probs)
 
         # Unrolled: γ is small and static, and the inner while loop's carry
         # copies cost ~10% of a proposal on CPU (0.37 -> 0.335 ms, bundled draft, γ=4).
-        (_, _, cache), (tokens_rest, probs_rest) = jax.lax.scan(
-            step, (token, last + 1, cache), jnp.moveaxis(keys_BG[:, 1:], 1, 0), unroll=True
-        )
+        (_, _, cache, _), (tokens_rest, probs_rest) = jax.lax.scan(
+            step, (token, last + 1, cache, sampling.counts), jnp.moveaxis(keys_BG[:, 1:], 1, 0),
+            unroll=True,
+        )  # fmt: skip
         tokens = jnp.concatenate([token[:, None], jnp.moveaxis(tokens_rest, 0, 1)], axis=1)
         if self.greedy_draft:
             return Proposal(tokens=tokens, probs=None, state=cache)
