@@ -1,15 +1,18 @@
 """Per-token cost of the sampling features, speculative against plain (issue 29).
 
 For each model pair and each feature set (none; the three penalties; a logit bias with
-forbidden ids; stop strings that never match; ``top_logprobs=5``; all of them), one
+forbidden ids; stop strings that never match; ``top_logprobs=5``; all of them; a JSON
+schema constraint), one
 batch-1 run of plain decoding and one of speculative decoding with the pair's drafter,
 on the same prompt, at T = 0 and T = 1: milliseconds per generated token (median of
 ``--repeats`` steady runs after a compiling one), the speedup and the acceptance.
 
     python scripts/bench_sampling_features.py --json docs/bench_sampling_features/results.json
     python scripts/bench_sampling_features.py --pair smollm2   # SmolLM2-135M + its block drafter
+    python scripts/bench_sampling_features.py --features "none,json schema"
 
 The stop strings never match so that every run generates the same number of tokens.
+So does the JSON schema: its document needs more characters than the budget holds.
 """
 
 from __future__ import annotations
@@ -40,7 +43,16 @@ def _pair(name: str):
     return target, specjax.smollm2_drafter(target), target.tokenizer
 
 
-def _features(vocab: int):
+# A document that cannot be complete within the budget (a string of at least 160
+# characters), so that every run generates the same number of tokens.
+SCHEMA = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "minLength": 160}, "done": {"type": "boolean"}},
+    "required": ["text", "done"],
+}
+
+
+def _features(vocab: int, tokenizer):
     bias = np.zeros(vocab, np.float32)
     bias[:: max(vocab // 64, 1)] = -0.5
     penalties = dict(repetition_penalty=1.2, presence_penalty=0.3, frequency_penalty=0.3)
@@ -53,6 +65,10 @@ def _features(vocab: int):
         "stop strings": ({}, dict(stop=never)),
         "top_logprobs=5": ({}, dict(top_logprobs=5)),
         "all": ({**penalties, **bias_forbid}, dict(stop=never, top_logprobs=5)),
+        "json schema": (
+            {},
+            dict(constraint=specjax.Constraint.json_schema(SCHEMA, tokenizer, vocab)),
+        ),
     }
 
 
@@ -62,13 +78,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--features", default=None, help="comma-separated subset to run")
     args = parser.parse_args()
 
     target, drafter, tokenizer = _pair(args.pair)
     prompt = [tokenizer.encode(PROMPT).ids]
     rows = []
     for temperature in (0.0, 1.0):
-        for name, (fields, kwargs) in _features(target.vocab_size).items():
+        features = _features(target.vocab_size, tokenizer)
+        chosen = features if args.features is None else args.features.split(",")
+        for name in chosen:
+            fields, kwargs = features[name]
             sampling = specjax.SamplingConfig(temperature=temperature, **fields)
             if "stop" in kwargs:
                 kwargs = dict(kwargs, stop=specjax.StopStrings.build(

@@ -9,6 +9,7 @@ from specjax import sharding as sharding
 from specjax import testing as testing
 from specjax import vocab as vocab
 from specjax.chat import apply_chat_template as apply_chat_template
+from specjax.constraints import Constraint as Constraint
 from specjax.decoding import DecodeState as DecodeState
 from specjax.decoding import GenerationResult as GenerationResult
 from specjax.decoding import GenerationStats as GenerationStats

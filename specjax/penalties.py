@@ -42,8 +42,8 @@ from flax import struct
 from jax import lax
 
 __all__ = [
-    "TokenCounts", "along_drafts", "apply_logit_transforms", "has_penalties",
-    "penalties_in_program", "prefix_counts", "token_counts",
+    "TokenCounts", "after_token", "along_drafts", "apply_logit_transforms", "constrain",
+    "has_penalties", "penalties_in_program", "prefix_counts", "token_counts",
 ]  # fmt: skip
 
 
@@ -190,6 +190,7 @@ def apply_logit_transforms(logits_RxV: jax.Array, config, counts: TokenCounts | 
         the transformed logits, same shape.
     """
     x = logits_RxV
+    x = constrain(x, config)  # a constraint (`specjax.constraints`) masks first
     if config.forbidden_ids is not None:
         x = jnp.where(forbidden_mask(config.forbidden_ids, x), -jnp.inf, x)
     if config.logit_bias is not None:
@@ -245,4 +246,29 @@ def along_drafts(config, counts_BV: TokenCounts, drafts_BG: jax.Array) -> TokenC
     g1 = drafts_BG.shape[1] + 1
     return lax.cond(
         has_penalties(config), lambda: counts_BV.along(drafts_BG), lambda: _zeros((b, g1, v))
+    )
+
+
+def constrain(logits_RxV: jax.Array, config) -> jax.Array:
+    """``logits`` with ``-inf`` where the rows' constraint allows no token (unchanged when
+    ``config.automaton`` is None). Greedy drafters use it alone: argmax needs no more."""
+    automaton = getattr(config, "automaton", None)
+    if automaton is None:
+        return logits_RxV
+    return jnp.where(automaton.allowed(logits_RxV), logits_RxV, -jnp.inf)
+
+
+def after_token(config, token_B: jax.Array):
+    """The sampling settings one token later: the history the transforms read (penalty
+    counts, constraint states) advanced by each row's ``token_B``.
+
+    What a drafter that draws its drafts one by one calls between drafts, so that its
+    i-th q reads its own drafts 0..i-1, as the target's p at that position does.
+    """
+    counts, automaton = config.counts, getattr(config, "automaton", None)
+    if counts is None and automaton is None:
+        return config
+    return config.replace(
+        counts=None if counts is None else counts.add(token_B),
+        automaton=None if automaton is None else automaton.advance(token_B),
     )

@@ -132,6 +132,10 @@ class SamplingConfig:
         counts: the token history the penalties read (`specjax.penalties.TokenCounts`),
             set by the decoders for each scored position and handed to the drafters;
             leave it ``None``. Without it the penalties are not applied.
+        automaton: the rows' constraint states at the scored positions
+            (`specjax.constraints.AutomatonCursor`), set by the decoders when a row has
+            a constraint; leave it ``None``. Ids the constraint does not allow there get
+            ``-inf`` before every other transform.
 
     The logit transforms (forbidden ids, bias, penalties) act before the temperature
     and the filters; `specjax.penalties` says in which order and why speculation
@@ -149,6 +153,7 @@ class SamplingConfig:
     logit_bias: jax.Array | None = None
     forbidden_ids: jax.Array | None = None
     counts: object = None
+    automaton: object = None
 
     def __post_init__(self):
         # A Python float and a float32 array are different jit signatures; storing one
@@ -494,7 +499,8 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     0. vocabulary limit: logits at ids ``>= config.vocab_limit`` become ``-inf`` (when it
        is set), so those ids get probability 0 in every later step and in the
        degenerate cases below; then the logit transforms of `specjax.penalties`
-       (forbidden ids, logit bias, and the penalties when ``config.counts`` is set);
+       (the constraint's mask when ``config.automaton`` is set, forbidden ids, logit
+       bias, and the penalties when ``config.counts`` is set);
     1. temperature: ``softmax(logits / temperature)``; a temperature ``<= 0`` or NaN
        returns the one-hot of `greedy_tokens` (lowest index on ties) instead, chosen per
        row by a traced select, so greedy and sampled rows share one compiled program;

@@ -117,6 +117,22 @@ def exact_sequence_probs(model, prompt, num_tokens: int, sampling: SamplingConfi
     return total.reshape((v,) * num_tokens)
 
 
+def continuation_logits(model, prompt, num_tokens: int) -> np.ndarray:
+    """Float64 logits ``[V**K, P+K, V]`` of every K-token continuation of ``prompt``.
+
+    Row ``r`` is ``prompt`` followed by the continuation ``np.unravel_index(r, (V,) * K)``
+    (lexicographic order), scored in one full forward: the reference that enumerated
+    laws of the first K tokens are computed from.
+    """
+    v = model.vocab_size
+    conts = np.array(list(itertools.product(range(v), repeat=num_tokens)), np.int32)
+    seqs = np.concatenate([np.broadcast_to(prompt, (len(conts), len(prompt))), conts], axis=1)
+    b, t = seqs.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    logits, _ = jax.jit(lambda m, x: m(x, positions, m.init_cache(b, t)))(model, seqs)
+    return np.asarray(logits, np.float64)
+
+
 def sequence_counts(tokens_NK: np.ndarray, vocab_size: int) -> np.ndarray:
     """Histogram of ``N`` sampled ``K``-token sequences as an array ``[V] * K``."""
     tokens_NK = np.asarray(tokens_NK)

@@ -283,11 +283,15 @@ def tree_verify(keys_BD1, node_tokens_BN, target_BN1V, tree: Tree, sampling=None
     children = jnp.asarray(tree.children)
     rows = jnp.arange(b)
 
+    # A constraint's automaton (`specjax.constraints`) follows the path: the node at
+    # depth d is masked with the state after the path's first d tokens.
+    automaton = None if sampling is None else sampling.automaton
+
     def target_at(node_B):
         row_BV = target_BN1V[rows, node_B]
         if sampling is None:
             return row_BV.astype(jnp.float32)
-        return probs_from_logits(row_BV, sampling)
+        return probs_from_logits(row_BV, sampling.replace(automaton=automaton))
 
     node_B = jnp.zeros((b,), jnp.int32)
     alive_B = jnp.ones((b,), bool)
@@ -308,6 +312,8 @@ def tree_verify(keys_BD1, node_tokens_BN, target_BN1V, tree: Tree, sampling=None
         found_B = jnp.any(match_BK, axis=1)
         child_B = kids_BK[rows, jnp.argmax(match_BK, axis=1)]
         node_B = jnp.where(found_B, child_B, node_B)
+        if automaton is not None:
+            automaton = automaton.advance(target_B)
         alive_B &= found_B
         num_accepted += found_B.astype(jnp.int32)
         path.append(node_B)

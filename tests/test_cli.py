@@ -81,6 +81,34 @@ def test_generate_bundled_pair_greedy_equals_plain(drafter, resolved, gamma):
     assert len(out["row_acceptance_rate"]) == 1
 
 
+# Slow tier: about 15 s: two bundled-pair decodes in fresh processes.
+@pytest.mark.slow
+def test_generate_with_a_regex_and_a_json_schema(tmp_path):
+    import re
+
+    pattern = r"[0-9]{1,3}(, [0-9]{1,3}){2}"
+    proc = run_cli(
+        "generate", "x = ", "--regex", pattern, "--max-new-tokens", "24", "--json",
+        "--temperature", "1", "--batch", "4", "--compare", "--repeats", "1",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert all(re.fullmatch(pattern, c) for c in out["completions"]), out["completions"]
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"}},
+        "required": ["name", "ok"],
+    }
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    proc = run_cli(
+        "generate", "config = ", "--json-schema", str(tmp_path / "schema.json"),
+        "--max-new-tokens", "40", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(json.loads(proc.stdout)["completions"][0])
+    assert set(doc) == {"name", "ok"} and isinstance(doc["ok"], bool)
+
+
 @pytest.mark.slow
 def test_generate_lookup_and_text_output():
     proc = run_cli(
@@ -230,6 +258,8 @@ def test_generate_repeats_must_be_positive(cli_in_process):
         ("bad top-p", ["hi", "--top-p", "1.5"], ["--top-p"]),
         ("bad penalty", ["hi", "--repetition-penalty", "0"], ["--repetition-penalty"]),
         ("empty stop", ["hi", "--stop", ""], ["--stop", "non-empty"]),
+        ("bad regex", ["hi", "--regex", "(ab"], ["--regex", "not a valid regex"]),
+        ("no schema file", ["hi", "--json-schema", "/nonexistent.json"], ["--json-schema"]),
         ("missing folder", ["hi", "--model", "/nonexistent/model"], ["no such directory"]),
     ],
 )

@@ -46,6 +46,7 @@ from specjax.penalties import TokenCounts, apply_logit_transforms, token_counts
 from specjax.testing import (
     chi_square_power,
     chi_square_pvalue,
+    continuation_logits,
     min_sample_size,
     sequence_counts,
     tiny_model,
@@ -147,13 +148,8 @@ def _softmax(x, temperature):
 @pytest.fixture(scope="module")
 def forward_logits(pair):
     """Next-token logits ``[V^K, P+K, V]`` of every K-token continuation of PROMPT."""
-    target, _ = pair
     conts = np.array(list(itertools.product(range(V), repeat=K)), np.int32)
-    seqs = np.concatenate([np.broadcast_to(PROMPT, (len(conts), len(PROMPT))), conts], axis=1)
-    b, t = seqs.shape
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, _ = jax.jit(lambda m, x: m(x, positions, m.init_cache(b, t)))(target, seqs)
-    return conts, np.asarray(logits, np.float64)
+    return conts, continuation_logits(pair[0], PROMPT, K)
 
 
 def _law(forward_logits, group, num_tokens=K, **variant):

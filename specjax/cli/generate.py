@@ -20,6 +20,26 @@ GREEN, RESET = "\033[32m", "\033[0m"
 FASTEST_BUNDLED_DRAFTER = "model"
 
 
+def _constraint(args, tokenizer, vocab_size: int):
+    """The `specjax.Constraint` of ``--regex`` or ``--json-schema``, errors named by flag."""
+    import specjax
+
+    flag = "--regex" if args.regex is not None else "--json-schema"
+    try:
+        if args.regex is not None:
+            return specjax.Constraint.regex(args.regex, tokenizer, vocab_size)
+        try:
+            with open(args.json_schema, encoding="utf-8") as f:
+                schema = f.read()
+        except OSError as e:
+            raise UserError(
+                f"--json-schema: cannot read {args.json_schema}: {e.strerror}"
+            ) from None
+        return specjax.Constraint.json_schema(schema, tokenizer, vocab_size)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{flag}: {e}") from None
+
+
 def _load_models(args):
     """``(target, drafter, tokenizer)``: the drafter of --drafter at its own γ (None: none)."""
     import specjax
@@ -347,6 +367,8 @@ def cmd_generate(args) -> int:
             )
         except (TypeError, ValueError) as e:
             raise UserError(f"--stop: {e}") from None
+    if args.regex is not None or args.json_schema is not None:
+        kw["constraint"] = _constraint(args, tokenizer, target.vocab_size)
     drafter = None if args.drafter == "none" else draft.with_draft(args.gamma)
     if tree is not None:
         try:  # e.g. a tree deeper than a block drafter's block

@@ -101,6 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--stop", action="append", metavar="TEXT",
         help="end a sample when its text contains TEXT (repeatable; kept in the output)",
     )  # fmt: skip
+    constraint = g.add_mutually_exclusive_group()
+    constraint.add_argument(
+        "--regex", metavar="PATTERN",
+        help="constrain the output to the regular expression PATTERN (matched whole)",
+    )  # fmt: skip
+    constraint.add_argument(
+        "--json-schema", metavar="FILE",
+        help="constrain the output to JSON documents valid under the schema in FILE",
+    )  # fmt: skip
     g.add_argument(
         "--repetition-penalty", type=float, default=1.0,
         help="transformers' repetition penalty over prompt and output (1 = off)",

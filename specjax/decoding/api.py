@@ -106,6 +106,7 @@ def init(
     top_logprobs: int = 0,
     raw_logprobs: bool = False,
     stop=None,
+    constraint=None,
 ) -> DecodeState:
     """Prefills the prompts and returns the `DecodeState` that `step` advances.
 
@@ -127,6 +128,7 @@ def init(
         key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
         verification, num_slots, gamma_by_active_rows, draft_confidence,
         top_logprobs=top_logprobs, raw_logprobs=raw_logprobs, stop=stop,
+        constraint=constraint,
     )  # fmt: skip
     return _init_jit(*traced, **static)
 
@@ -227,6 +229,7 @@ def generate(
     top_logprobs: int = 0,
     raw_logprobs: bool = False,
     stop=None,
+    constraint=None,
 ) -> GenerationResult:
     """Plain autoregressive decoding: prefill, then one ``lax.while_loop``.
 
@@ -271,6 +274,13 @@ def generate(
             spelled with ``model.tokenizer``, or a `specjax.StopStrings`. A row ends
             with the token that completes one of its stop strings in the generated
             text (split across tokens too); that token is kept (`specjax.stops`).
+        constraint: a `specjax.Constraint` (a regex or a JSON schema compiled for the
+            model's tokenizer) for every prompt, or a list with one Constraint or None
+            per prompt. A constrained row only ever emits text of its language: ids
+            the automaton does not allow next get ``-inf`` before the other
+            transforms (p masked and renormalised), the EOS ids only where the text is
+            complete, and the row ends with the token that completes it when nothing
+            can follow (`specjax.constraints`).
 
     Returns:
         :class:`GenerationResult` with ``tokens int32[N, max(max_new_tokens)]``.
@@ -286,6 +296,7 @@ def generate(
     traced, static, width = _prepare(
         key, model, NoDraft(), prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
         "rejection", num_slots, top_logprobs=top_logprobs, raw_logprobs=raw_logprobs, stop=stop,
+        constraint=constraint,
     )  # fmt: skip
     return _decode(traced, static, width)
 
@@ -308,6 +319,7 @@ def speculative_generate(
     top_logprobs: int = 0,
     raw_logprobs: bool = False,
     stop=None,
+    constraint=None,
 ) -> GenerationResult:
     """Speculative decoding in one jitted ``lax.while_loop``, exact in distribution.
 
@@ -379,6 +391,11 @@ def speculative_generate(
             and target tokens (the target's processed distribution at that position).
         raw_logprobs: static: from the raw logits instead, as in `generate`.
         stop: stop strings, as in `generate`; no token past a stop is ever emitted.
+        constraint: a `specjax.Constraint` or one (or None) per prompt, as in
+            `generate`; the same mask applies to the target's p and to a draft model's
+            q at every drafted position, and drafts outside the language are always
+            rejected, so the output is exactly constrained plain decoding's (with a
+            tree, each node on the accepted path is masked after the path's tokens).
 
     Returns:
         :class:`GenerationResult` with ``tokens int32[N, max(max_new_tokens)]``.
@@ -396,5 +413,6 @@ def speculative_generate(
         key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
         verification, num_slots, gamma_by_active_rows, draft_confidence,
         top_logprobs=top_logprobs, raw_logprobs=raw_logprobs, stop=stop,
+        constraint=constraint,
     )  # fmt: skip
     return _decode(traced, static, width)

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.constraints import Constraint, ConstraintTable
 from specjax.decoding.state import CACHE_BUCKET, EOS_BUCKET, PROMPT_BUCKET, VERIFICATIONS
 from specjax.drafters.base import Drafter, cache_bytes, lookahead
 from specjax.model_contract import check_before_compiling
@@ -332,7 +333,7 @@ def _check_features(target, drafter: Drafter) -> None:
 def _prepare(
     key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
     verification, num_slots=None, gamma_by_active_rows=None, draft_confidence=None, *,
-    top_logprobs=0, raw_logprobs=False, stop=None,
+    top_logprobs=0, raw_logprobs=False, stop=None, constraint=None,
 ):  # fmt: skip
     """Validates a decoder's inputs on the host, before anything compiles.
 
@@ -404,6 +405,7 @@ def _prepare(
         key, target, drafter, prompts_BP, lengths_B, jnp.asarray(max_new_B), sampling_B,
         _eos_array(eos_id, vocab), _check_seeds(seeds, num_prompts),
         _check_confidence(draft_confidence), _stop_strings(stop, target, vocab, num_prompts),
+        _constraint_table(constraint, vocab, num_prompts),
     )  # fmt: skip
     static = dict(
         cache_len=resolved, verification=verification, num_slots=b,
@@ -429,6 +431,46 @@ def _stop_strings(stop, target, vocab: int, num_prompts: int):
             )
         return stop
     return StopStrings.build(stop, getattr(target, "tokenizer", None), vocab, num_prompts)
+
+
+def _constraint_table(constraint, vocab: int, num_prompts: int):
+    """``constraint`` (one `Constraint` for every prompt, or one or None per prompt) as
+    the batch's `ConstraintTable`, or None."""
+    if constraint is None:
+        return None
+    if isinstance(constraint, ConstraintTable):
+        if constraint.vocab_size != vocab or constraint.initial.shape != (num_prompts,):
+            raise ValueError(
+                f"constraint: a ConstraintTable for V = {constraint.vocab_size} and "
+                f"{constraint.initial.shape[0]} prompts, but the target has V = {vocab} and "
+                f"there are {num_prompts} prompts"
+            )
+        return constraint
+    if isinstance(constraint, Constraint):
+        per_prompt = [constraint] * num_prompts
+    elif isinstance(constraint, (list, tuple)):
+        per_prompt = list(constraint)
+        if len(per_prompt) != num_prompts:
+            raise ValueError(
+                f"constraint: {len(per_prompt)} entries for {num_prompts} prompts (one "
+                "Constraint or None per prompt)"
+            )
+        bad = [
+            i for i, c in enumerate(per_prompt) if c is not None and not isinstance(c, Constraint)
+        ]
+        if bad:
+            raise TypeError(
+                f"constraint[{bad[0]}] must be a specjax.Constraint or None, got "
+                f"{type(per_prompt[bad[0]]).__name__}"
+            )
+    else:
+        raise TypeError(
+            "constraint must be a specjax.Constraint (every prompt) or a list with one "
+            f"Constraint or None per prompt, got {type(constraint).__name__}"
+        )
+    if all(c is None for c in per_prompt):
+        return None
+    return ConstraintTable.build(per_prompt, vocab)
 
 
 def _check_top_logprobs(k, vocab: int) -> int:

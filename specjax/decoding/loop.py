@@ -16,11 +16,12 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import noise
+from specjax.constraints import AutomatonCursor
 from specjax.decoding.refill import _refill
 from specjax.decoding.state import DecodeState
 from specjax.drafters.base import score
 from specjax.models.cache import TreeMask
-from specjax.penalties import along_drafts, prefix_counts
+from specjax.penalties import along_drafts, constrain, prefix_counts
 from specjax.sampling import mask_vocab, probs_from_logits
 from specjax.stops import first_stop
 from specjax.tree import path_nodes_with_root, tree_verify
@@ -158,17 +159,31 @@ class _Verified:
 
 
 def _usable(logits_BTV, sampling) -> jax.Array:
-    """``bool[B, T]``: the logits give a distribution (not NaN or all -inf below the limit).
+    """``bool[B, T]``: the logits give a distribution (not NaN or all -inf below the limit,
+    and some id the row's constraint allows there, when ``sampling.automaton`` is set).
 
     One reduction: max propagates NaN, and NaN > -inf is False.
     """
-    return jnp.max(mask_vocab(logits_BTV, sampling.vocab_limit), axis=-1) > -jnp.inf
+    return jnp.max(constrain(mask_vocab(logits_BTV, sampling.vocab_limit), sampling), -1) > -jnp.inf
+
+
+def _cursor(state: DecodeState):
+    """The rows' `AutomatonCursor` after their committed tokens, or None (no constraint)."""
+    if state.constraint is None:
+        return None
+    return AutomatonCursor(state.constraint, state.automaton_state, state.eos_ids)
 
 
 def _step_keys(state: DecodeState, width: int):
     """``(positions_BW, keys_BW)``: input i scores position ``length + i`` with its keys."""
     positions_BW = (state.seq_lengths - 1)[:, None] + jnp.arange(width)[None]
     return positions_BW, noise.position_keys(state.row_keys, positions_BW + 1)
+
+
+def _cursor_along(cursor_B, drafts_BG):
+    """The ``[B, G+1]`` cursor the verifier masks p with (position i: after drafts
+    0..i-1), or None without a constraint."""
+    return None if cursor_B is None else cursor_B.along(drafts_BG)
 
 
 def _draft_keys(state: DecodeState, keys_BG1, gamma: int):
@@ -188,9 +203,10 @@ def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
     offsets = jnp.arange(gamma + 1)
     positions_BG1, keys_BG1 = _step_keys(state, gamma + 1)
     counts_BV = prefix_counts(state, target.vocab_size)
+    cursor_B = _cursor(state)
     proposal = drafter.propose(
         _draft_keys(state, keys_BG1, gamma), state.drafter_state, state.seq, lengths,
-        state.sampling.replace(counts=counts_BV),
+        state.sampling.replace(counts=counts_BV, automaton=cursor_B),
     )  # fmt: skip
     draft_probs = _draft_probs(proposal, drafter, b, gamma, target.vocab_size)
     draft_tokens_BG = proposal.tokens.astype(jnp.int32)
@@ -222,9 +238,13 @@ def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
         logits_BG1V, target_cache, features = _score_drafted(
             target, drafter, tokens_in, positions_BG1, state.target_cache, width_index
         )
-    # Position i's penalties count the prefix and drafts 0..i-1 (`specjax.penalties`).
+    # Position i's penalties count the prefix and drafts 0..i-1 (`specjax.penalties`);
+    # its constraint mask is the automaton's state after them (`specjax.constraints`).
     counts_BG1V = along_drafts(state.sampling, counts_BV, draft_tokens_BG)
-    target_probs = probs_from_logits(logits_BG1V, state.sampling.replace(counts=counts_BG1V))
+    scored = state.sampling.replace(
+        counts=counts_BG1V, automaton=_cursor_along(cursor_B, draft_tokens_BG)
+    )
+    target_probs = probs_from_logits(logits_BG1V, scored)
     if state.verification == "coupled":
         block_BG1, num_accepted = coupled_verify(keys_BG1, draft_tokens_BG, target_probs)
     elif draft_probs is None:
@@ -236,7 +256,7 @@ def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
     return _Verified(
         drafter=drafter, drafter_state=proposal.state, block=block_BG1,
         num_accepted=num_accepted, num_drafted=num_drafted, probs=target_probs,
-        usable=_usable(logits_BG1V, state.sampling), target_cache=target_cache,
+        usable=_usable(logits_BG1V, scored), target_cache=target_cache,
         features=features, logits=logits_BG1V,
     )  # fmt: skip
 
@@ -278,8 +298,9 @@ def _verify_tree(state: DecodeState) -> _Verified:
         drafter.target_layers, tree=mask,
     )  # fmt: skip
     # Logits in: only the D + 1 nodes on the path become distributions.
+    cursor_B = _cursor(state)
     block_BD1, num_accepted, path_BD, probs_BD1V = tree_verify(
-        keys_BD1, node_tokens, logits_BN1V, tree, state.sampling
+        keys_BD1, node_tokens, logits_BN1V, tree, state.sampling.replace(automaton=cursor_B)
     )
     nodes_BD1 = path_nodes_with_root(path_BD)
     along = lambda x_BN1: jnp.take_along_axis(  # noqa: E731
@@ -292,7 +313,11 @@ def _verify_tree(state: DecodeState) -> _Verified:
     return _Verified(
         drafter=drafter, drafter_state=proposal.state, block=block_BD1,
         num_accepted=num_accepted, num_drafted=jnp.full((b,), depth, jnp.int32),
-        probs=probs_BD1V, usable=_usable(along(logits_BN1V), state.sampling),
+        probs=probs_BD1V,
+        usable=_usable(
+            along(logits_BN1V),
+            state.sampling.replace(automaton=_cursor_along(cursor_B, block_BD1[:, :depth])),
+        ),
         target_cache=target_cache.compact_path(last, path_BD), features=features,
         logits=along(logits_BN1V),
     )  # fmt: skip
@@ -355,6 +380,16 @@ def _commit(state: DecodeState, verified: _Verified) -> DecodeState:
         num_emit = jnp.minimum(num_emit, stop_cut)
     else:
         stopped = jnp.zeros_like(active)
+    if state.constraint is not None:
+        # The automaton along the block; a row ends with the token that completes its
+        # language (nothing can follow), as with a stop string.
+        states_BG1 = _cursor(state).along(block_BG1).states[:, 1:]
+        complete_BG1 = state.constraint.complete[states_BG1]
+        complete_cut = jnp.where(
+            jnp.any(complete_BG1, axis=1), jnp.argmax(complete_BG1, axis=1) + 1, block_BG1.shape[1]
+        )
+        stopped |= jnp.any(complete_BG1, axis=1) & (complete_cut <= num_emit)
+        num_emit = jnp.minimum(num_emit, complete_cut)
     num_emit = jnp.where(active, jnp.maximum(num_emit, 0), 0)
     block_BG1 = jnp.maximum(block_BG1, 0)
     logprobs_BG1 = jnp.log(jnp.take_along_axis(verified.probs, block_BG1[..., None], -1)[..., 0])
@@ -372,6 +407,12 @@ def _commit(state: DecodeState, verified: _Verified) -> DecodeState:
     accepted_BG = drafted_BG & (draft_positions < num_accepted[:, None])
     count = lambda mask_BG: jnp.sum(mask_BG, axis=0, dtype=jnp.int32)  # noqa: E731
     stats = state.stats
+    if state.constraint is not None:
+        before_B1 = state.automaton_state[:, None]
+        states_BG2 = jnp.concatenate([before_B1, states_BG1], axis=1)
+        state = state.replace(
+            automaton_state=jnp.take_along_axis(states_BG2, num_emit[:, None], axis=1)[:, 0]
+        )
     state = state.replace(
         seq=_write(state.seq, block_BG1, lengths, num_emit),
         from_draft=_write(

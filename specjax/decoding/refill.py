@@ -20,9 +20,8 @@ from specjax.drafters.base import lookahead, prefill
 
 def _init_state(
     key, target, drafter, prompts_NP, prompt_lengths_N, max_new_N, sampling_N, eos_K, seeds_N,
-    draft_confidence, stop=None, *, cache_len, verification, num_slots, gamma_table,
-    top_logprobs=0,
-    raw_logprobs=False,
+    draft_confidence, stop=None, constraint=None, *, cache_len, verification, num_slots,
+    gamma_table, top_logprobs=0, raw_logprobs=False,
 ) -> DecodeState:  # fmt: skip
     """Prefills the first ``num_slots`` prompts into the slots (one batched forward)."""
     b = num_slots
@@ -50,6 +49,8 @@ def _init_state(
         top_logprobs=jnp.zeros((b, cache_len, top_logprobs), jnp.float32),
         raw_logprobs=raw_logprobs,
         stop=stop,
+        constraint=constraint,
+        automaton_state=None if constraint is None else first(constraint.initial),
         done=done,
         truncated=truncated,
         invalid=jnp.zeros((b,), bool),
@@ -160,6 +161,10 @@ def _load(state: DecodeState, slot) -> DecodeState:
     row = jnp.zeros((cache_len,), jnp.int32).at[: prompt_1P.shape[1]].set(prompt_1P[0, :cache_len])
     put = lambda x_B, value: x_B.at[slot].set(value)  # noqa: E731
     stats = state.stats
+    if state.constraint is not None:
+        state = state.replace(
+            automaton_state=put(state.automaton_state, take(state.constraint.initial))
+        )
     return state.replace(
         seq=put(state.seq, row),
         seq_lengths=put(state.seq_lengths, length),

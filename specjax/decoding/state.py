@@ -150,6 +150,10 @@ class DecodeState:
         raw_logprobs: static: ``top_logprobs`` from the raw logits, not the processed
             distribution.
         stop: the `~specjax.stops.StopStrings` (``active`` per prompt), or None.
+        constraint: the `~specjax.constraints.ConstraintTable` (``initial`` per
+            prompt), or None.
+        automaton_state: ``int32[B]`` each row's constraint state after its committed
+            tokens (0: unconstrained), or None without a constraint.
         done: ``bool[B]`` row has stopped.
         truncated: ``bool[B]`` row stopped on a full cache.
         invalid: ``bool[B]`` row stopped on a NaN or empty target distribution.
@@ -198,6 +202,8 @@ class DecodeState:
     draft_confidence: jax.Array | None = None
     raw_logprobs: bool = struct.field(pytree_node=False, default=False)
     stop: object = None
+    constraint: object = None
+    automaton_state: jax.Array | None = None
 
     @property
     def num_generated(self) -> jax.Array:

@@ -56,6 +56,7 @@ from specjax.drafters.features import MODES, FeatureDrafter, layers_config
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
 from specjax.models.llama import MLP, Dense, RMSNorm, apply_rope, rope_inv_freq
+from specjax.penalties import after_token, constrain
 from specjax.sampling import greedy_tokens, mask_vocab, probs_from_logits, sample
 from specjax.tree import child_tokens
 
@@ -350,6 +351,8 @@ class BlockDrafter(FeatureDrafter):
                 for d in range(self.tree.depth)
             ], axis=1)  # fmt: skip
             return Proposal(tokens=tokens, probs=None, state=state)
+        if sampling.automaton is not None:
+            return self._constrained(keys_BG, logits_BGV, state, sampling)
         if self.mode == "argmax":
             # Masked like the target's logits, so that a padded id is never drafted
             # (it would always be rejected: exact, but a wasted draft).
@@ -360,6 +363,29 @@ class BlockDrafter(FeatureDrafter):
             [sample(keys_BG[:, i], probs[:, i]) for i in range(self.num_draft)], axis=1
         )
         return Proposal(tokens=tokens, probs=probs, state=state)
+
+    def _constrained(self, keys_BG, logits_BGV, state, sampling) -> Proposal:
+        """Drafts under a constraint (`specjax.constraints`), one position after another.
+
+        The block's logits do not depend on its drafts, but the constraint's mask at
+        position i does (the automaton state after drafts 0..i-1), so the drafts are
+        drawn in order, each from its position's logits masked with its own state. Any
+        q is exact; this one wastes no draft on a token outside the language.
+        """
+        tokens, probs = [], []
+        for i in range(self.num_draft):
+            logits_BV = logits_BGV[:, i]
+            if self.mode == "argmax":
+                masked = constrain(mask_vocab(logits_BV, sampling.vocab_limit), sampling)
+                tokens.append(greedy_tokens(masked))
+            else:
+                probs.append(probs_from_logits(logits_BV, sampling))
+                tokens.append(sample(keys_BG[:, i], probs[-1]))
+            sampling = after_token(sampling, tokens[-1])
+        tokens = jnp.stack(tokens, axis=1).astype(jnp.int32)
+        return Proposal(
+            tokens=tokens, probs=jnp.stack(probs, axis=1) if probs else None, state=state
+        )
 
 
 # ----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from flax import struct
 
 from specjax.drafters.base import Drafter, Proposal, cache_bytes, prefill
 from specjax.models.cache import KVCache, TreeMask
+from specjax.penalties import after_token, constrain
 from specjax.sampling import greedy_tokens, mask_vocab, probs_from_logits, sample
 from specjax.tree import Tree, expand_top_k
 
@@ -116,31 +117,36 @@ class DraftModel(Drafter):
             # fed, so that the cache never lacks more than the newest one.
             return Proposal(tokens=jnp.zeros((b, 0), jnp.int32), probs=None, state=cache)
 
-        def draw(keys_B, logits_BV, counts):
+        def draw(keys_B, logits_BV, settings):
             if self.greedy_draft:
-                # No q to return, so no [B, V] probabilities are ever computed.
-                return greedy_tokens(mask_vocab(logits_BV, sampling.vocab_limit)), None
-            # The penalties of draft i read the prefix and drafts 0..i-1, as the
-            # target's at that position do (`specjax.penalties`).
-            probs = probs_from_logits(logits_BV, sampling.replace(counts=counts))
+                # No q to return, so no [B, V] probabilities are ever computed; a
+                # constraint's mask still applies (a draft outside it is wasted).
+                return greedy_tokens(
+                    constrain(mask_vocab(logits_BV, sampling.vocab_limit), settings)
+                ), None
+            # The penalties and the constraint of draft i read the prefix and drafts
+            # 0..i-1, as the target's at that position do (`specjax.penalties`).
+            probs = probs_from_logits(logits_BV, settings)
             return sample(keys_B, probs), probs
 
-        def after(counts, token_B):
-            return None if counts is None else counts.add(token_B)
-
-        token, probs = draw(keys_BG[:, 0], logits[:, -1], sampling.counts)
+        token, probs = draw(keys_BG[:, 0], logits[:, -1], sampling)
+        # Only the history the transforms read is carried (the settings are constants).
+        history = (sampling.counts, sampling.automaton)
 
         def step(carry, keys_B):
-            token_B, position_B, cache, counts = carry
-            counts = after(counts, token_B)
+            token_B, position_B, cache, history = carry
+            settings = after_token(
+                sampling.replace(counts=history[0], automaton=history[1]), token_B
+            )
             logits, cache = self.model(token_B[:, None], position_B[:, None], cache)
-            next_token, probs = draw(keys_B, logits[:, 0], counts)
-            return (next_token, position_B + 1, cache, counts), (next_token, probs)
+            next_token, probs = draw(keys_B, logits[:, 0], settings)
+            history = (settings.counts, settings.automaton)
+            return (next_token, position_B + 1, cache, history), (next_token, probs)
 
         # Unrolled: γ is small and static, and the inner while loop's carry
         # copies cost ~10% of a proposal on CPU (0.37 -> 0.335 ms, bundled draft, γ=4).
         (_, _, cache, _), (tokens_rest, probs_rest) = jax.lax.scan(
-            step, (token, last + 1, cache, sampling.counts), jnp.moveaxis(keys_BG[:, 1:], 1, 0),
+            step, (token, last + 1, cache, history), jnp.moveaxis(keys_BG[:, 1:], 1, 0),
             unroll=True,
         )  # fmt: skip
         tokens = jnp.concatenate([token[:, None], jnp.moveaxis(tokens_rest, 0, 1)], axis=1)

@@ -66,6 +66,7 @@ from specjax.drafters.features import MODES, FeatureDrafter, layers_config
 from specjax.models.cache import KVCache, TreeMask
 from specjax.models.config import ModelConfig
 from specjax.models.llama import MLP, Dense, RMSNorm, apply_rope, rope_inv_freq
+from specjax.penalties import after_token, constrain
 from specjax.sampling import greedy_tokens, mask_vocab, probs_from_logits, sample
 from specjax.tree import expand_top_k
 
@@ -376,7 +377,9 @@ class EagleDrafter(FeatureDrafter):
         """One draft per row and the q it came from (``None``: one-hot, argmax mode)."""
         if self.mode == "argmax":
             # Masked like the target's logits: a padded id would always be rejected.
-            return greedy_tokens(mask_vocab(logits_BV, sampling.vocab_limit)), None
+            return greedy_tokens(
+                constrain(mask_vocab(logits_BV, sampling.vocab_limit), sampling)
+            ), None
         probs = probs_from_logits(logits_BV, sampling)
         return sample(key_B, probs), probs
 
@@ -406,6 +409,8 @@ class EagleDrafter(FeatureDrafter):
         tokens_out, probs_out = [token], [probs]
         # γ is small and static: the chain is unrolled.
         for i in range(1, self.num_draft):
+            # Draft i's penalties and constraint read drafts 0..i-1 (`specjax.penalties`).
+            sampling = after_token(sampling, token)
             pos = (lengths - 1 + i)[:, None]
             logits, g, cache = self.step_logits(cache, g_BE[:, None], token[:, None], pos)
             g_BE = g[:, 0]
