@@ -45,6 +45,8 @@ __all__ = ["AutomatonCursor", "Constraint", "ConstraintTable"]
 
 # A dense host table above this many entries is refused with advice, not built.
 _MAX_DENSE_ENTRIES = 1 << 28
+# The device table's states and classes are padded to a multiple of this.
+_TABLE_BUCKET = 64
 
 
 def _vocabulary_bytes(tokenizer, vocab_size: int | None) -> list[bytes]:
@@ -321,11 +323,20 @@ class ConstraintTable:
             0 if c is None else offsets[next(i for i, d in enumerate(distinct) if d is c)]
             for c in per_prompt
         ]
+        # Shapes are static: padded up to a bucket (unreachable states, unused classes),
+        # so that other constraints of a similar size reuse the compiled program.
+        next_state = np.concatenate(rows)
+        s, c = (-(-n // _TABLE_BUCKET) * _TABLE_BUCKET for n in next_state.shape)
+        next_state = np.pad(
+            next_state, [(0, s - next_state.shape[0]), (0, c - next_state.shape[1])],
+            constant_values=-1,
+        )  # fmt: skip
+        pad_states = lambda flags: np.pad(np.concatenate(flags), (0, s - offset))  # noqa: E731
         return cls(
-            next_state=jnp.asarray(np.concatenate(rows)),
+            next_state=jnp.asarray(next_state),
             token_class=jnp.asarray(token_class.reshape(-1).astype(np.int32)),
-            final=jnp.asarray(np.concatenate(final)),
-            complete=jnp.asarray(np.concatenate(complete)),
+            final=jnp.asarray(pad_states(final)),
+            complete=jnp.asarray(pad_states(complete)),
             initial=jnp.asarray(initial, jnp.int32),
         )
 

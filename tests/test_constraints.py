@@ -226,6 +226,21 @@ def test_greedy_speculative_equals_plain_under_the_constraint(
         assert float(out.stats.acceptance_rate) == 1.0
 
 
+def test_constraints_of_a_similar_size_share_one_compiled_program(pair, constraints):
+    """Tables are padded to buckets: another regex compiles nothing new."""
+    from specjax.decoding import api
+
+    target, _ = pair
+    kw = dict(max_new_tokens=4, sampling=specjax.SamplingConfig.greedy(), eos_id=EOS)
+    first = specjax.generate(jax.random.key(0), target, [[1, 2]], constraint=constraints["A"], **kw)
+    size = api._decode_jit._cache_size()
+    second = specjax.generate(
+        jax.random.key(0), target, [[1, 2]], constraint=constraints["B"], **kw
+    )
+    assert api._decode_jit._cache_size() == size
+    assert first.to_lists() != second.to_lists()
+
+
 def test_the_open_loop_with_fewer_slots_gives_each_prompt_its_own_constraint(pair, constraints):
     """Continuous batching: 5 prompts through 2 slots; each refill starts the new
     prompt's automaton, so the output equals one slot per prompt (greedy)."""
