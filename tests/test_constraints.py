@@ -503,7 +503,8 @@ def test_every_one_of_1000_sampled_rows_matches_its_regex(pair, name):
 
 @pytest.mark.slow
 def test_every_one_of_1000_json_rows_validates():
-    """1,000 sampled rows of the bundled pair under a JSON schema (draft model, γ = 3)."""
+    """1,000 sampled rows of the bundled pair under a JSON schema (draft model, γ = 3), in
+    one batch (35 s; through 250 slots it took 82 s)."""
     jsonschema = pytest.importorskip("jsonschema")
     target, draft, tokenizer = specjax.pretrained.default_pair()
     schema = {
@@ -519,7 +520,7 @@ def test_every_one_of_1000_json_rows_validates():
     prompt = tokenizer.encode("data = ").ids
     out = specjax.speculative_generate(
         jax.random.key(7), target, specjax.DraftModel(draft, num_draft=3), [prompt] * 1000,
-        max_new_tokens=40, constraint=c, num_slots=250,
+        max_new_tokens=40, constraint=c,
     )  # fmt: skip
     rows = out.to_lists()
     for row in rows:
