@@ -12,7 +12,7 @@ Each of its states says which tokens may come next and where each one leads; a s
 
 On device the automaton is a `ConstraintTable`: ``next_state int32[S, C]`` (``-1``: the
 token is not allowed) over C token classes (ids that behave alike in every state share
-a column: a JSON schema's thousands of states need a few hundred columns, not V),
+a column: a 1,636-state JSON schema over SmolLM2's 49,152 ids needs 175 columns),
 ``token_class int32[V]``, and ``final``/``complete`` flags ``bool[S]``. Rows of one
 batch may carry different constraints, or none: the table is the disjoint union of the
 batch's automata plus state 0, which allows every token and loops to itself.
