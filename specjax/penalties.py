@@ -252,10 +252,9 @@ def along_drafts(config, counts_BV: TokenCounts, drafts_BG: jax.Array) -> TokenC
 def constrain(logits_RxV: jax.Array, config) -> jax.Array:
     """``logits`` with ``-inf`` where the rows' constraint allows no token (unchanged when
     ``config.automaton`` is None). Greedy drafters use it alone: argmax needs no more."""
-    automaton = getattr(config, "automaton", None)
-    if automaton is None:
+    if config.automaton is None:
         return logits_RxV
-    return jnp.where(automaton.allowed(logits_RxV), logits_RxV, -jnp.inf)
+    return jnp.where(config.automaton.allowed(logits_RxV), logits_RxV, -jnp.inf)
 
 
 def after_token(config, token_B: jax.Array):
@@ -265,7 +264,7 @@ def after_token(config, token_B: jax.Array):
     What a drafter that draws its drafts one by one calls between drafts, so that its
     i-th q reads its own drafts 0..i-1, as the target's p at that position does.
     """
-    counts, automaton = config.counts, getattr(config, "automaton", None)
+    counts, automaton = config.counts, config.automaton
     if counts is None and automaton is None:
         return config
     return config.replace(

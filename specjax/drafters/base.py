@@ -65,7 +65,14 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.sampling import SamplingConfig
+from specjax.penalties import constrain
+from specjax.sampling import (
+    SamplingConfig,
+    greedy_tokens,
+    mask_vocab,
+    probs_from_logits,
+    sample,
+)
 from specjax.tree import Tree
 
 
@@ -305,6 +312,24 @@ class NoDraft(StatelessDrafter):
     def propose(self, keys_BG, state, seq_BS, seq_lengths_B, sampling):
         tokens = jnp.zeros((seq_BS.shape[0], 0), jnp.int32)
         return Proposal(tokens=tokens, probs=None, state=state)
+
+
+def draw_draft(key_B, logits_RxV: jax.Array, sampling, *, argmax: bool):
+    """One draft per row from a drafter's logits ``[B, ..., V]``, and the q it came from.
+
+    ``argmax``: the most probable id among those the rows may emit (below the vocabulary
+    limit, allowed by a constraint), and ``None`` for q: no probabilities are computed.
+    Else a sample of ``probs_from_logits(logits, sampling)`` (which applies the same
+    masks and every other setting) and those probabilities. Masking the argmax is not
+    needed for exactness (any proposal is verified), only so that no draft is wasted
+    on an id the target can never emit.
+    """
+    if argmax:
+        return greedy_tokens(
+            constrain(mask_vocab(logits_RxV, sampling.vocab_limit), sampling)
+        ), None
+    probs = probs_from_logits(logits_RxV, sampling)
+    return sample(key_B, probs), probs
 
 
 def cache_bytes(model, batch_size: int, cache_len: int) -> int:

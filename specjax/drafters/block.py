@@ -51,13 +51,13 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from specjax.drafters import weights
-from specjax.drafters.base import Proposal, TargetFeatures
+from specjax.drafters.base import Proposal, TargetFeatures, draw_draft
 from specjax.drafters.features import MODES, FeatureDrafter, layers_config
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
 from specjax.models.llama import MLP, Dense, RMSNorm, apply_rope, rope_inv_freq
-from specjax.penalties import after_token, constrain
-from specjax.sampling import greedy_tokens, mask_vocab, probs_from_logits, sample
+from specjax.penalties import after_token
+from specjax.sampling import probs_from_logits, sample
 from specjax.tree import child_tokens
 
 __all__ = [
@@ -354,9 +354,7 @@ class BlockDrafter(FeatureDrafter):
         if sampling.automaton is not None:
             return self._constrained(keys_BG, logits_BGV, state, sampling)
         if self.mode == "argmax":
-            # Masked like the target's logits, so that a padded id is never drafted
-            # (it would always be rejected: exact, but a wasted draft).
-            tokens = greedy_tokens(mask_vocab(logits_BGV, sampling.vocab_limit))
+            tokens, _ = draw_draft(None, logits_BGV, sampling, argmax=True)
             return Proposal(tokens=tokens, probs=None, state=state)
         probs = probs_from_logits(logits_BGV, sampling)
         tokens = jnp.stack(
@@ -374,14 +372,13 @@ class BlockDrafter(FeatureDrafter):
         """
         tokens, probs = [], []
         for i in range(self.num_draft):
-            logits_BV = logits_BGV[:, i]
-            if self.mode == "argmax":
-                masked = constrain(mask_vocab(logits_BV, sampling.vocab_limit), sampling)
-                tokens.append(greedy_tokens(masked))
-            else:
-                probs.append(probs_from_logits(logits_BV, sampling))
-                tokens.append(sample(keys_BG[:, i], probs[-1]))
-            sampling = after_token(sampling, tokens[-1])
+            token, q = draw_draft(
+                keys_BG[:, i], logits_BGV[:, i], sampling, argmax=self.mode == "argmax"
+            )
+            tokens.append(token)
+            if q is not None:
+                probs.append(q)
+            sampling = after_token(sampling, token)
         tokens = jnp.stack(tokens, axis=1).astype(jnp.int32)
         return Proposal(
             tokens=tokens, probs=jnp.stack(probs, axis=1) if probs else None, state=state

@@ -6,10 +6,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafters.base import Drafter, Proposal, cache_bytes, prefill
+from specjax.drafters.base import Drafter, Proposal, cache_bytes, draw_draft, prefill
 from specjax.models.cache import KVCache, TreeMask
-from specjax.penalties import after_token, constrain
-from specjax.sampling import greedy_tokens, mask_vocab, probs_from_logits, sample
+from specjax.penalties import after_token
 from specjax.tree import Tree, expand_top_k
 
 
@@ -118,16 +117,9 @@ class DraftModel(Drafter):
             return Proposal(tokens=jnp.zeros((b, 0), jnp.int32), probs=None, state=cache)
 
         def draw(keys_B, logits_BV, settings):
-            if self.greedy_draft:
-                # No q to return, so no [B, V] probabilities are ever computed; a
-                # constraint's mask still applies (a draft outside it is wasted).
-                return greedy_tokens(
-                    constrain(mask_vocab(logits_BV, sampling.vocab_limit), settings)
-                ), None
             # The penalties and the constraint of draft i read the prefix and drafts
             # 0..i-1, as the target's at that position do (`specjax.penalties`).
-            probs = probs_from_logits(logits_BV, settings)
-            return sample(keys_B, probs), probs
+            return draw_draft(keys_B, logits_BV, settings, argmax=self.greedy_draft)
 
         token, probs = draw(keys_BG[:, 0], logits[:, -1], sampling)
         # Only the history the transforms read is carried (the settings are constants).

@@ -61,13 +61,12 @@ import numpy as np
 from flax import nnx, struct
 
 from specjax.drafters import weights
-from specjax.drafters.base import Proposal, TargetFeatures
+from specjax.drafters.base import Proposal, TargetFeatures, draw_draft
 from specjax.drafters.features import MODES, FeatureDrafter, layers_config
 from specjax.models.cache import KVCache, TreeMask
 from specjax.models.config import ModelConfig
 from specjax.models.llama import MLP, Dense, RMSNorm, apply_rope, rope_inv_freq
-from specjax.penalties import after_token, constrain
-from specjax.sampling import greedy_tokens, mask_vocab, probs_from_logits, sample
+from specjax.penalties import after_token
 from specjax.tree import expand_top_k
 
 __all__ = [
@@ -375,13 +374,7 @@ class EagleDrafter(FeatureDrafter):
 
     def _draw(self, key_B, logits_BV, sampling):
         """One draft per row and the q it came from (``None``: one-hot, argmax mode)."""
-        if self.mode == "argmax":
-            # Masked like the target's logits: a padded id would always be rejected.
-            return greedy_tokens(
-                constrain(mask_vocab(logits_BV, sampling.vocab_limit), sampling)
-            ), None
-        probs = probs_from_logits(logits_BV, sampling)
-        return sample(key_B, probs), probs
+        return draw_draft(key_B, logits_BV, sampling, argmax=self.mode == "argmax")
 
     def propose(self, keys_BG, state: EagleState, seq_BS, seq_lengths_B, sampling) -> Proposal:
         b, s = seq_BS.shape
