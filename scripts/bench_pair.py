@@ -12,10 +12,12 @@ Stages (``--stages``, in this order; each writes its part of ``--out/results.jso
   memory bandwidth; the same for the draft model.
 * ``logits``: each precision's distance from float32 on the chat prompts, teacher
   forced on float32's greedy continuation: top-1 agreement and KL(p32 ‖ p).
-* ``e2e``: specjax plain and with the draft model (γ sweep) at each target and draft
-  precision, T = 0 and T = 1, batch 1, on the chat and code-editing prompts; the
-  greedy outputs of each precision are checked equal to that precision's plain
-  decoding before anything is timed.
+* ``e2e``: specjax plain, with the draft model (γ sweep; any draft precision, its head
+  optionally cut to the K most frequent ids) and with prompt lookup, T = 0 and T = 1,
+  ``--batch`` rows at a time, per workload (chat, code editing); rates end to end
+  and for the decode phase alone (less each batch's time to its first token). The
+  greedy outputs are checked equal to plain decoding's (same target precision);
+  a mismatch stops the run.
 * ``hf``: transformers on the same GGUF files: plain, ``assistant_model=`` the 0.5B
   and ``prompt_lookup_num_tokens``, float32 and bfloat16, T = 0, with each one's
   greedy agreement with specjax's float32 output.
@@ -70,8 +72,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--combos",
         nargs="+",
-        default=["float32/float32", "float32/int8", "int8/int8", "int8/float32"],
-        help="TARGET/DRAFT precisions of the e2e stage",
+        default=["float32/float32", "float32/int8", "float32/lookup"],
+        help="TARGET/DRAFT precisions of the e2e stage; DRAFT:K keeps K ids in the draft's"
+        " head (`specjax.vocab.frequent_ids`), DRAFT 'lookup' is prompt lookup",
     )
     p.add_argument("--context", type=int, default=160, help="tokens in the cache (steps)")
     p.add_argument("--gammas", type=int, nargs="+", default=[3, 4], help="γ at T = 0")
@@ -80,6 +83,7 @@ def parse_args(argv=None):
     p.add_argument("--per-workload", type=int, default=1, help="prompts per workload")
     p.add_argument("--repeats", type=int, default=5, help="timed forwards (steps)")
     p.add_argument("--e2e-repeats", type=int, default=1, help="timed passes (e2e), the best")
+    p.add_argument("--batch", type=int, default=1, help="rows per batch (e2e)")
     p.add_argument("--quick", action="store_true", help="one prompt, 8 tokens, 2 repeats")
     args = p.parse_args(argv)
     if args.quick:
@@ -242,83 +246,120 @@ def stage_logits(args, results, target, workloads):
     results["logits"] = rows
 
 
-def run_specjax(target, drafter, prompts, args, temperature, key=0):
-    """``(seconds, result)`` of one batch-1 pass over ``prompts`` (after a warm-up)."""
+def run_specjax(target, drafter, prompts, args, temperature, key=0, max_new_tokens=None):
+    """``(seconds per batch, results)`` of one pass over ``prompts`` in batches of
+    ``--batch`` (after a warm-up pass that compiles and warms the caches)."""
     sampling = specjax.SamplingConfig(temperature=temperature)
+    budget = max_new_tokens or args.max_new_tokens
+    batches = [prompts[i : i + args.batch] for i in range(0, len(prompts), args.batch)]
 
     def once():
-        outs = []
-        for i, prompt in enumerate(prompts):
+        times, outs = [], []
+        for i, batch in enumerate(batches):
             k = jax.random.key(key + i)
+            t = time.perf_counter()
             if drafter is None:
-                outs.append(
-                    specjax.generate(
-                        k, target, [prompt], max_new_tokens=args.max_new_tokens, sampling=sampling
-                    )
-                )
+                out = specjax.generate(k, target, batch, max_new_tokens=budget, sampling=sampling)
             else:
-                outs.append(
-                    specjax.speculative_generate(
-                        k,
-                        target,
-                        drafter,
-                        [prompt],
-                        max_new_tokens=args.max_new_tokens,
-                        sampling=sampling,
-                    )
+                out = specjax.speculative_generate(
+                    k, target, drafter, batch, max_new_tokens=budget, sampling=sampling
                 )
-        return jax.block_until_ready(outs)
+            outs.append(jax.block_until_ready(out))
+            times.append(time.perf_counter() - t)
+        return times, outs
 
-    once()  # compiles, and warms the caches
-    times, outs = time_runs(once, repeats=args.e2e_repeats)
-    return min(times), outs
+    once()
+    best = None
+    for _ in range(args.e2e_repeats):
+        times, outs = once()
+        if best is None or sum(times) < sum(best[0]):
+            best = (times, outs)
+    return best
+
+
+def parse_combo(text: str):
+    """``TARGET/DRAFT[:K]`` (K ids kept in the draft's head) or ``TARGET/lookup``."""
+    tp, rest = text.split("/")
+    dp, _, head = rest.partition(":")
+    return tp, dp, int(head) if head else 0
+
+
+def make_drafter(kind: str, head: int, draft, gamma: int):
+    if kind == "lookup":
+        return specjax.PromptLookup(num_draft=gamma)
+    model = draft
+    if head:
+        model = model.with_head_ids(specjax.vocab.frequent_ids(draft, head))
+    return specjax.DraftModel(with_precision(model, kind), num_draft=gamma)
+
+
+def rates(times, outs, first_times, batch_sizes):
+    """End-to-end tokens/s and decode-phase tokens/s (after each batch's first token)."""
+    tokens = sum(int(o.lengths.sum()) for o in outs)
+    seconds = sum(times)
+    decode_tokens = tokens - sum(batch_sizes)
+    decode_seconds = seconds - sum(first_times)
+    return tokens / seconds, decode_tokens / decode_seconds, tokens
 
 
 def stage_e2e(args, results, target, draft, workloads):
-    prompts = [p for ps in workloads.values() for p in ps]
+    """Each combination at T = 0 (γ sweep) and T = 1, per workload and over both.
+
+    Rates are reported two ways: end to end (prefill included, as a user waits for it)
+    and for the decode phase alone (the same runs less each batch's time to its first
+    token, measured by a one-token pass): speculation changes only the second, and the
+    first depends on the prompt's length, not on the drafter.
+    """
     rows = []
-    # bfloat16 and int8-weights are left out: their T = 1 steps measured 20-40x the
-    # float32 one on this CPU (the "steps" stage), so no decode with them can pay.
-    combos = [tuple(c.split("/")) for c in args.combos]
     plain_cache = {}
-    for tp, dp in combos:
+    for combo in args.combos:
+        tp, kind, head = parse_combo(combo)
         t_model = with_precision(target, tp)
-        d_model = with_precision(draft, dp)
         for temperature in (0.0, 1.0):
-            if (tp, temperature) not in plain_cache:
-                plain_cache[tp, temperature] = run_specjax(
-                    t_model, None, prompts, args, temperature
-                )
-            plain_s, plain_out = plain_cache[tp, temperature]
-            n_tokens = sum(int(o.lengths.sum()) for o in plain_out)
-            for gamma in args.gammas if temperature == 0 else [args.t1_gamma]:
-                drafter = specjax.DraftModel(d_model, num_draft=gamma)
-                spec_s, spec_out = run_specjax(t_model, drafter, prompts, args, temperature)
-                if temperature == 0:
-                    for a, b in zip(plain_out, spec_out, strict=True):
-                        if a.to_lists() != b.to_lists():
-                            raise SystemExit(f"greedy mismatch: target {tp}, draft {dp}, γ {gamma}")
-                calls = sum(int(o.stats.target_calls) for o in spec_out)
-                acc = float(np.mean([float(o.stats.acceptance_rate) for o in spec_out]))
-                row = dict(
-                    target=tp,
-                    draft=dp,
-                    gamma=gamma,
-                    temperature=temperature,
-                    plain_tok_s=round(n_tokens / plain_s, 2),
-                    spec_tok_s=round(sum(int(o.lengths.sum()) for o in spec_out) / spec_s, 2),
-                    speedup=round(
-                        plain_s / spec_s * sum(int(o.lengths.sum()) for o in spec_out) / n_tokens, 2
-                    ),
-                    acceptance=round(acc, 3),
-                    tokens_per_call=round(sum(int(o.lengths.sum()) for o in spec_out) / calls, 2),
-                )
-                log(f"e2e {row}")
-                rows.append(row)
-    old = {
-        (r["target"], r["draft"], r["gamma"], r["temperature"]): r for r in results.get("e2e", [])
-    }
-    old.update({(r["target"], r["draft"], r["gamma"], r["temperature"]): r for r in rows})
+            for workload, prompts in workloads.items():
+                sizes = [
+                    len(prompts[i : i + args.batch]) for i in range(0, len(prompts), args.batch)
+                ]
+                if (tp, temperature, workload) not in plain_cache:
+                    first, _ = run_specjax(
+                        t_model, None, prompts, args, temperature, max_new_tokens=1
+                    )
+                    times, outs = run_specjax(t_model, None, prompts, args, temperature)
+                    plain_cache[tp, temperature, workload] = (first, times, outs)
+                p_first, p_times, p_outs = plain_cache[tp, temperature, workload]
+                p_e2e, p_dec, _ = rates(p_times, p_outs, p_first, sizes)
+                for gamma in args.gammas if temperature == 0 else [args.t1_gamma]:
+                    drafter = make_drafter(kind, head, draft, gamma)
+                    first, _ = run_specjax(
+                        t_model, drafter, prompts, args, temperature, max_new_tokens=1
+                    )
+                    times, outs = run_specjax(t_model, drafter, prompts, args, temperature)
+                    if temperature == 0:
+                        for a, b in zip(p_outs, outs, strict=True):
+                            if a.to_lists() != b.to_lists():
+                                raise SystemExit(f"greedy mismatch: {combo}, γ {gamma}, {workload}")
+                    e2e, dec, tokens = rates(times, outs, first, sizes)
+                    calls = sum(int(o.stats.target_calls) for o in outs)
+                    accepted = sum(int(np.sum(o.stats.accepted)) for o in outs)
+                    drafted = sum(int(np.sum(o.stats.drafted)) for o in outs)
+                    row = dict(
+                        target=tp, draft=kind, draft_head=head or None, gamma=gamma,
+                        temperature=temperature, workload=workload, batch=args.batch,
+                        plain_tok_s=round(p_e2e, 2), spec_tok_s=round(e2e, 2),
+                        speedup=round(e2e / p_e2e, 2),
+                        plain_decode_tok_s=round(p_dec, 2), spec_decode_tok_s=round(dec, 2),
+                        decode_speedup=round(dec / p_dec, 2),
+                        acceptance=round(accepted / max(drafted, 1), 3),
+                        tokens_per_call=round(tokens / calls, 2),
+                        plain_s=[round(t, 2) for t in p_times], spec_s=[round(t, 2) for t in times],
+                        plain_first_s=[round(t, 2) for t in p_first],
+                        spec_first_s=[round(t, 2) for t in first],
+                    )  # fmt: skip
+                    log(f"e2e {row}")
+                    rows.append(row)
+    key = ("target", "draft", "draft_head", "gamma", "temperature", "workload", "batch")
+    old = {tuple(r.get(k) for k in key): r for r in results.get("e2e", [])}
+    old.update({tuple(r.get(k) for k in key): r for r in rows})
     results["e2e"] = list(old.values())
 
 

@@ -2,14 +2,15 @@
 
 Speculative decoding needs a (γ+1)-token forward to cost about as much as a
 one-token step: both must read every weight once, and the weights dominate. This
-probe times, in float32 at batch 1, for T = 1, 5 and 8:
+probe times, in float32 at batch 1, for T = 1, 4, 5 and 8:
 
 * **MLP stack**: 30 SwiGLU MLPs of SmolLM2's shape (E = 576, F = 1536; 318 MB of
   weights, so nothing stays in cache), with kernels stored ``[in, out]``
   (``x @ W``, the layout of ``nnx.Linear``, which specjax used before) or
   ``[out, in]`` (``einsum("bte,fe->btf")``, the layout of ``torch.nn.Linear``,
   Hugging Face checkpoints and specjax's ``Dense`` now), and with gate and up
-  fused into one ``[E, 2F]`` kernel;
+  fused into one ``[E, 2F]`` kernel, and ``[out, in]`` run weight-first for 2-16
+  rows (`specjax.models.matmul`, what ``Dense`` does now);
 * **LM head**: ``[T, 576] @ [576, 49152]`` (the tied embedding stored as the head
   kernel ``[E, V]``, as specjax did before) against ``einsum`` over the table
   ``[V, E]`` (specjax now).
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.benchmarking.timer import time_runs
+from specjax.models.matmul import matmul
 
 E, F, V, L = 576, 1536, 49152, 30
 
@@ -50,6 +52,14 @@ def mlp_out_in(x, gates, ups, downs):
     for g, u, d in zip(gates, ups, downs, strict=True):
         h = jax.nn.silu(jnp.einsum("bte,fe->btf", x, g)) * jnp.einsum("bte,fe->btf", x, u)
         x = x + jnp.einsum("btf,ef->bte", h, d)
+    return x
+
+
+@jax.jit
+def mlp_weight_first(x, gates, ups, downs):
+    # specjax.models.matmul: weight-first products for 2-16 rows, as Dense runs them
+    for g, u, d in zip(gates, ups, downs, strict=True):
+        x = x + matmul(jax.nn.silu(matmul(x, g)) * matmul(x, u), d)
     return x
 
 
@@ -81,29 +91,32 @@ def main():
     head_out_in = jax.jit(lambda h, k: jnp.einsum("bte,ve->btv", h, k))
 
     rows = []
-    for t in (1, 5, 8):
+    for t in (1, 4, 5, 8):
         x = jax.random.normal(key, (1, t, E), jnp.float32)
         rows.append(
             (
                 t,
                 _ms(mlp_in_out, (x, gates, ups, downs), args.repeats),
                 _ms(mlp_out_in, (x, *transposed), args.repeats),
+                _ms(mlp_weight_first, (x, *transposed), args.repeats),
                 _ms(mlp_fused_gate_up, (x, gate_ups, downs), args.repeats),
                 _ms(head_in_out, (x, head_EV), args.repeats),
                 _ms(head_out_in, (x, head_VE), args.repeats),
             )
         )
         print(rows[-1], flush=True)
-    print("\n| T | MLP stack [in, out] | MLP stack [out, in] | fused gate/up [in, 2F] "
-          "| head [E, V] | head [V, E] |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print("\n| T | MLP stack [in, out] | MLP stack [out, in] | [out, in] weight-first "
+          "| fused gate/up [in, 2F] | head [E, V] | head [V, E] |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for t, *ms in rows:
         print(f"| {t} | " + " | ".join(f"{m:.1f} ms" for m in ms) + " |")
     base = rows[0]
-    print("\nratio to T=1 (same layout): " + ", ".join(
-        f"T={t}: MLP {r[1] / base[1]:.2f}× / {r[2] / base[2]:.2f}×, head {r[4] / base[4]:.2f}× / "
-        f"{r[5] / base[5]:.2f}×" for t, *_ in rows[1:] for r in [next(x for x in rows if x[0] == t)]
-    ))  # fmt: skip
+    for r in rows[1:]:
+        print(
+            f"ratio to T=1 (same form), T={r[0]}: MLP {r[1] / base[1]:.2f}x / "
+            f"{r[2] / base[2]:.2f}x / weight-first {r[3] / base[3]:.2f}x, "
+            f"head {r[5] / base[5]:.2f}x / {r[6] / base[6]:.2f}x"
+        )
 
 
 if __name__ == "__main__":

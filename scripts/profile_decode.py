@@ -112,6 +112,12 @@ def load(args):
     if args.target:
         target = specjax.load_pretrained(args.target)
         draft = specjax.load_pretrained(args.draft) if args.draft else None
+        if draft is not None and args.draft_head:
+            draft = draft.with_head_ids(specjax.vocab.frequent_ids(draft, args.draft_head))
+        if draft is not None and args.draft_precision != "float32":
+            from specjax.models.quant import quantize
+
+            draft = quantize(draft, args.draft_precision)
         return target, draft, target.tokenizer
     from specjax.pretrained import default_pair
 
@@ -229,6 +235,12 @@ def main(argv=None) -> int:
         "--method", choices=["draft", "lookup", "block", "plain", "forward"], default="draft"
     )
     parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument(
+        "--draft-precision", choices=["float32", "int8", "int8-weights"], default="float32"
+    )
+    parser.add_argument(
+        "--draft-head", type=int, default=0, help="keep K ids in the draft's head (0: all)"
+    )
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--prompt-tokens", type=int, default=80)

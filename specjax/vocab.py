@@ -35,6 +35,7 @@ from specjax.validation import is_concrete
 __all__ = [
     "check_drafter_vocab",
     "default_vocab_limit",
+    "frequent_ids",
     "pad_to_vocab",
     "resolve_vocab_limit",
     "tokenizer_of",
@@ -172,3 +173,48 @@ def pad_to_vocab(probs_BGV: jax.Array, vocab_size: int) -> jax.Array:
     if missing == 0:
         return probs_BGV
     return jnp.pad(probs_BGV, [(0, 0)] * (probs_BGV.ndim - 1) + [(0, missing)])
+
+
+def frequent_ids(model, num_ids: int, texts=()) -> np.ndarray:
+    """``num_ids`` ids a drafter's head should keep (`Model.with_head_ids`), sorted.
+
+    First every added token of the model's tokenizer (chat markup and end-of-turn ids,
+    which a drafter must be able to propose), then the ids seen in ``texts`` by count,
+    then the lowest remaining ids: a BPE tokenizer numbers its merges in the order it
+    learned them, most frequent pairs first, so low ids are the common tokens of its
+    training text. Any choice keeps decoding exact; it only sets the acceptance.
+
+    Args:
+        model: a model (or drafter) with a ``tokenizers`` tokenizer, or with none (then
+            only ``texts`` counted as token-id sequences, and the lowest ids).
+        num_ids: K, how many ids to keep, ``1 <= K <= vocab_size``.
+        texts: optional sample text, strings (encoded with the tokenizer) or id lists.
+
+    Returns:
+        ``int32[K]`` distinct ids below ``vocab_size``, ascending.
+    """
+    vocab = int(model.vocab_size)
+    if not 1 <= int(num_ids) <= vocab:
+        raise ValueError(f"num_ids must be in [1, {vocab}] (vocab_size), got {num_ids}")
+    tokenizer = tokenizer_of(model)
+    chosen: dict[int, None] = {}  # insertion-ordered set
+    if tokenizer is not None:
+        added = tokenizer.get_added_tokens_decoder()
+        chosen.update((int(i), None) for i in sorted(added) if i < vocab)
+    counts = np.zeros(vocab, np.int64)
+    for text in texts:
+        if isinstance(text, str):
+            if tokenizer is None:
+                raise ValueError(
+                    "texts holds strings but the model has no tokenizer: pass token-id lists"
+                )
+            text = tokenizer.encode(text, add_special_tokens=False).ids
+        ids = np.asarray(text, np.int64)
+        np.add.at(counts, ids[(ids >= 0) & (ids < vocab)], 1)
+    seen = np.nonzero(counts)[0]
+    chosen.update((int(i), None) for i in seen[np.argsort(-counts[seen], kind="stable")])
+    ranked = list(chosen)[: int(num_ids)]
+    if len(ranked) < num_ids:
+        rest = np.setdiff1d(np.arange(vocab), np.asarray(ranked, np.int64), assume_unique=True)
+        ranked += rest[: int(num_ids) - len(ranked)].tolist()
+    return np.sort(np.asarray(ranked, np.int32))

@@ -87,12 +87,9 @@ class DraftModel(Drafter):
         # draft token (at last - 1): the two newest tokens are then fed, else only the
         # newest. Both give the same logits for a row whose cache is complete (the
         # first rewrites an identical entry), so one row that lacks its entry sends
-        # the batch through the two-token branch. On a CPU it feeds them one at a
-        # time: there a two-token float32 forward of Qwen2.5-Coder-0.5B cost 3x a
-        # one-token one (199 vs 65 ms; XLA's one-row matrix-vector kernel is the fast
-        # one). On an accelerator, or with int8 activations (whose one-row products
-        # are padded to two rows anyway: `specjax.models.quant`), a two-token forward
-        # costs about a one-token one, so it is one forward.
+        # the batch through the two-token branch, one forward of two tokens: on a CPU
+        # it costs 1.2x a one-token forward of Qwen2.5-Coder-0.5B in float32
+        # (`specjax.models.matmul`), on an accelerator about the same as one.
         prev = jnp.maximum(last - 1, 0)
         tokens_B2 = self._readable(jnp.stack([seq_BS[rows, prev], seq_BS[rows, last]], axis=1))
         positions_B2 = jnp.stack([prev, last], axis=1)
@@ -101,14 +98,8 @@ class DraftModel(Drafter):
             return self.model(tokens_B2[:, 1:], positions_B2[:, 1:], cache)
 
         def feed_both(cache):
-            if (
-                jax.default_backend() != "cpu"
-                or getattr(self.model, "quantization", None) == "int8"
-            ):
-                logits, cache = self.model(tokens_B2, positions_B2, cache)
-                return logits[:, -1:], cache
-            _, cache = self.model(tokens_B2[:, :1], positions_B2[:, :1], cache)
-            return feed_newest(cache)
+            logits, cache = self.model(tokens_B2, positions_B2, cache)
+            return logits[:, -1:], cache
 
         logits, cache = jax.lax.cond(jnp.any(state.lengths < last), feed_both, feed_newest, state)
         if self.num_draft == 0:

@@ -24,6 +24,7 @@ from flax import nnx
 
 from specjax.models.cache import KVCache, TreeMask
 from specjax.models.config import ModelConfig
+from specjax.models.matmul import matmul
 
 
 class RMSNorm(nnx.Module):
@@ -63,8 +64,9 @@ class Dense(nnx.Module):
     Not ``nnx.Linear``'s ``[in, out]``: on XLA:CPU a T-token matmul (T > 1, as
     in a verify forward) that contracts the last axis of both operands costs
     20 to 40% less than ``x @ kernel``, and T = 1 no more
-    (``scripts/probe_matmul_layouts.py``). It is also Hugging Face's layout, so
-    checkpoints map without a transpose. It computes in the parameter dtype.
+    (``scripts/probe_matmul_layouts.py``); `specjax.models.matmul` then runs 2 to
+    16 rows weight-first, near the one-row cost. It is also Hugging Face's layout,
+    so checkpoints map without a transpose. It computes in the parameter dtype.
 
     The weight is drawn ``[in, out]`` and transposed, and the zero bias takes
     a key, as in ``nnx.Linear``: a seed then gives the same model as before the
@@ -78,8 +80,7 @@ class Dense(nnx.Module):
         self.bias = nnx.Param(zeros(rngs.params(), (dout,), dtype)) if bias else None
 
     def __call__(self, x):
-        weight = self.weight[...]
-        y = jnp.einsum("...i,oi->...o", x.astype(weight.dtype), weight)
+        y = matmul(x, self.weight[...])
         if self.bias is None:
             return y
         return y + self.bias[...].reshape((1,) * (y.ndim - 1) + (-1,))
@@ -322,7 +323,10 @@ class TiedEmbedding(nnx.Module):
     and is the cheaper head for T > 1 tokens.
     """
 
-    def __init__(self, vocab_size: int, hidden_size: int, dtype, rngs: nnx.Rngs):
+    def __init__(self, vocab_size: int, hidden_size: int, dtype, rngs: nnx.Rngs | None, table=None):
+        if table is not None:  # given rows (`HeadSubset`), not drawn ones
+            self.embedding = nnx.Param(jnp.asarray(table, dtype))
+            return
         init = nnx.initializers.normal(0.02)
         # Drawn [E, V] and transposed, as when the table was stored that way:
         # a seed gives the same model.
@@ -334,8 +338,29 @@ class TiedEmbedding(nnx.Module):
 
     def attend(self, hidden_BTE):
         """Logits ``[B, T, V]`` of hidden states."""
-        table = self.embedding[...]
-        return jnp.einsum("bte,ve->btv", hidden_BTE.astype(table.dtype), table)
+        return matmul(hidden_BTE, self.embedding[...])
+
+
+class HeadSubset(nnx.Module):
+    """An LM head that scores only ``ids``: the rows of the head for them, ``[K, E]``.
+
+    Every other id gets logit ``-inf``, so a model with this head samples from (and
+    its argmax picks among) ``ids`` alone; its probabilities are still over all V
+    ids. See :meth:`Model.with_head_ids`.
+    """
+
+    def __init__(self, table_KE: jax.Array, ids_K: jax.Array):
+        # A TiedEmbedding of K rows: `specjax.models.quant.quantize` swaps it like the
+        # model's own head.
+        k, e = table_KE.shape
+        self.rows = TiedEmbedding(k, e, table_KE.dtype, None, table=table_KE)
+        self.ids = nnx.Variable(jnp.asarray(ids_K, jnp.int32))
+
+    def __call__(self, hidden_BTE, vocab_size: int):
+        """Logits ``float32[B, T, V]``: the head's at ``ids``, ``-inf`` elsewhere."""
+        logits_BTK = self.rows.attend(hidden_BTE).astype(jnp.float32)
+        full = jnp.full((*logits_BTK.shape[:-1], vocab_size), -jnp.inf, jnp.float32)
+        return full.at[..., self.ids[...]].set(logits_BTK, unique_indices=True)
 
 
 class Transformer(nnx.Module):
@@ -364,6 +389,9 @@ class Transformer(nnx.Module):
 
     def head(self, hidden_BTE):
         """Logits ``float32[B, T, V]`` of (already normalised) hidden states."""
+        subset = getattr(self, "head_subset", None)  # set by Model.with_head_ids
+        if subset is not None:
+            return subset(hidden_BTE, self.config.vocab_size)
         if self.config.tie_word_embeddings:
             logits = self.embed_tokens.attend(hidden_BTE)
         else:
@@ -556,6 +584,64 @@ class Model:
         module.config = dataclasses.replace(self.config, scan_layers=scan_layers)
         graphdef, params = nnx.split(module)
         return self.replace(graphdef=graphdef, params=params, config=module.config)
+
+    def with_head_ids(self, ids) -> Model:
+        """This model with an LM head that scores only ``ids``; every other id gets
+        logit ``-inf``.
+
+        For a draft model: the head of a small model of a large vocabulary is much of
+        its cost (Qwen2.5-Coder-0.5B's tied 151,936 × 896 head is a quarter of its
+        weights), and most of those ids are rarely the next token. A drafter that
+        samples from, or takes the argmax among, the ids it keeps still proposes
+        from the q it computes, so the decoders' output is exactly the target's
+        whatever ``ids`` are (`specjax.vocab.frequent_ids` picks them); only the
+        acceptance depends on them. The input embedding keeps every row.
+
+        Args:
+            ids: the ids to score, a sequence or ``int[K]`` array of distinct ids in
+                ``[0, V)``.
+
+        Returns:
+            The model with the new head (``vocab_size`` unchanged: logits stay
+            ``[B, T, V]``).
+
+        Raises:
+            ValueError: ``ids`` empty, repeated or out of range, or the model is
+                quantized (restrict the float model, then quantize).
+        """
+        ids_K = np.asarray(ids)
+        v = self.config.vocab_size
+        if ids_K.ndim != 1 or ids_K.size == 0 or not np.issubdtype(ids_K.dtype, np.integer):
+            raise ValueError(f"ids must be a non-empty 1-D list of ints, got shape {ids_K.shape}")
+        if ids_K.min() < 0 or ids_K.max() >= v or np.unique(ids_K).size != ids_K.size:
+            raise ValueError(
+                f"ids must be distinct ids in [0, {v}) (vocab_size), got "
+                f"min {ids_K.min()}, max {ids_K.max()}, "
+                f"{ids_K.size - np.unique(ids_K).size} repeated"
+            )
+        if self.quantization is not None:
+            raise ValueError(
+                "with_head_ids on a quantized model: restrict the float model, then quantize it"
+            )
+        module = nnx.merge(self.graphdef, self.params)
+        if getattr(module, "head_subset", None) is not None:
+            del module.head_subset  # restricting again starts from the whole head
+        table = (
+            module.embed_tokens.embedding[...]
+            if self.config.tie_word_embeddings
+            else module.lm_head.weight[...]
+        )
+        ids_K = np.sort(ids_K)
+        module.head_subset = HeadSubset(table[jnp.asarray(ids_K)], ids_K)
+        graphdef, params = nnx.split(module)
+        return self.replace(graphdef=graphdef, params=params)
+
+    @property
+    def head_ids(self) -> np.ndarray | None:
+        """The ids the LM head scores (:meth:`with_head_ids`), or None for all."""
+        module = nnx.merge(self.graphdef, self.params)
+        subset = getattr(module, "head_subset", None)
+        return None if subset is None else np.asarray(subset.ids[...])
 
     @property
     def vocab_size(self) -> int:

@@ -1,0 +1,71 @@
+"""``x · wᵀ`` for a handful of rows, in the form XLA:CPU runs fastest.
+
+A verify forward multiplies γ+1 rows (tokens) by every weight matrix, and at
+batch 1 that product is bound by reading the weights. XLA:CPU runs one row
+through a matrix–vector kernel at the memory's speed, but ``x [M, I] · w [O, I]ᵀ``
+for M ≥ 2 through a kernel that reads the weights about half as fast: a 4-token
+verify of Qwen2.5-Coder-1.5B cost 1.64x a one-token step, and that ratio, not the
+drafter, capped speculation on this CPU (BENCHMARKS "The real pair").
+
+The same product written weight-first, ``w [O, I] · x [M, I]ᵀ → [O, M]``, with the
+``[O, M]`` result kept in that layout, runs 2 to 4 rows at 1.0–1.3x the one-row
+cost and 8 or 16 rows at 1.7–2.5x; 5–7 and 9–15 rows are about as slow as the
+row-first form, so they are padded up to 8 or 16 zero rows (a zero row changes no
+other row's sum). The transpose back to ``[M, O]`` must not be folded into the
+product: XLA would then pick the row-first kernel again, so an
+``optimization_barrier`` keeps the two apart (the transpose itself moves M · O
+floats, nothing next to the O · I weights). ``scripts/probe_dots.py``-style
+measurements and the in-model step costs are in BENCHMARKS.md.
+
+Only the float32 product on a CPU takes this path: other backends and dtypes
+have their own kernels, and one row (a plain decoding step) and more than 16
+rows (a prompt's prefill, where the product is bound by arithmetic) keep the
+ordinary form. The values are the float32 product either way; only the
+summation order may differ, as between any two kernels.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# Row counts the weight-first kernel runs well; others are padded up to the next.
+_FAST_ROWS = (2, 3, 4, 8, 16)
+
+
+def weight_first_rows(rows: int) -> int | None:
+    """The padded row count the weight-first form uses for ``rows``, or None for the
+    ordinary form (one row, more than 16, or not a CPU)."""
+    if jax.default_backend() != "cpu" or rows < 2 or rows > _FAST_ROWS[-1]:
+        return None
+    return next(m for m in _FAST_ROWS if m >= rows)
+
+
+def matmul_rows(x_MI: jax.Array, weight_OI: jax.Array) -> jax.Array:
+    """``x · weightᵀ``: ``[M, I] × [O, I] → [M, O]`` in the weight's dtype.
+
+    Args:
+        x_MI: the rows (tokens), cast to the weight's dtype.
+        weight_OI: the matrix, stored ``[out, in]`` like ``torch.nn.Linear``.
+
+    Returns:
+        ``[M, O]``, the same values as ``x @ weight.T`` up to summation order.
+    """
+    x_MI = x_MI.astype(weight_OI.dtype)
+    rows = x_MI.shape[0]
+    padded = weight_first_rows(rows) if weight_OI.dtype == jnp.float32 else None
+    if padded is None:
+        return jax.lax.dot_general(x_MI, weight_OI, (((1,), (1,)), ((), ())))
+    if padded > rows:
+        x_MI = jnp.pad(x_MI, ((0, padded - rows), (0, 0)))
+    y_OM = jax.lax.dot_general(weight_OI, x_MI, (((1,), (1,)), ((), ())))
+    # Keeps XLA from folding the transpose into the product (see the module docstring).
+    y_OM = jax.lax.optimization_barrier(y_OM)
+    return y_OM.T[:rows]
+
+
+def matmul(x: jax.Array, weight_OI: jax.Array) -> jax.Array:
+    """``x · weightᵀ`` for ``x [..., I]``: :func:`matmul_rows` over the flattened rows."""
+    lead = x.shape[:-1]
+    y = matmul_rows(x.reshape(-1, x.shape[-1]), weight_OI)
+    return y.reshape(*lead, weight_OI.shape[0])
