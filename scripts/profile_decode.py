@@ -114,6 +114,10 @@ def load(args):
         draft = specjax.load_pretrained(args.draft) if args.draft else None
         if draft is not None and args.draft_head:
             draft = draft.with_head_ids(specjax.vocab.frequent_ids(draft, args.draft_head))
+        if args.target_precision != "float32":
+            from specjax.models.quant import quantize
+
+            target = quantize(target, args.target_precision)
         if draft is not None and args.draft_precision != "float32":
             from specjax.models.quant import quantize
 
@@ -235,6 +239,12 @@ def main(argv=None) -> int:
         "--method", choices=["draft", "lookup", "block", "plain", "forward"], default="draft"
     )
     parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument(
+        "--target-precision",
+        choices=["float32", "int8", "int8-weights"],
+        default="float32",
+        help="int8 (activations too) only for plain decoding and --method forward",
+    )
     parser.add_argument(
         "--draft-precision", choices=["float32", "int8", "int8-weights"], default="float32"
     )

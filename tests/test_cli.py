@@ -198,6 +198,45 @@ def test_an_int8_activation_target_needs_plain_decoding(cli_in_process, model_fo
     assert_user_error(proc, "--quantize int8 rounds the target's activations")
 
 
+# Slow tier: --compare decodes twice (~15 s); tests/test_head_ids.py's fast cases keep
+# the library's equality, the bad-input cases below the flag's checks.
+@pytest.mark.slow
+def test_draft_head_reaches_the_draft_and_stays_exact(cli_in_process, model_folders, monkeypatch):
+    from specjax.cli import generate as cli_generate
+
+    seen = {}
+    real = cli_generate._quantized
+
+    def spy(args, target, draft):
+        target, draft = real(args, target, draft)
+        seen["head"] = draft.head_ids
+        return target, draft
+
+    monkeypatch.setattr(cli_generate, "_quantized", spy)
+    proc = cli_in_process(
+        "generate", "def f(x):", "--model", model_folders["target"],
+        "--draft", model_folders["draft"], "--max-new-tokens", "6", "--json", "--compare",
+        "--draft-head", "40", "--draft-quantize", "int8",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["greedy_outputs_equal"] is True
+    assert seen["head"] is not None and len(seen["head"]) == 40
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [(("--drafter", "lookup", "--draft-head", "8"), "--draft-head needs a draft model"),
+     (("--draft-head", "0"), "--draft-head must be in [1, "),
+     (("--draft-head", "100000000"), "--draft-head must be in [1, ")],
+)  # fmt: skip
+def test_draft_head_bad_input_is_named(cli_in_process, model_folders, flags, message):
+    draft = () if "lookup" in flags else ("--draft", model_folders["draft"])
+    proc = cli_in_process(
+        "generate", "def f(x):", "--model", model_folders["target"], *draft, *flags
+    )  # fmt: skip
+    assert_user_error(proc, message)
+
+
 def test_draft_quantize_needs_a_draft_model(cli_in_process, model_folders):
     proc = cli_in_process(
         "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "lookup",

@@ -106,7 +106,8 @@ def _load_models(args):
 
 
 def _quantized(args, target, draft):
-    """``(target, draft model)`` with ``--quantize`` / ``--draft-quantize`` applied."""
+    """``(target, draft model)`` with ``--draft-head``, ``--quantize`` and
+    ``--draft-quantize`` applied."""
     from specjax.models.quant import quantize
 
     draft_mode = args.quantize if args.draft_quantize is None else args.draft_quantize
@@ -118,6 +119,17 @@ def _quantized(args, target, draft):
             "score another model than its plain steps; use --draft-quantize int8 (the "
             "draft model, always exact), --quantize int8-weights, or --drafter none"
         )
+    if args.draft_head is not None:
+        if not (args.drafter == "model" and draft is not None):
+            raise UserError("--draft-head needs a draft model (--drafter model --draft PATH)")
+        from specjax.vocab import frequent_ids
+
+        if not 1 <= args.draft_head <= draft.vocab_size:
+            raise UserError(
+                f"--draft-head must be in [1, {draft.vocab_size}] (the draft's vocabulary), "
+                f"got {args.draft_head}"
+            )
+        draft = draft.with_head_ids(frequent_ids(draft, args.draft_head))
     if args.quantize:
         target = quantize(target, args.quantize)
     if draft is not None and draft_mode not in (None, "none") and args.drafter == "model":

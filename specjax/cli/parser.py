@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--draft-quantize int8 is the fastest exact setting measured on a CPU",
     )  # fmt: skip
     g.add_argument(
+        "--draft-head", type=int, default=None, metavar="K",
+        help="the draft model's LM head scores only K ids, its tokenizer's added tokens "
+        "and then the lowest ids (specjax.vocab.frequent_ids); exact whatever K, cheaper "
+        "drafts, lower acceptance when the next token is outside them",
+    )  # fmt: skip
+    g.add_argument(
         "--drafter", default="auto", metavar="{auto,block,eagle,model,lookup,none,PATH}",
         help="who drafts: the block drafter (reads the target's hidden states), the bundled "
         "EAGLE-style head (eagle: reads them too, drafts step by step), the draft "
