@@ -246,34 +246,24 @@ def stage_logits(args, results, target, workloads):
 
 
 def run_specjax(target, drafter, prompts, args, temperature, key=0):
-    """``(seconds per batch, results)`` of one pass over ``prompts`` in batches of
-    ``--batch`` (after a warm-up pass that compiles and warms the caches)."""
+    """``(seconds, results)``: the best of ``--e2e-repeats`` passes over ``prompts`` in
+    batches of ``--batch``, after a warm-up pass that compiles and warms the caches."""
     sampling = specjax.SamplingConfig(temperature=temperature)
-    budget = args.max_new_tokens
     batches = [prompts[i : i + args.batch] for i in range(0, len(prompts), args.batch)]
 
     def once():
-        times, outs = [], []
+        outs = []
         for i, batch in enumerate(batches):
             k = jax.random.key(key + i)
-            t = time.perf_counter()
+            kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling)
             if drafter is None:
-                out = specjax.generate(k, target, batch, max_new_tokens=budget, sampling=sampling)
+                outs.append(specjax.generate(k, target, batch, **kw))
             else:
-                out = specjax.speculative_generate(
-                    k, target, drafter, batch, max_new_tokens=budget, sampling=sampling
-                )
-            outs.append(jax.block_until_ready(out))
-            times.append(time.perf_counter() - t)
-        return times, outs
+                outs.append(specjax.speculative_generate(k, target, drafter, batch, **kw))
+        return jax.block_until_ready(outs)
 
-    once()
-    best = None
-    for _ in range(args.e2e_repeats):
-        times, outs = once()
-        if best is None or sum(times) < sum(best[0]):
-            best = (times, outs)
-    return best
+    times, outs = time_runs(once, repeats=args.e2e_repeats, warmup=1)
+    return min(times), outs
 
 
 def parse_combo(text: str):
@@ -283,13 +273,19 @@ def parse_combo(text: str):
     return tp, dp, int(head) if head else 0
 
 
-def make_drafter(kind: str, head: int, draft, gamma: int):
+def draft_model(kind: str, head: int, draft):
+    """The draft model of a combination (None for prompt lookup), built once."""
     if kind == "lookup":
-        return specjax.PromptLookup(num_draft=gamma)
-    model = draft
+        return None
     if head:
-        model = model.with_head_ids(specjax.vocab.frequent_ids(draft, head))
-    return specjax.DraftModel(with_precision(model, kind), num_draft=gamma)
+        draft = draft.with_head_ids(specjax.vocab.frequent_ids(draft, head))
+    return with_precision(draft, kind)
+
+
+def make_drafter(model, gamma: int):
+    if model is None:
+        return specjax.PromptLookup(num_draft=gamma)
+    return specjax.DraftModel(model, num_draft=gamma)
 
 
 def stage_e2e(args, results, target, draft, workloads):
@@ -304,12 +300,13 @@ def stage_e2e(args, results, target, draft, workloads):
     for combo in args.combos:
         tp, kind, head = parse_combo(combo)
         t_model = with_precision(target, tp)
+        d_model = draft_model(kind, head, draft)
         for temperature in (0.0, 1.0):
             for workload, prompts in workloads.items():
                 for gamma in args.gammas if temperature == 0 else [args.t1_gamma]:
-                    drafter = make_drafter(kind, head, draft, gamma)
-                    p_times, p_outs = run_specjax(t_model, None, prompts, args, temperature)
-                    times, outs = run_specjax(t_model, drafter, prompts, args, temperature)
+                    drafter = make_drafter(d_model, gamma)
+                    p_seconds, p_outs = run_specjax(t_model, None, prompts, args, temperature)
+                    seconds, outs = run_specjax(t_model, drafter, prompts, args, temperature)
                     if temperature == 0:
                         for a, b in zip(p_outs, outs, strict=True):
                             if a.to_lists() != b.to_lists():
@@ -319,14 +316,14 @@ def stage_e2e(args, results, target, draft, workloads):
                     calls = sum(int(o.stats.target_calls) for o in outs)
                     accepted = sum(int(np.sum(o.stats.accepted)) for o in outs)
                     drafted = sum(int(np.sum(o.stats.drafted)) for o in outs)
-                    plain_rate, rate = p_tokens / sum(p_times), tokens / sum(times)
+                    plain_rate, rate = p_tokens / p_seconds, tokens / seconds
                     row = dict(
                         target=tp, draft=kind, draft_head=head or None, gamma=gamma,
                         temperature=temperature, workload=workload, batch=args.batch,
                         plain_tok_s=round(plain_rate, 2), spec_tok_s=round(rate, 2),
                         speedup=round(rate / plain_rate, 2),
                         plain_tokens=p_tokens, spec_tokens=tokens,
-                        plain_s=round(sum(p_times), 2), spec_s=round(sum(times), 2),
+                        plain_s=round(p_seconds, 2), spec_s=round(seconds, 2),
                         acceptance=round(accepted / max(drafted, 1), 3),
                         tokens_per_call=round(tokens / calls, 2),
                     )  # fmt: skip

@@ -114,13 +114,11 @@ def load(args):
         draft = specjax.load_pretrained(args.draft) if args.draft else None
         if draft is not None and args.draft_head:
             draft = draft.with_head_ids(specjax.vocab.frequent_ids(draft, args.draft_head))
-        if args.target_precision != "float32":
-            from specjax.models.quant import quantize
+        from specjax.models.quant import quantize
 
+        if args.target_precision != "float32":
             target = quantize(target, args.target_precision)
         if draft is not None and args.draft_precision != "float32":
-            from specjax.models.quant import quantize
-
             draft = quantize(draft, args.draft_precision)
         return target, draft, target.tokenizer
     from specjax.pretrained import default_pair

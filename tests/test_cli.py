@@ -155,6 +155,21 @@ def test_generate_with_model_folders(model_folders):
     assert json.loads(proc.stdout)["greedy_outputs_equal"] is True
 
 
+def _spy_on_models(monkeypatch) -> dict:
+    """``{"target", "draft"}``: the models the CLI decodes with, after its flags."""
+    from specjax.cli import generate as cli_generate
+
+    seen = {}
+    real = cli_generate._quantized
+
+    def spy(args, target, draft):
+        seen["target"], seen["draft"] = real(args, target, draft)
+        return seen["target"], seen["draft"]
+
+    monkeypatch.setattr(cli_generate, "_quantized", spy)
+    return seen
+
+
 @pytest.mark.parametrize(
     "flags, quantized",
     [(("--draft-quantize", "int8"), (None, "int8")),
@@ -169,17 +184,7 @@ def test_generate_with_quantized_models_is_greedy_exact(
 ):
     """--quantize / --draft-quantize reach the models, and the quantized target's
     speculative output equals its plain output."""
-    from specjax.cli import generate as cli_generate
-
-    seen = {}
-    real = cli_generate._quantized
-
-    def spy(args, target, draft):
-        target, draft = real(args, target, draft)
-        seen["models"] = (target.quantization, draft.quantization)
-        return target, draft
-
-    monkeypatch.setattr(cli_generate, "_quantized", spy)
+    seen = _spy_on_models(monkeypatch)
     proc = cli_in_process(
         "generate", "def f(x):", "--model", model_folders["target"],
         "--draft", model_folders["draft"], "--max-new-tokens", "6", "--json", "--compare",
@@ -187,7 +192,7 @@ def test_generate_with_quantized_models_is_greedy_exact(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["greedy_outputs_equal"] is True
-    assert seen["models"] == quantized
+    assert (seen["target"].quantization, seen["draft"].quantization) == quantized
 
 
 def test_an_int8_activation_target_needs_plain_decoding(cli_in_process, model_folders):
@@ -202,17 +207,7 @@ def test_an_int8_activation_target_needs_plain_decoding(cli_in_process, model_fo
 # the library's equality, the bad-input cases below the flag's checks.
 @pytest.mark.slow
 def test_draft_head_reaches_the_draft_and_stays_exact(cli_in_process, model_folders, monkeypatch):
-    from specjax.cli import generate as cli_generate
-
-    seen = {}
-    real = cli_generate._quantized
-
-    def spy(args, target, draft):
-        target, draft = real(args, target, draft)
-        seen["head"] = draft.head_ids
-        return target, draft
-
-    monkeypatch.setattr(cli_generate, "_quantized", spy)
+    seen = _spy_on_models(monkeypatch)
     proc = cli_in_process(
         "generate", "def f(x):", "--model", model_folders["target"],
         "--draft", model_folders["draft"], "--max-new-tokens", "6", "--json", "--compare",
@@ -220,7 +215,8 @@ def test_draft_head_reaches_the_draft_and_stays_exact(cli_in_process, model_fold
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["greedy_outputs_equal"] is True
-    assert seen["head"] is not None and len(seen["head"]) == 40
+    head = seen["draft"].head_ids
+    assert head is not None and len(head) == 40
 
 
 @pytest.mark.parametrize(
