@@ -12,7 +12,8 @@ Stages (``--stages``, in this order; each writes its part of ``--out/results.jso
   memory bandwidth; the same for the draft model.
 * ``logits``: each precision's distance from float32 on the chat prompts, teacher
   forced on float32's greedy continuation: top-1 agreement and KL(p32 ‖ p).
-* ``e2e``: specjax plain, with the draft model (γ sweep; any draft precision, its head
+* ``e2e``: specjax plain, with the draft model (γ sweep, each γ optionally with a
+  ``draft_confidence`` τ, written ``γ:τ``; any draft precision, its head
   optionally cut to the K most frequent ids) and with prompt lookup, T = 0 and T = 1,
   ``--batch`` rows at a time, per workload (chat, code editing), each next to a plain
   run of its own; rates end to end (prefill included). The greedy outputs are checked
@@ -76,8 +77,14 @@ def parse_args(argv=None):
         " head (`specjax.vocab.frequent_ids`), DRAFT 'lookup' is prompt lookup",
     )
     p.add_argument("--context", type=int, default=160, help="tokens in the cache (steps)")
-    p.add_argument("--gammas", type=int, nargs="+", default=[3, 4], help="γ at T = 0")
-    p.add_argument("--t1-gamma", type=int, default=4, help="γ at T = 1")
+    p.add_argument(
+        "--gammas", type=parse_gamma, nargs="+", default=[(3, None), (4, None)],
+        help="γ at T = 0, each 'γ' or 'γ:τ' (e2e with draft_confidence τ)",
+    )  # fmt: skip
+    p.add_argument(
+        "--t1-gamma", type=parse_gamma, nargs="+", default=[(4, None)],
+        help="γ at T = 1, each 'γ' or 'γ:τ'",
+    )  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--per-workload", type=int, default=1, help="prompts per workload")
     p.add_argument("--repeats", type=int, default=5, help="timed forwards (steps)")
@@ -86,9 +93,18 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="one prompt, 8 tokens, 2 repeats")
     args = p.parse_args(argv)
     if args.quick:
-        args.max_new_tokens, args.per_workload, args.repeats, args.gammas = 8, 1, 2, [2]
-        args.t1_gamma = 2
+        args.max_new_tokens, args.per_workload, args.repeats = 8, 1, 2
+        args.gammas, args.t1_gamma = [(2, None), (2, 0.5)], [(2, None)]
     return args
+
+
+def parse_gamma(text: str) -> tuple[int, float | None]:
+    """``"γ"`` or ``"γ:τ"`` (a draft_confidence) as ``(γ, τ or None)``."""
+    gamma, _, tau = text.partition(":")
+    try:
+        return int(gamma), float(tau) if tau else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'γ' or 'γ:τ', got {text!r}") from None
 
 
 def with_precision(model, precision: str):
@@ -170,7 +186,7 @@ def load_models():
 def stage_steps(args, results, target, draft):
     gbs = bandwidth_gbs()
     log(f"streaming read bandwidth: {gbs:.1f} GB/s")
-    widths = sorted({1, *(g + 1 for g in args.gammas)})
+    widths = sorted({1, *(g + 1 for g, _ in args.gammas)})
     rows = []
     for role, model in (("target", target), ("draft", draft)):
         for precision in args.precisions:
@@ -245,7 +261,7 @@ def stage_logits(args, results, target, workloads):
     results["logits"] = rows
 
 
-def run_specjax(target, drafter, prompts, args, temperature, key=0):
+def run_specjax(target, drafter, prompts, args, temperature, key=0, confidence=None):
     """``(seconds, results)``: the best of ``--e2e-repeats`` passes over ``prompts`` in
     batches of ``--batch``, after a warm-up pass that compiles and warms the caches."""
     sampling = specjax.SamplingConfig(temperature=temperature)
@@ -259,7 +275,11 @@ def run_specjax(target, drafter, prompts, args, temperature, key=0):
             if drafter is None:
                 outs.append(specjax.generate(k, target, batch, **kw))
             else:
-                outs.append(specjax.speculative_generate(k, target, drafter, batch, **kw))
+                outs.append(
+                    specjax.speculative_generate(
+                        k, target, drafter, batch, draft_confidence=confidence, **kw
+                    )
+                )
         return jax.block_until_ready(outs)
 
     times, outs = time_runs(once, repeats=args.e2e_repeats, warmup=1)
@@ -303,10 +323,17 @@ def stage_e2e(args, results, target, draft, workloads):
         d_model = draft_model(kind, head, draft)
         for temperature in (0.0, 1.0):
             for workload, prompts in workloads.items():
-                for gamma in args.gammas if temperature == 0 else [args.t1_gamma]:
+                for gamma, tau in args.gammas if temperature == 0 else args.t1_gamma:
+                    if tau is not None and d_model is None:
+                        continue  # prompt lookup returns no q to stop on
                     drafter = make_drafter(d_model, gamma)
                     p_seconds, p_outs = run_specjax(t_model, None, prompts, args, temperature)
-                    seconds, outs = run_specjax(t_model, drafter, prompts, args, temperature)
+                    seconds, outs = run_specjax(
+                        t_model, drafter, prompts, args, temperature, confidence=tau
+                    )
+                    # Each configuration compiles its own programs: freeing them keeps a
+                    # long run inside the process's memory maps (LLVM ran out once).
+                    jax.clear_caches()
                     if temperature == 0:
                         for a, b in zip(p_outs, outs, strict=True):
                             if a.to_lists() != b.to_lists():
@@ -319,6 +346,7 @@ def stage_e2e(args, results, target, draft, workloads):
                     plain_rate, rate = p_tokens / p_seconds, tokens / seconds
                     row = dict(
                         target=tp, draft=kind, draft_head=head or None, gamma=gamma,
+                        draft_confidence=tau,
                         temperature=temperature, workload=workload, batch=args.batch,
                         plain_tok_s=round(plain_rate, 2), spec_tok_s=round(rate, 2),
                         speedup=round(rate / plain_rate, 2),
@@ -329,7 +357,10 @@ def stage_e2e(args, results, target, draft, workloads):
                     )  # fmt: skip
                     log(f"e2e {row}")
                     rows.append(row)
-    key = ("target", "draft", "draft_head", "gamma", "temperature", "workload", "batch")
+    key = (
+        "target", "draft", "draft_head", "gamma", "draft_confidence", "temperature",
+        "workload", "batch",
+    )  # fmt: skip
     old = {tuple(r.get(k) for k in key): r for r in results.get("e2e", [])}
     old.update({tuple(r.get(k) for k in key): r for r in rows})
     results["e2e"] = list(old.values())
@@ -354,7 +385,7 @@ def stage_hf(args, results, workloads, reference):
         for method, extra in (
             ("plain", {}),
             ("assistant", {"assistant_model": asst}),
-            ("lookup", {"prompt_lookup_num_tokens": max(args.gammas)}),
+            ("lookup", {"prompt_lookup_num_tokens": max(g for g, _ in args.gammas)}),
         ):
             outs, best = None, None
             for rep in range(2):

@@ -423,6 +423,11 @@ def _per_row(name: str, value, batch_shape: tuple[int, ...], dtype) -> jax.Array
     return jnp.broadcast_to(value, batch_shape + (1,))
 
 
+def greedy_rows(config: SamplingConfig, batch_size: int) -> jax.Array:
+    """``bool[B]``: the rows `probs_from_logits` makes one-hot (temperature ``<= 0`` or NaN)."""
+    return ~(_per_row("temperature", config.temperature, (batch_size,), jnp.float32)[:, 0] > 0)
+
+
 def mask_vocab(logits: jax.Array, vocab_limit) -> jax.Array:
     """``logits`` with every id ``>= vocab_limit`` set to ``-inf``: ``[B, ..., V]`` in, same out.
 

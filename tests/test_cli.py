@@ -203,32 +203,51 @@ def test_an_int8_activation_target_needs_plain_decoding(cli_in_process, model_fo
     assert_user_error(proc, "--quantize int8 rounds the target's activations")
 
 
-# Slow tier: --compare decodes twice (~15 s); tests/test_head_ids.py's fast cases keep
-# the library's equality, the bad-input cases below the flag's checks.
+# Slow tier: --compare decodes twice (~15 s a case); tests/test_head_ids.py and
+# tests/test_continuous_batching.py keep the library's equality in the fast tier, the
+# bad-input cases below the flags' checks.
 @pytest.mark.slow
-def test_draft_head_reaches_the_draft_and_stays_exact(cli_in_process, model_folders, monkeypatch):
+@pytest.mark.parametrize(
+    "flags",
+    [("--draft-head", "40", "--draft-quantize", "int8"),
+     ("--gamma", "4", "--draft-confidence", "1.0")],
+    ids=["draft-head", "draft-confidence"],
+)  # fmt: skip
+def test_draft_flags_reach_the_draft_and_stay_exact(
+    cli_in_process, model_folders, monkeypatch, flags
+):
     seen = _spy_on_models(monkeypatch)
     proc = cli_in_process(
         "generate", "def f(x):", "--model", model_folders["target"],
-        "--draft", model_folders["draft"], "--max-new-tokens", "6", "--json", "--compare",
-        "--draft-head", "40", "--draft-quantize", "int8",
+        "--draft", model_folders["draft"], "--max-new-tokens", "8", "--json", "--compare",
+        *flags,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["greedy_outputs_equal"] is True
-    head = seen["draft"].head_ids
-    assert head is not None and len(head) == 40
+    report = json.loads(proc.stdout)
+    assert report["greedy_outputs_equal"] is True
+    if "--draft-head" in flags:
+        head = seen["draft"].head_ids
+        assert head is not None and len(head) == 40
+    else:
+        # τ = 1: one draft per call (a softmax is below 1), so at most 2 tokens per call.
+        assert report["tokens_per_target_call"] <= 2.0
 
 
 @pytest.mark.parametrize(
     "flags, message",
     [(("--drafter", "lookup", "--draft-head", "8"), "--draft-head needs a draft model"),
      (("--draft-head", "0"), "--draft-head must be in [1, "),
-     (("--draft-head", "100000000"), "--draft-head must be in [1, ")],
+     (("--draft-head", "100000000"), "--draft-head must be in [1, "),
+     (("--draft-confidence", "1.5"), "--draft-confidence must be in [0, 1], got 1.5"),
+     (("--draft-confidence", "-0.1"), "--draft-confidence must be in [0, 1]"),
+     (("--drafter", "lookup", "--draft-confidence", "0.5"), "it needs --drafter model"),
+     (("--tree", "2,1", "--draft-confidence", "0.5"), "and no --tree")],
 )  # fmt: skip
-def test_draft_head_bad_input_is_named(cli_in_process, model_folders, flags, message):
+def test_draft_flags_bad_input_is_named(cli_in_process, model_folders, flags, message):
     draft = () if "lookup" in flags else ("--draft", model_folders["draft"])
     proc = cli_in_process(
-        "generate", "def f(x):", "--model", model_folders["target"], *draft, *flags
+        "generate", "def f(x):", "--model", model_folders["target"], *draft,
+        "--max-new-tokens", "8", *flags,
     )  # fmt: skip
     assert_user_error(proc, message)
 

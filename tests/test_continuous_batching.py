@@ -394,7 +394,59 @@ def test_bad_continuous_batching_arguments_are_refused(target, drafters, kwargs,
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["lookup", "draft_model_argmax", "block"])
+# Fast tier: the sampling drafter; argmax drafting with -m slow.
+@pytest.mark.first_case_fast
+@pytest.mark.parametrize("greedy_draft", [False, True])
+def test_a_draft_model_stops_drafting_by_itself(target, drafters, greedy_draft):
+    """Under τ the draft model itself stops a row after its first unconfident draft.
+
+    Greedy rows (q one-hot) and argmax drafts stop on the draft model's softmax, so τ
+    acts at temperature 0 too. A draft no row proposes is not fed: the draft cache
+    then holds only the proposed prefix. B = 4 = γ + 1 rows.
+    """
+    drafter = drafters["draft_model_argmax" if greedy_draft else "draft_model"]
+    prompts, _ = _prompts(num=4)
+    prompts_BP, lengths = decoding.pad_prompts(prompts)
+    seq = jnp.zeros((4, 64), jnp.int32).at[:, : prompts_BP.shape[1]].set(prompts_BP)
+    keys = jax.random.split(jax.random.key(0), 12).reshape(4, 3)
+    greedy = specjax.sampling.per_row(GREEDY, 4)
+    propose = jax.jit(lambda d: d.propose(keys, d.init(prompts_BP, lengths, 64), seq, lengths,
+                                          greedy))  # fmt: skip
+    free = propose(drafter)
+    assert free.num_drafted is None
+    np.testing.assert_array_equal(free.state.lengths, lengths + 2)  # fed: pending, 2 drafts
+    # τ = 1: every draft is below it (softmax < 1), so each row proposes one draft
+    # and no second forward runs.
+    one = propose(drafter.replace(stop_below=jnp.float32(1.0)))
+    np.testing.assert_array_equal(one.num_drafted, 1)
+    np.testing.assert_array_equal(one.state.lengths, lengths)
+    np.testing.assert_array_equal(one.tokens[:, 0], free.tokens[:, 0])
+    # τ = 0: nothing is below it, all γ drafts, the same as without τ.
+    every = propose(drafter.replace(stop_below=jnp.float32(0.0)))
+    np.testing.assert_array_equal(every.num_drafted, 3)
+    np.testing.assert_array_equal(every.tokens, free.tokens)
+    np.testing.assert_array_equal(every.state.lengths, free.state.lengths)
+
+
+# Fast tier: the sampling drafter; argmax drafting with -m slow.
+@pytest.mark.first_case_fast
+@pytest.mark.parametrize("greedy_draft", [False, True])
+def test_confidence_at_temperature_zero_stays_greedy(target, drafters, greedy_reference,
+                                                     greedy_draft):  # fmt: skip
+    """draft_confidence at T = 0: output equals plain greedy, and fewer drafts are
+    proposed than γ per call (the threshold acts on greedy rows)."""
+    prompts, budgets, ref = greedy_reference
+    drafter = drafters["draft_model_argmax" if greedy_draft else "draft_model"]
+    out = _decode(
+        target, drafter, prompts[:6], max_new_tokens=budgets[:6], sampling=GREEDY,
+        eos_id=EOS, draft_confidence=0.6,
+    )  # fmt: skip
+    assert out.to_lists() == ref.to_lists()[:6]
+    drafted, calls = np.sum(out.stats.drafted), np.sum(out.stats.row_target_calls)
+    assert calls <= drafted < 3 * calls
+
+
+@pytest.mark.parametrize("name", ["lookup", "block"])
 def test_confidence_needs_a_drafter_with_q(target, drafters, name):
     with pytest.raises(ValueError, match="draft_confidence needs a drafter that returns its q"):
         specjax.speculative_generate(

@@ -13,12 +13,13 @@ A second set runs batches with B == γ+1 (3 rows, γ = 2), where settings read a
 
 A third set sends the mixed batch through 1,000 slots with ragged budgets
 (continuous batching): plain decoding, `DraftModel` with adaptive γ (a table by active
-rows plus a confidence threshold), and `DraftModel(greedy_draft=True)`.
+rows plus a confidence threshold), and `DraftModel(greedy_draft=True)` without and
+with a confidence threshold (the draft model then stops drafting by itself).
 
 Sample sizes and false alarms: N_PER_GROUP = 2,000 rows per group and decoder (K = 2
 tokens; 3 for DraftModel, whose drafts reach the third position), each test rejecting
-at p < FALSE_ALARM = 1e-4. This file runs 30 + 9 + 18 = 57 such tests, so the
-family-wise false-alarm rate is below 0.6% (Bonferroni). Keys are fixed, so the outcome is
+at p < FALSE_ALARM = 1e-4. This file runs 30 + 9 + 24 = 63 such tests, so the
+family-wise false-alarm rate is below 0.7% (Bonferroni). Keys are fixed, so the outcome is
 deterministic. The negative controls show that the same test, at the same N, rejects a
 group's samples against another group's distribution (what reading the settings of
 the wrong row gives) and the draft's distribution against the target's.
@@ -254,6 +255,8 @@ REFILL_DECODERS = {
     "plain": None,
     "draft_model_adaptive": dict(gamma_by_active_rows={500: 2, 10**6: 1}, draft_confidence=0.3),
     "draft_model_argmax": None,
+    # Argmax drafts carry no q: the draft model stops on its own softmax (`DraftModel`).
+    "draft_model_argmax_confident": dict(draft_confidence=0.5),
 }
 
 
@@ -271,13 +274,14 @@ def refill_samples(pair):
         if name == "plain":
             res = specjax.generate(key, target, prompts, **kw)
         else:
-            drafter = specjax.DraftModel(draft, num_draft=2, greedy_draft=name.endswith("argmax"))
+            argmax = "argmax" in name
+            drafter = specjax.DraftModel(draft, num_draft=2, greedy_draft=argmax)
             res = specjax.speculative_generate(
                 key, target, drafter, prompts, **kw, **(adaptive or {})
             )
             stats = res.stats
             if adaptive:
-                # The threshold left drafts unproposed, and the table ran both γ.
+                # The threshold left drafts unproposed, and some steps still accepted both.
                 assert int(np.sum(stats.drafted)) < 2 * int(np.sum(stats.row_target_calls))
                 assert int(np.asarray(stats.accepted_hist)[2]) > 0
             assert int(np.sum(stats.accepted)) > 0

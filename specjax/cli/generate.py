@@ -341,6 +341,8 @@ def cmd_generate(args) -> int:
         raise UserError(re.sub(r"SamplingConfig\.(\w+)", flag, str(e))) from None
 
     tree = _parse_tree(args)
+    if args.draft_confidence is not None and not 0.0 <= args.draft_confidence <= 1.0:
+        raise UserError(f"--draft-confidence must be in [0, 1], got {args.draft_confidence}")
     target, draft, tokenizer = _load_models(args)
     if args.gamma is None:  # the drafter's own default: a block drafter's trained γ, else 4
         args.gamma = draft.num_draft if draft is not None else 4
@@ -387,12 +389,20 @@ def cmd_generate(args) -> int:
             drafter = drafter.with_tree(tree)
         except ValueError as e:
             raise UserError(f"--tree {args.tree}: {e}") from None
+    spec_kw = dict(kw)
+    if args.draft_confidence is not None:
+        if drafter is None or not drafter.stops_early or tree is not None:
+            raise UserError(
+                "--draft-confidence shortens the draft model's chain of drafts: it needs "
+                "--drafter model (or --draft) and no --tree"
+            )
+        spec_kw["draft_confidence"] = args.draft_confidence
     try:  # e.g. a draft smaller than the target's tokenizer (a padded family)
         specjax.vocab.resolve_vocab_limit(sampling, target, drafter)
     except ValueError as e:
         raise UserError(str(e)) from None
     run = lambda d, on_chunk=None: _decode_open(  # noqa: E731
-        key, target, d, prompts, args.max_new_tokens, kw, on_chunk
+        key, target, d, prompts, args.max_new_tokens, kw if d is None else spec_kw, on_chunk
     )
 
     color = sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ

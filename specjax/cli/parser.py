@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens drafted per target call (γ); default: 4, or the block drafter's own (2)",
     )  # fmt: skip
     g.add_argument(
+        "--draft-confidence", type=float, default=None, metavar="TAU",
+        help="a row stops drafting after its first draft the drafter gives a probability "
+        "below TAU (0..1; its softmax when it drafts the argmax); the draft model then "
+        "skips the forwards no row needs. Exact; pays where draft forwards are costly "
+        "and often wrong (0.5 on the Qwen2.5-Coder pair's chat; BENCHMARKS.md)",
+    )  # fmt: skip
+    g.add_argument(
         "--tree", default=None, metavar="K1,K2,...",
         help="draft a tree instead of a chain: K1 children at the root, K2 under each of "
         "those, ... (e.g. 3,2,2,1; --drafter block or model); its depth is γ",

@@ -197,6 +197,8 @@ def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
     drafter = state.drafter
     if gamma != drafter.num_draft:
         drafter = drafter.replace(num_draft=gamma)
+    if state.draft_confidence is not None and drafter.stops_early:
+        drafter = drafter.replace(stop_below=state.draft_confidence)
     b = state.seq.shape[0]
     rows = jnp.arange(b)
     lengths = state.seq_lengths
@@ -216,7 +218,13 @@ def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
     pending_B = state.seq[rows, lengths - 1]
     tokens_in = jnp.concatenate([pending_B[:, None], draft_tokens_BG], axis=1)
     # A drafter's features come out of this same forward: no second target call.
-    if state.draft_confidence is not None and draft_probs is None and gamma > 0:
+    stopped_itself = proposal.num_drafted is not None
+    if (
+        state.draft_confidence is not None
+        and draft_probs is None
+        and not stopped_itself
+        and gamma > 0
+    ):
         raise ValueError(
             f"draft_confidence needs a drafter that returns its q, and the "
             f"{type(drafter).__name__} proposes one-hot drafts (probs=None): use a "
@@ -228,7 +236,11 @@ def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
             target, tokens_in, positions_BG1, state.target_cache, drafter.target_layers
         )
     else:
-        num_drafted = _confident_drafts(draft_tokens_BG, draft_probs, state.draft_confidence)
+        num_drafted = (
+            proposal.num_drafted.astype(jnp.int32)
+            if stopped_itself
+            else _confident_drafts(draft_tokens_BG, draft_probs, state.draft_confidence)
+        )
         # A draft that was not proposed reads as out of vocabulary (-1): every verifier
         # rejects it with q := 0, so the row's next token comes from p itself, exactly.
         draft_tokens_BG = jnp.where(

@@ -68,6 +68,7 @@ from flax import struct
 from specjax.penalties import constrain
 from specjax.sampling import (
     SamplingConfig,
+    greedy_rows,
     greedy_tokens,
     mask_vocab,
     probs_from_logits,
@@ -88,11 +89,15 @@ class Proposal:
             A drafter whose ``vocab_size`` V_d is smaller than the target's returns
             ``[B, γ, V_d]``; the decoder zero-pads it (`specjax.vocab`).
         state: the drafter's new state.
+        num_drafted: ``int32[B]`` how many leading drafts each row proposes, from a
+            drafter that stops early (`Drafter.stops_early`); the rest of ``tokens``
+            is never verified. ``None``: all γ.
     """
 
     tokens: jax.Array
     probs: jax.Array | None
     state: object
+    num_drafted: jax.Array | None = None
 
 
 @struct.dataclass
@@ -134,6 +139,11 @@ class Drafter(abc.ABC):
     #: Whether it is the null drafter (`specjax.NoDraft`), the only one the decoders let
     #: draft nothing (γ = 0): with it, speculative decoding is plain decoding.
     null_drafter: bool = False
+    #: Whether `propose` stops a row's drafting itself under the decoders'
+    #: ``draft_confidence`` τ (then set as the drafter's ``stop_below``) and reports
+    #: it in `Proposal.num_drafted`, skipping forwards no row needs. Otherwise the
+    #: decoder cuts the chain from the returned q after the drafter ran all γ.
+    stops_early: bool = False
     #: What errors call it ("block drafter").
     noun: str = "drafter"
     #: The file a folder of its saved weights holds (`load`); "" for a drafter without.
@@ -330,6 +340,22 @@ def draw_draft(key_B, logits_RxV: jax.Array, sampling, *, argmax: bool):
         ), None
     probs = probs_from_logits(logits_RxV, sampling)
     return sample(key_B, probs), probs
+
+
+def own_probability(logits_BV, token_B, probs_BV, sampling) -> jax.Array:
+    """``float32[B]``: how sure a drafter is of each row's draft, for ``draft_confidence``.
+
+    ``q(x)`` where the draft was sampled from q. Where it is an argmax (``probs_BV`` is
+    ``None``, or a greedy row, whose q is one-hot) the softmax of the logits at the
+    draft instead: a one-hot q says nothing about how sure the drafter is.
+    """
+    logits_BV = mask_vocab(logits_BV.astype(jnp.float32), sampling.vocab_limit)
+    at = token_B[:, None]
+    raw_B = jnp.take_along_axis(jax.nn.softmax(logits_BV, axis=-1), at, axis=-1)[:, 0]
+    if probs_BV is None:
+        return raw_B
+    q_B = jnp.take_along_axis(probs_BV, at, axis=-1)[:, 0]
+    return jnp.where(greedy_rows(sampling, token_B.shape[0]), raw_B, q_B)
 
 
 def cache_bytes(model, batch_size: int, cache_len: int) -> int:
