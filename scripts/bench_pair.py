@@ -47,6 +47,7 @@ import specjax
 from specjax.benchmarking.machine import machine_info
 from specjax.benchmarking.timer import time_runs
 from specjax.models.quant import quantize
+from specjax.tree import Tree
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
@@ -79,11 +80,12 @@ def parse_args(argv=None):
     p.add_argument("--context", type=int, default=160, help="tokens in the cache (steps)")
     p.add_argument(
         "--gammas", type=parse_gamma, nargs="+", default=[(3, None), (4, None)],
-        help="γ at T = 0, each 'γ' or 'γ:τ' (e2e with draft_confidence τ)",
+        help="γ at T = 0, each 'γ', 'γ:τ' (e2e with draft_confidence τ) or a tree's "
+        "branching 'b1,b2,...' (`specjax.Tree.from_branching`)",
     )  # fmt: skip
     p.add_argument(
         "--t1-gamma", type=parse_gamma, nargs="+", default=[(4, None)],
-        help="γ at T = 1, each 'γ' or 'γ:τ'",
+        help="γ at T = 1, each 'γ', 'γ:τ' or a tree's branching 'b1,b2,...'",
     )  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--per-workload", type=int, default=1, help="prompts per workload")
@@ -98,13 +100,27 @@ def parse_args(argv=None):
     return args
 
 
-def parse_gamma(text: str) -> tuple[int, float | None]:
-    """``"γ"`` or ``"γ:τ"`` (a draft_confidence) as ``(γ, τ or None)``."""
+def parse_gamma(text: str) -> tuple[int | str, float | None]:
+    """``"γ"`` or ``"γ:τ"`` (a draft_confidence) as ``(γ, τ or None)``; a tree's
+    branching ``"b1,b2,..."`` as ``(the same text, None)``."""
+    if "," in text:
+        try:
+            Tree.from_branching(tuple(int(b) for b in text.split(",")))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"bad tree branching {text!r}: {e}") from None
+        return text, None
     gamma, _, tau = text.partition(":")
     try:
         return int(gamma), float(tau) if tau else None
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'γ' or 'γ:τ', got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected 'γ', 'γ:τ' or 'b1,b2,...', got {text!r}"
+        ) from None
+
+
+def chain_gammas(args) -> list[int]:
+    """The chains' γ at T = 0 (trees left out), or [3] if there are none."""
+    return [g for g, _ in args.gammas if isinstance(g, int)] or [3]
 
 
 def with_precision(model, precision: str):
@@ -186,7 +202,7 @@ def load_models():
 def stage_steps(args, results, target, draft):
     gbs = bandwidth_gbs()
     log(f"streaming read bandwidth: {gbs:.1f} GB/s")
-    widths = sorted({1, *(g + 1 for g, _ in args.gammas)})
+    widths = sorted({1, *(g + 1 for g, _ in args.gammas if isinstance(g, int))})
     rows = []
     for role, model in (("target", target), ("draft", draft)):
         for precision in args.precisions:
@@ -302,7 +318,10 @@ def draft_model(kind: str, head: int, draft):
     return with_precision(draft, kind)
 
 
-def make_drafter(model, gamma: int):
+def make_drafter(model, gamma: int | str):
+    """A chain of γ drafts, or (``gamma`` a branching ``"b1,b2,..."``) a draft tree."""
+    if isinstance(gamma, str):
+        return None if model is None else specjax.DraftModel(model).with_tree(gamma)
     if model is None:
         return specjax.PromptLookup(num_draft=gamma)
     return specjax.DraftModel(model, num_draft=gamma)
@@ -324,9 +343,9 @@ def stage_e2e(args, results, target, draft, workloads):
         for temperature in (0.0, 1.0):
             for workload, prompts in workloads.items():
                 for gamma, tau in args.gammas if temperature == 0 else args.t1_gamma:
-                    if tau is not None and d_model is None:
-                        continue  # prompt lookup returns no q to stop on
                     drafter = make_drafter(d_model, gamma)
+                    if drafter is None or (tau is not None and d_model is None):
+                        continue  # prompt lookup: no q to stop on, no trees
                     p_seconds, p_outs = run_specjax(t_model, None, prompts, args, temperature)
                     seconds, outs = run_specjax(
                         t_model, drafter, prompts, args, temperature, confidence=tau
@@ -385,7 +404,7 @@ def stage_hf(args, results, workloads, reference):
         for method, extra in (
             ("plain", {}),
             ("assistant", {"assistant_model": asst}),
-            ("lookup", {"prompt_lookup_num_tokens": max(g for g, _ in args.gammas)}),
+            ("lookup", {"prompt_lookup_num_tokens": max(chain_gammas(args))}),
         ):
             outs, best = None, None
             for rep in range(2):

@@ -360,3 +360,23 @@ def test_tree_script_quick_run(tmp_path):
         (3, "block"),
     }
     assert all(r["tau"] >= 1.0 for r in report["results"])
+
+
+def test_bench_pair_reads_chains_confidences_and_trees():
+    """bench_pair.py's ``--gammas`` items: a chain's γ, 'γ:τ', or a tree's branching;
+    anything else is refused by argparse with the text it could not read."""
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("bench_pair", SCRIPT.parent / "bench_pair.py")
+    bench_pair = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_pair)
+    parse = bench_pair.parse_gamma
+    assert parse("3") == (3, None)
+    assert parse("3:0.5") == (3, 0.5)
+    assert parse("1,2,1") == ("1,2,1", None)
+    for bad, message in (("1,0", "bad tree branching '1,0'"), ("x", "got 'x'"), ("3:y", "'3:y'")):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            parse(bad)
+    args = bench_pair.parse_args(["--out", "o", "--gammas", "1,2,1", "4", "2:0.5"])
+    assert bench_pair.chain_gammas(args) == [4, 2]  # prompt lookup's γ, the steps' widths
+    assert bench_pair.chain_gammas(bench_pair.parse_args(["--out", "o", "--gammas", "2,1"])) == [3]

@@ -207,14 +207,18 @@ def test_cache_after_tree_steps_equals_a_prefill_of_the_committed_tokens(pair, b
     state = decoding.step(state, num_steps=6)
     assert int(jnp.sum(state.stats.accepted)) > 0
     _assert_cache_is_prefill_of(target, state.target_cache, state.seq, state.seq_lengths)
-    # The draft's cache holds committed tokens only (up to the previous pending token).
+    # The draft's cache holds committed tokens only, and (`DraftModel.keep_path`) it
+    # kept the accepted path above the leaves: it lacks the pending token and at most
+    # an accepted leaf, and what it holds is what feeding the tokens would write.
     dc = state.drafter_state
     assert bool(jnp.all(dc.lengths <= state.seq_lengths - 1))
+    assert bool(jnp.all(dc.lengths >= state.seq_lengths - 2)), (dc.lengths, state.seq_lengths)
     for b in range(len(PROMPTS)):
         n = int(dc.lengths[b])
         fresh = draft.init_cache(1, dc.max_len)
         _, fresh = draft(state.seq[b : b + 1, :n], jnp.arange(n)[None], fresh)
         np.testing.assert_allclose(dc.k[:, b, ..., :n], fresh.k[:, 0, ..., :n], atol=1e-5)
+        np.testing.assert_allclose(dc.v[:, b, :, :n], fresh.v[:, 0, :, :n], atol=1e-5)
 
 
 # ----------------------------------------------------------------------------

@@ -323,8 +323,9 @@ def _verify_tree(state: DecodeState) -> _Verified:
             hidden=along(features.hidden), positions=last[:, None] + jnp.arange(depth + 1)[None]
         )
     return _Verified(
-        drafter=drafter, drafter_state=proposal.state, block=block_BD1,
-        num_accepted=num_accepted, num_drafted=jnp.full((b,), depth, jnp.int32),
+        drafter=drafter, drafter_state=drafter.keep_path(proposal.state, last, path_BD),
+        block=block_BD1, num_accepted=num_accepted,
+        num_drafted=jnp.full((b,), depth, jnp.int32),
         probs=probs_BD1V,
         usable=_usable(
             along(logits_BN1V),

@@ -7,7 +7,9 @@ functions. The decoder calls them inside its ``lax.while_loop``:
   prompt;
 * ``propose(keys_BG, state, seq_BS, seq_lengths_B, sampling) -> Proposal`` each step;
 * ``update(state, seq_lengths_B, features) -> state`` after verification, with each
-  row's new length (this is where a draft model rolls its KV cache back).
+  row's new length (this is where a draft model rolls its KV cache back);
+* for a tree drafter, ``keep_path(state, start_B, path_BD) -> state`` between the two,
+  with the accepted path (optional: the default keeps nothing).
 
 ``seq_BS`` is the decoder's token buffer: slot ``s`` of row ``b`` holds the
 token at position ``s``; only ``s < seq_lengths_B[b]`` is valid. The last valid
@@ -229,6 +231,19 @@ class Drafter(abc.ABC):
         ``features`` are the verify forward's `TargetFeatures` of ``target_layers``
         (``None`` for a drafter that reads none).
         """
+
+    def keep_path(self, state, start_B: jax.Array, path_BD: jax.Array):
+        """Returns the state after a tree step accepted ``path_BD`` (before `update`).
+
+        Called by the decoders after every tree verification, with the root's slot
+        and the accepted path (`specjax.tree.tree_verify`'s ``path_BD``). A drafter
+        whose state holds entries for the tree's nodes (a draft model's cache, with
+        node j at slot ``start + j``) can keep the accepted ones instead of computing
+        them again next step; the default keeps nothing. Whatever it returns, the
+        decoders' output is the same: only the drafter's cost depends on it.
+        """
+        del start_B, path_BD
+        return state
 
     def check(self) -> None:
         """Raises ValueError/TypeError if the drafter's own settings are inconsistent.

@@ -190,22 +190,37 @@ class DraftModel(Drafter):
     def _propose_tree(self, state: KVCache, seq_BS, seq_lengths_B, sampling) -> Proposal:
         """Expands the top-k of each node, one draft forward per level.
 
-        The draft cache holds committed tokens only (``state.lengths`` of them): tree
-        nodes are written past the pending token and forgotten by `update`, since the
-        accepted ones sit at tree slots, not at their positions. So a step first feeds
-        every committed token the cache lacks (at most D + 1: the accepted path and the
-        pending token), then the levels, each attending to its ancestors.
+        Tree nodes are written at tree slots (node j at ``last + j``) past the pending
+        token; after verification `keep_path` moves the accepted ones to their
+        positions, so the cache then lacks at most two committed tokens: the pending
+        one, and the accepted leaf (leaves are never scored). A step first feeds what
+        the cache lacks, then the levels, each attending to its ancestors. A cache
+        that lacks more (a caller that did not call `keep_path`) is fed its last
+        D + 1 tokens instead, which is right for any cache but costs a wider forward.
         """
         tree = self.tree
         b, s = seq_BS.shape
         rows = jnp.arange(b)
         last = seq_lengths_B - 1
-        fed = jnp.minimum(state.lengths, last)
-        positions_BW = fed[:, None] + jnp.arange(tree.depth + 1)[None]
-        # Positions past `last` feed stale tokens into slots the levels overwrite (or
-        # past the cache's end, dropped); no committed query sees them.
-        tokens_BW = self._readable(seq_BS[rows[:, None], jnp.minimum(positions_BW, s - 1)])
-        logits_BWV, cache = self.model(tokens_BW, positions_BW, state)
+
+        def feed(width):
+            def run(cache):
+                # Positions past `last` feed stale tokens into slots the levels
+                # overwrite (or past the cache's end, dropped); no committed query
+                # sees them.
+                first_B = jnp.maximum(jnp.minimum(cache.lengths, last + 1 - width), 0)
+                positions_BW = first_B[:, None] + jnp.arange(width)[None]
+                tokens_BW = self._readable(seq_BS[rows[:, None], jnp.minimum(positions_BW, s - 1)])
+                logits_BWV, cache = self.model(tokens_BW, positions_BW, cache)
+                return logits_BWV[rows, last - first_B].astype(jnp.float32), cache
+
+            return run
+
+        # Two tokens cost what one does here (on a CPU the int8 draft runs one row as
+        # two; see `feed_both` in `propose`), D + 1 up to twice that.
+        root_BV, cache = jax.lax.cond(
+            jnp.all(state.lengths >= last - 1), feed(2), feed(tree.depth + 1), state
+        )
         visible = jnp.asarray(tree.ancestors)
 
         def score_level(depth, tokens_Bn, cache):
@@ -217,12 +232,23 @@ class DraftModel(Drafter):
             positions_Bn = jnp.broadcast_to(last[:, None] + depth, tokens_Bn.shape)
             return self.model(self._readable(tokens_Bn), positions_Bn, cache, tree=mask)
 
-        root_B1V = logits_BWV[rows, last - fed][:, None]
-        tokens, cache = expand_top_k(tree, root_B1V, sampling.vocab_limit, score_level, cache)
+        tokens, cache = expand_top_k(
+            tree, root_BV[:, None], sampling.vocab_limit, score_level, cache
+        )
         return Proposal(tokens=tokens, probs=None, state=cache.rollback(last + 1))
+
+    def keep_path(self, state: KVCache, start_B, path_BD):
+        # Node j was written at slot start + j for every node but the leaves: moved to
+        # their positions, the accepted nodes above the leaves are what feeding them
+        # one by one would have written (the same tokens, positions and ancestors).
+        if not callable(getattr(state, "compact_path", None)):
+            return state  # a model whose cache cannot move entries: fed again next step
+        depth = path_BD.shape[1]
+        return state.compact_path(start_B, path_BD).rollback(start_B + depth)
 
     def update(self, state: KVCache, seq_lengths_B, features=None):
         del features
-        # A tree step leaves its committed length in state.lengths (below the new
-        # length); a chain step's cache holds every accepted draft.
+        # A chain step's cache holds every accepted draft; after a tree step
+        # `keep_path` left the accepted path above the leaves. The row's newest token
+        # (and an accepted leaf) are fed next step.
         return state.rollback(jnp.minimum(state.lengths, seq_lengths_B - 1))
