@@ -100,27 +100,10 @@ class DraftModel(Drafter):
         if self.tree is not None:
             return self._propose_tree(state, seq_BS, seq_lengths_B, sampling)
         b = seq_BS.shape[0]
-        rows = jnp.arange(b)
         last = seq_lengths_B - 1
         # After a step where every draft was accepted the draft cache lacks the last
-        # draft token (at last - 1): the two newest tokens are then fed, else only the
-        # newest. Both give the same logits for a row whose cache is complete (the
-        # first rewrites an identical entry), so one row that lacks its entry sends
-        # the batch through the two-token branch, one forward of two tokens: on a CPU
-        # it costs 1.2x a one-token forward of Qwen2.5-Coder-0.5B in float32
-        # (`specjax.models.matmul`), on an accelerator about the same as one.
-        prev = jnp.maximum(last - 1, 0)
-        tokens_B2 = self._readable(jnp.stack([seq_BS[rows, prev], seq_BS[rows, last]], axis=1))
-        positions_B2 = jnp.stack([prev, last], axis=1)
-
-        def feed_newest(cache):
-            return self.model(tokens_B2[:, 1:], positions_B2[:, 1:], cache)
-
-        def feed_both(cache):
-            logits, cache = self.model(tokens_B2, positions_B2, cache)
-            return logits[:, -1:], cache
-
-        logits, cache = jax.lax.cond(jnp.any(state.lengths < last), feed_both, feed_newest, state)
+        # draft token (at last - 1) as well as the newest.
+        logits_BV, cache = self._feed_missing(state, seq_BS, last, (1, 2))
         if self.num_draft == 0:
             # A step that drafts nothing (adaptive γ): the two newest tokens are still
             # fed, so that the cache never lacks more than the newest one.
@@ -138,13 +121,13 @@ class DraftModel(Drafter):
                 return jnp.ones((b,), bool)
             return own_probability(logits_BV, token_B, probs_BV, sampling) >= self.stop_below
 
-        token, probs = draw(keys_BG[:, 0], logits[:, -1], sampling)
+        token, probs = draw(keys_BG[:, 0], logits_BV, sampling)
         # Only the history the transforms read is carried (the settings are constants).
         history = (sampling.counts, sampling.automaton)
         # A row proposes up to and including its first draft below τ: whether draft i
         # is proposed depends only on the drafts before it (exact, see
         # `speculative_generate`'s draft_confidence).
-        going_B = confident(logits[:, -1], token, probs)
+        going_B = confident(logits_BV, token, probs)
         num_drafted_B = jnp.ones((b,), jnp.int32)
 
         def step(carry, keys_B):
@@ -187,6 +170,39 @@ class DraftModel(Drafter):
         probs = jnp.concatenate([probs[:, None], jnp.moveaxis(probs_rest, 0, 1)], axis=1)
         return Proposal(tokens=tokens, probs=probs, state=cache, num_drafted=num_drafted)
 
+    def _feed_missing(self, cache: KVCache, seq_BS, last_B, widths):
+        """Feeds every row the tokens its cache lacks, up to its newest (at ``last_B``).
+
+        One forward of the narrowest of the static ``widths`` that covers every row,
+        picked on device (`lax.switch`); a row that lacks fewer is fed its last
+        ``width`` tokens, rewriting identical entries. So one row that lacks two
+        tokens sends the batch through a two-token forward: on a CPU it costs 1.2x a
+        one-token forward of Qwen2.5-Coder-0.5B in float32 (`specjax.models.matmul`),
+        the same in int8 (one row runs as two), on an accelerator about one.
+
+        Returns:
+            ``(logits float32[B, V] at each row's newest token, cache)``.
+        """
+        b, s = seq_BS.shape
+        rows = jnp.arange(b)
+
+        def feed(width):
+            def run(cache):
+                # Near the start, positions past `last` feed stale tokens into slots
+                # the drafts overwrite (or past the cache's end, dropped); no committed
+                # query sees them.
+                first_B = jnp.maximum(jnp.minimum(cache.lengths, last_B + 1 - width), 0)
+                positions_BW = first_B[:, None] + jnp.arange(width)[None]
+                tokens_BW = self._readable(seq_BS[rows[:, None], jnp.minimum(positions_BW, s - 1)])
+                logits_BWV, cache = self.model(tokens_BW, positions_BW, cache)
+                return logits_BWV[rows, last_B - first_B].astype(jnp.float32), cache
+
+            return run
+
+        missing = jnp.max(last_B + 1 - cache.lengths)
+        index = jnp.minimum(jnp.sum(jnp.asarray(widths) < missing), len(widths) - 1)
+        return jax.lax.switch(index, [feed(w) for w in widths], cache)
+
     def _propose_tree(self, state: KVCache, seq_BS, seq_lengths_B, sampling) -> Proposal:
         """Expands the top-k of each node, one draft forward per level.
 
@@ -199,27 +215,11 @@ class DraftModel(Drafter):
         D + 1 tokens instead, which is right for any cache but costs a wider forward.
         """
         tree = self.tree
-        b, s = seq_BS.shape
-        rows = jnp.arange(b)
         last = seq_lengths_B - 1
-
-        def feed(width):
-            def run(cache):
-                # Positions past `last` feed stale tokens into slots the levels
-                # overwrite (or past the cache's end, dropped); no committed query
-                # sees them.
-                first_B = jnp.maximum(jnp.minimum(cache.lengths, last + 1 - width), 0)
-                positions_BW = first_B[:, None] + jnp.arange(width)[None]
-                tokens_BW = self._readable(seq_BS[rows[:, None], jnp.minimum(positions_BW, s - 1)])
-                logits_BWV, cache = self.model(tokens_BW, positions_BW, cache)
-                return logits_BWV[rows, last - first_B].astype(jnp.float32), cache
-
-            return run
-
-        # Two tokens cost what one does here (on a CPU the int8 draft runs one row as
-        # two; see `feed_both` in `propose`), D + 1 up to twice that.
-        root_BV, cache = jax.lax.cond(
-            jnp.all(state.lengths >= last - 1), feed(2), feed(tree.depth + 1), state
+        # After `keep_path` the cache lacks the newest token and at most an accepted
+        # leaf; depth + 1 covers any cache.
+        root_BV, cache = self._feed_missing(
+            state, seq_BS, last, tuple(sorted({1, 2, tree.depth + 1}))
         )
         visible = jnp.asarray(tree.ancestors)
 
