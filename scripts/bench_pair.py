@@ -45,7 +45,7 @@ import numpy as np
 
 import specjax
 from specjax.benchmarking.machine import machine_info
-from specjax.benchmarking.timer import time_runs
+from specjax.benchmarking.timer import time_interleaved, time_runs
 from specjax.models.quant import quantize
 from specjax.tree import Tree
 
@@ -90,7 +90,10 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--per-workload", type=int, default=1, help="prompts per workload")
     p.add_argument("--repeats", type=int, default=5, help="timed forwards (steps)")
-    p.add_argument("--e2e-repeats", type=int, default=2, help="timed passes (e2e), the best")
+    p.add_argument(
+        "--e2e-repeats", type=int, default=2,
+        help="e2e: timed rounds of a plain and a speculative pass (the best of each)",
+    )  # fmt: skip
     p.add_argument("--batch", type=int, default=1, help="rows per batch (e2e)")
     p.add_argument("--quick", action="store_true", help="one prompt, 8 tokens, 2 repeats")
     args = p.parse_args(argv)
@@ -277,9 +280,9 @@ def stage_logits(args, results, target, workloads):
     results["logits"] = rows
 
 
-def run_specjax(target, drafter, prompts, args, temperature, key=0, confidence=None):
-    """``(seconds, results)``: the best of ``--e2e-repeats`` passes over ``prompts`` in
-    batches of ``--batch``, after a warm-up pass that compiles and warms the caches."""
+def specjax_pass(target, drafter, prompts, args, temperature, key=0, confidence=None):
+    """A function of no arguments: one pass over ``prompts`` in batches of ``--batch``,
+    plain (``drafter`` None) or speculative; it returns the batches' results."""
     sampling = specjax.SamplingConfig(temperature=temperature)
     batches = [prompts[i : i + args.batch] for i in range(0, len(prompts), args.batch)]
 
@@ -298,8 +301,18 @@ def run_specjax(target, drafter, prompts, args, temperature, key=0, confidence=N
                 )
         return jax.block_until_ready(outs)
 
-    times, outs = time_runs(once, repeats=args.e2e_repeats, warmup=1)
-    return min(times), outs
+    return once
+
+
+def paired_times(plain, spec, repeats: int) -> tuple[list[float], list[float], list, list]:
+    """Seconds of ``repeats`` rounds of (plain pass, speculative pass), after a warm-up
+    pass of each (compilation), and the last outputs of both.
+
+    Interleaved so that each round's two passes run within a minute of each other:
+    this host's plain rate drifts by 10-20% over minutes, and a ratio of passes taken
+    minutes apart carries that drift."""
+    (p_times, s_times), (p_outs, s_outs) = time_interleaved([plain, spec], repeats, warmup=1)
+    return p_times, s_times, p_outs, s_outs
 
 
 def parse_combo(text: str):
@@ -330,10 +343,14 @@ def make_drafter(model, gamma: int | str):
 def stage_e2e(args, results, target, draft, workloads):
     """Each combination at T = 0 (γ sweep) and T = 1, per workload.
 
-    Plain decoding is timed again next to each speculative configuration (the best of
-    ``--e2e-repeats`` passes each, after a warm-up pass), so that each ratio comes from
-    adjacent runs: this host's speed drifts by 10-20% over minutes. Rates are end to
-    end, prefill included (the draft model's own prefill too), as a user waits for them.
+    Plain decoding is timed again with each speculative configuration, the two passes
+    interleaved (`paired_times`: ``--e2e-repeats`` rounds of plain then speculative,
+    after a warm-up pass of each), so that each ratio comes from passes a minute apart:
+    this host's speed drifts by 10-20% over minutes. ``speedup`` is the best
+    speculative pass's rate over the best plain pass's; ``speedup_median_round`` the
+    median of the rounds' ratios. Rates are end to end, prefill included (the draft
+    model's own prefill too), as a user waits for them. ``e2e_pooled`` adds the
+    workloads up per configuration.
     """
     rows = []
     for combo in args.combos:
@@ -346,10 +363,12 @@ def stage_e2e(args, results, target, draft, workloads):
                     drafter = make_drafter(d_model, gamma)
                     if drafter is None or (tau is not None and d_model is None):
                         continue  # prompt lookup: no q to stop on, no trees
-                    p_seconds, p_outs = run_specjax(t_model, None, prompts, args, temperature)
-                    seconds, outs = run_specjax(
-                        t_model, drafter, prompts, args, temperature, confidence=tau
+                    p_times, s_times, p_outs, outs = paired_times(
+                        specjax_pass(t_model, None, prompts, args, temperature),
+                        specjax_pass(t_model, drafter, prompts, args, temperature, confidence=tau),
+                        args.e2e_repeats,
                     )
+                    p_seconds, seconds = min(p_times), min(s_times)
                     # Each configuration compiles its own programs: freeing them keeps a
                     # long run inside the process's memory maps (LLVM ran out once).
                     jax.clear_caches()
@@ -369,6 +388,11 @@ def stage_e2e(args, results, target, draft, workloads):
                         temperature=temperature, workload=workload, batch=args.batch,
                         plain_tok_s=round(plain_rate, 2), spec_tok_s=round(rate, 2),
                         speedup=round(rate / plain_rate, 2),
+                        speedup_median_round=round(
+                            float(np.median(np.array(p_times) / np.array(s_times))), 2
+                        ),
+                        plain_round_s=[round(t, 2) for t in p_times],
+                        spec_round_s=[round(t, 2) for t in s_times],
                         plain_tokens=p_tokens, spec_tokens=tokens,
                         plain_s=round(p_seconds, 2), spec_s=round(seconds, 2),
                         acceptance=round(accepted / max(drafted, 1), 3),
@@ -383,6 +407,35 @@ def stage_e2e(args, results, target, draft, workloads):
     old = {tuple(r.get(k) for k in key): r for r in results.get("e2e", [])}
     old.update({tuple(r.get(k) for k in key): r for r in rows})
     results["e2e"] = list(old.values())
+    results["e2e_pooled"] = pooled(results["e2e"])
+
+
+def pooled(rows: list[dict]) -> list[dict]:
+    """The workloads of each configuration added up: tokens over seconds of the best
+    passes, and the median over rounds of the summed rounds' rate ratio."""
+    config = ("target", "draft", "draft_head", "gamma", "draft_confidence", "temperature", "batch")
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r.get(k) for k in config), []).append(r)
+    out = []
+    for key, group in groups.items():
+        plain_tokens = sum(r["plain_tokens"] for r in group)
+        spec_tokens = sum(r["spec_tokens"] for r in group)
+        plain_rate = plain_tokens / sum(r["plain_s"] for r in group)
+        rate = spec_tokens / sum(r["spec_s"] for r in group)
+        entry = dict(zip(config, key, strict=True), workloads=[r["workload"] for r in group])
+        entry.update(
+            plain_tok_s=round(plain_rate, 2), spec_tok_s=round(rate, 2),
+            speedup=round(rate / plain_rate, 2),
+        )  # fmt: skip
+        rounds = [r.get("plain_round_s") for r in group] + [r.get("spec_round_s") for r in group]
+        if all(rounds) and len({len(x) for x in rounds}) == 1:
+            plain_s = np.sum([r["plain_round_s"] for r in group], axis=0)
+            spec_s = np.sum([r["spec_round_s"] for r in group], axis=0)
+            ratios = (spec_tokens / spec_s) / (plain_tokens / plain_s)
+            entry["speedup_median_round"] = round(float(np.median(ratios)), 2)
+        out.append(entry)
+    return out
 
 
 def stage_hf(args, results, workloads, reference):

@@ -362,14 +362,19 @@ def test_tree_script_quick_run(tmp_path):
     assert all(r["tau"] >= 1.0 for r in report["results"])
 
 
+def _bench_pair():
+    spec = importlib.util.spec_from_file_location("bench_pair", SCRIPT.parent / "bench_pair.py")
+    bench_pair = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_pair)
+    return bench_pair
+
+
 def test_bench_pair_reads_chains_confidences_and_trees():
     """bench_pair.py's ``--gammas`` items: a chain's γ, 'γ:τ', or a tree's branching;
     anything else is refused by argparse with the text it could not read."""
     import argparse
 
-    spec = importlib.util.spec_from_file_location("bench_pair", SCRIPT.parent / "bench_pair.py")
-    bench_pair = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_pair)
+    bench_pair = _bench_pair()
     parse = bench_pair.parse_gamma
     assert parse("3") == (3, None)
     assert parse("3:0.5") == (3, 0.5)
@@ -380,3 +385,27 @@ def test_bench_pair_reads_chains_confidences_and_trees():
     args = bench_pair.parse_args(["--out", "o", "--gammas", "1,2,1", "4", "2:0.5"])
     assert bench_pair.chain_gammas(args) == [4, 2]  # prompt lookup's γ, the steps' widths
     assert bench_pair.chain_gammas(bench_pair.parse_args(["--out", "o", "--gammas", "2,1"])) == [3]
+
+
+def test_bench_pair_pools_workloads_per_configuration():
+    """``pooled`` adds the workloads of one configuration up (tokens over seconds), takes
+    the median of the summed rounds' ratios, and keeps configurations apart; rows of
+    an older run without rounds get no median."""
+    row = dict(target="float32", draft="int8", draft_head=None, gamma=3, draft_confidence=None,
+               temperature=0.0, batch=1)  # fmt: skip
+    rows = [
+        dict(row, workload="chat", plain_tokens=10, plain_s=2.0, spec_tokens=10, spec_s=1.0,
+             plain_round_s=[2.0, 2.5, 2.2], spec_round_s=[1.0, 1.5, 1.0]),
+        dict(row, workload="code", plain_tokens=20, plain_s=3.0, spec_tokens=20, spec_s=2.0,
+             plain_round_s=[3.0, 3.5, 3.0], spec_round_s=[2.0, 2.0, 3.0]),
+        dict(row, gamma=4, workload="chat", plain_tokens=10, plain_s=2.0, spec_tokens=10,
+             spec_s=4.0),
+    ]  # fmt: skip
+    first, second = _bench_pair().pooled(rows)
+    assert first["workloads"] == ["chat", "code"] and first["gamma"] == 3
+    # 30 tokens: plain in 5 s (6 tok/s), speculative in 3 s (10 tok/s).
+    assert (first["plain_tok_s"], first["spec_tok_s"], first["speedup"]) == (6.0, 10.0, 1.67)
+    # Rounds: 5 / 3, 6 / 3.5, 5.2 / 4 s: ratios 1.667, 1.714, 1.3; the median is 1.667.
+    assert first["speedup_median_round"] == 1.67
+    assert second["gamma"] == 4 and second["speedup"] == 0.5
+    assert "speedup_median_round" not in second
