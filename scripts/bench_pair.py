@@ -304,17 +304,6 @@ def specjax_pass(target, drafter, prompts, args, temperature, key=0, confidence=
     return once
 
 
-def paired_times(plain, spec, repeats: int) -> tuple[list[float], list[float], list, list]:
-    """Seconds of ``repeats`` rounds of (plain pass, speculative pass), after a warm-up
-    pass of each (compilation), and the last outputs of both.
-
-    Interleaved so that each round's two passes run within a minute of each other:
-    this host's plain rate drifts by 10-20% over minutes, and a ratio of passes taken
-    minutes apart carries that drift."""
-    (p_times, s_times), (p_outs, s_outs) = time_interleaved([plain, spec], repeats, warmup=1)
-    return p_times, s_times, p_outs, s_outs
-
-
 def parse_combo(text: str):
     """``TARGET/DRAFT[:K]`` (K ids kept in the draft's head) or ``TARGET/lookup``."""
     tp, rest = text.split("/")
@@ -344,8 +333,8 @@ def stage_e2e(args, results, target, draft, workloads):
     """Each combination at T = 0 (γ sweep) and T = 1, per workload.
 
     Plain decoding is timed again with each speculative configuration, the two passes
-    interleaved (`paired_times`: ``--e2e-repeats`` rounds of plain then speculative,
-    after a warm-up pass of each), so that each ratio comes from passes a minute apart:
+    interleaved (``--e2e-repeats`` rounds of plain then speculative, after a warm-up
+    pass of each; `time_interleaved`), so that each ratio comes from passes a minute apart:
     this host's speed drifts by 10-20% over minutes. ``speedup`` is the best
     speculative pass's rate over the best plain pass's; ``speedup_median_round`` the
     median of the rounds' ratios. Rates are end to end, prefill included (the draft
@@ -363,10 +352,15 @@ def stage_e2e(args, results, target, draft, workloads):
                     drafter = make_drafter(d_model, gamma)
                     if drafter is None or (tau is not None and d_model is None):
                         continue  # prompt lookup: no q to stop on, no trees
-                    p_times, s_times, p_outs, outs = paired_times(
-                        specjax_pass(t_model, None, prompts, args, temperature),
-                        specjax_pass(t_model, drafter, prompts, args, temperature, confidence=tau),
+                    (p_times, s_times), (p_outs, outs) = time_interleaved(
+                        [
+                            specjax_pass(t_model, None, prompts, args, temperature),
+                            specjax_pass(
+                                t_model, drafter, prompts, args, temperature, confidence=tau
+                            ),
+                        ],
                         args.e2e_repeats,
+                        warmup=1,
                     )
                     p_seconds, seconds = min(p_times), min(s_times)
                     # Each configuration compiles its own programs: freeing them keeps a
@@ -388,11 +382,7 @@ def stage_e2e(args, results, target, draft, workloads):
                         temperature=temperature, workload=workload, batch=args.batch,
                         plain_tok_s=round(plain_rate, 2), spec_tok_s=round(rate, 2),
                         speedup=round(rate / plain_rate, 2),
-                        speedup_median_round=round(
-                            float(np.median(np.array(p_times) / np.array(s_times)))
-                            * tokens / p_tokens,  # rates: a sampled answer may end sooner
-                            2,
-                        ),
+                        speedup_median_round=median_round_ratio(p_tokens, p_times, tokens, s_times),
                         plain_round_s=[round(t, 2) for t in p_times],
                         spec_round_s=[round(t, 2) for t in s_times],
                         plain_tokens=p_tokens, spec_tokens=tokens,
@@ -410,6 +400,13 @@ def stage_e2e(args, results, target, draft, workloads):
     old.update({tuple(r.get(k) for k in key): r for r in rows})
     results["e2e"] = list(old.values())
     results["e2e_pooled"] = pooled(results["e2e"])
+
+
+def median_round_ratio(plain_tokens, plain_round_s, spec_tokens, spec_round_s) -> float:
+    """The median over rounds of speculative over plain tokens per second (rates, not
+    seconds: a sampled answer may end sooner than its plain counterpart)."""
+    ratios = (spec_tokens / np.asarray(spec_round_s)) / (plain_tokens / np.asarray(plain_round_s))
+    return round(float(np.median(ratios)), 2)
 
 
 def pooled(rows: list[dict]) -> list[dict]:
@@ -432,10 +429,10 @@ def pooled(rows: list[dict]) -> list[dict]:
         )  # fmt: skip
         rounds = [r.get("plain_round_s") for r in group] + [r.get("spec_round_s") for r in group]
         if all(rounds) and len({len(x) for x in rounds}) == 1:
-            plain_s = np.sum([r["plain_round_s"] for r in group], axis=0)
-            spec_s = np.sum([r["spec_round_s"] for r in group], axis=0)
-            ratios = (spec_tokens / spec_s) / (plain_tokens / plain_s)
-            entry["speedup_median_round"] = round(float(np.median(ratios)), 2)
+            entry["speedup_median_round"] = median_round_ratio(
+                plain_tokens, np.sum([r["plain_round_s"] for r in group], axis=0),
+                spec_tokens, np.sum([r["spec_round_s"] for r in group], axis=0),
+            )  # fmt: skip
         out.append(entry)
     return out
 

@@ -17,13 +17,14 @@ pytest.importorskip("matplotlib")
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_e2e.py"
 
 
-def _load_script():
-    if "bench_e2e" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("bench_e2e", SCRIPT)
+def _load_script(name: str = "bench_e2e"):
+    """``scripts/<name>.py`` as a module, loaded once."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
-        sys.modules["bench_e2e"] = module  # dataclasses look their module up there
+        sys.modules[name] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
-    return sys.modules["bench_e2e"]
+    return sys.modules[name]
 
 
 def _run_script(path: Path, *args: str, timeout: float = 600) -> str:
@@ -173,11 +174,7 @@ def test_train_block_drafter_script_quick_run(tmp_path):
 
 
 def test_instruction_prompts_for_chat_targets():
-    spec = importlib.util.spec_from_file_location(
-        "train_block_drafter", SCRIPT.parent / "train_block_drafter.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load_script("train_block_drafter")
     doc = "import os\n\ndef f(x):\n    # twice\n    return 2 * x\n\nX = 1\ndef g():\n    pass\n"
     assert module.code_snippets([doc]) == ["def f(x):\n    # twice\n    return 2 * x"]
     prompts = module.instruction_prompts(module.code_snippets([doc]), 8, np.random.default_rng(0))
@@ -362,19 +359,12 @@ def test_tree_script_quick_run(tmp_path):
     assert all(r["tau"] >= 1.0 for r in report["results"])
 
 
-def _bench_pair():
-    spec = importlib.util.spec_from_file_location("bench_pair", SCRIPT.parent / "bench_pair.py")
-    bench_pair = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_pair)
-    return bench_pair
-
-
 def test_bench_pair_reads_chains_confidences_and_trees():
     """bench_pair.py's ``--gammas`` items: a chain's γ, 'γ:τ', or a tree's branching;
     anything else is refused by argparse with the text it could not read."""
     import argparse
 
-    bench_pair = _bench_pair()
+    bench_pair = _load_script("bench_pair")
     parse = bench_pair.parse_gamma
     assert parse("3") == (3, None)
     assert parse("3:0.5") == (3, 0.5)
@@ -401,7 +391,7 @@ def test_bench_pair_pools_workloads_per_configuration():
         dict(row, gamma=4, workload="chat", plain_tokens=10, plain_s=2.0, spec_tokens=10,
              spec_s=4.0),
     ]  # fmt: skip
-    first, second = _bench_pair().pooled(rows)
+    first, second = _load_script("bench_pair").pooled(rows)
     assert first["workloads"] == ["chat", "code"] and first["gamma"] == 3
     # 30 tokens: plain in 5 s (6 tok/s), speculative in 3 s (10 tok/s).
     assert (first["plain_tok_s"], first["spec_tok_s"], first["speedup"]) == (6.0, 10.0, 1.67)
