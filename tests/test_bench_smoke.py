@@ -399,3 +399,29 @@ def test_bench_pair_pools_workloads_per_configuration():
     assert first["speedup_median_round"] == 1.67
     assert second["gamma"] == 4 and second["speedup"] == 0.5
     assert "speedup_median_round" not in second
+
+
+def test_bench_pair_compares_the_fastest_of_each_kind_and_measures_agreement():
+    """The ``fastest`` stage's ratio is the fastest speculative system over the fastest
+    plain one at each temperature, whichever precision either runs at; ``agreement``
+    counts equal positions over the longer answer and finds where each answer parts."""
+    bench_pair = _load_script("bench_pair")
+    systems = [
+        dict(temperature=0.0, system="plain float32", tok_s=4.0),
+        dict(temperature=0.0, system="plain int8", tok_s=7.0),
+        dict(temperature=0.0, system="float32 target, int8 draft, γ 3", tok_s=6.3),
+        dict(temperature=1.0, system="plain float32", tok_s=4.0),
+        dict(temperature=1.0, system="plain int8", tok_s=3.5),
+        dict(temperature=1.0, system="float32 target, int8 draft, γ 3", tok_s=6.0),
+    ]
+    ratios = bench_pair.fastest_ratios(systems)
+    assert ratios["T=0"] == dict(
+        speculative="float32 target, int8 draft, γ 3", plain="plain int8", ratio=0.9
+    )
+    assert ratios["T=1"]["plain"] == "plain float32" and ratios["T=1"]["ratio"] == 1.5
+    reference = [[1, 2, 3, 4], [5, 6, 7], [8, 9]]
+    other = [[1, 2, 3, 4], [5, 0, 7], [8]]
+    # Equal: 4 + 2 + 1 of 4 + 3 + 2 positions; parting at 4 (never), 1, and 1 (shorter).
+    assert bench_pair.agreement(reference, other) == dict(
+        positions_equal=round(7 / 9, 3), first_difference=[4, 1, 1]
+    )
