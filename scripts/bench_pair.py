@@ -468,6 +468,7 @@ def stage_fastest(args, results, target, draft, workloads):
             g for g in (args.gammas if temperature == 0 else args.t1_gamma) if isinstance(g[0], int)
         ]
         gamma, tau = chains[0] if chains else (3, None)
+        tau = tau if d_model is not None else None  # prompt lookup has no q to stop on
         drafter = make_drafter(d_model, gamma)
         spec_name = f"{tp} target, {kind} draft, γ {gamma}" + (f", τ {tau}" if tau else "")
         names = [f"plain {p}" for p in plain] + [spec_name]
