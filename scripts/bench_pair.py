@@ -472,9 +472,11 @@ def stage_fastest(args, results, target, draft, workloads):
         drafter = make_drafter(d_model, gamma)
         spec_name = f"{tp} target, {kind} draft, γ {gamma}" + (f", τ {tau}" if tau else "")
         names = [f"plain {p}" for p in plain] + [spec_name]
-        zeros = [0.0] * args.e2e_repeats
-        rows = {n: dict(temperature=temperature, system=n, tokens=0, seconds=0.0, round_s=zeros)
-                for n in names}  # fmt: skip
+        rows = {
+            n: dict(temperature=temperature, system=n, speculative=n == spec_name, tokens=0,
+                    seconds=0.0, round_s=[0.0] * args.e2e_repeats)
+            for n in names
+        }  # fmt: skip
         answers: dict[str, list] = {n: [] for n in names}
         for workload, prompts in workloads.items():
             fns = [specjax_pass(m, None, prompts, args, temperature) for m in plain.values()]
@@ -492,8 +494,8 @@ def stage_fastest(args, results, target, draft, workloads):
             raise SystemExit(f"greedy mismatch: {spec_name} against plain {tp}")
         for r in rows.values():
             r["tok_s"] = round(r["tokens"] / r["seconds"], 2)
-            r["round_s"] = [round(x, 2) for x in r["round_s"]]
-            if temperature == 0 and "float32" in plain and r["system"].startswith("plain "):
+            r["round_s"] = [round(float(x), 2) for x in r["round_s"]]
+            if temperature == 0 and "float32" in plain and not r["speculative"]:
                 r["agreement_with_float32"] = agreement(
                     answers["plain float32"], answers[r["system"]]
                 )
@@ -518,16 +520,12 @@ def agreement(reference: list[list[int]], other: list[list[int]]) -> dict:
 
 def fastest_ratios(systems: list[dict]) -> dict[str, dict]:
     """Per temperature, the fastest speculative system's rate over the fastest plain
-    one's (systems named ``plain …`` are plain), with both names."""
+    one's, with both names."""
     out = {}
     for temperature in sorted({s["temperature"] for s in systems}):
         at_t = [s for s in systems if s["temperature"] == temperature]
-        best_plain = max(
-            (s for s in at_t if s["system"].startswith("plain ")), key=lambda s: s["tok_s"]
-        )
-        best_spec = max(
-            (s for s in at_t if not s["system"].startswith("plain ")), key=lambda s: s["tok_s"]
-        )
+        best_plain = max((s for s in at_t if not s["speculative"]), key=lambda s: s["tok_s"])
+        best_spec = max((s for s in at_t if s["speculative"]), key=lambda s: s["tok_s"])
         out[f"T={temperature:g}"] = dict(
             speculative=best_spec["system"], plain=best_plain["system"],
             ratio=round(best_spec["tok_s"] / best_plain["tok_s"], 2),

@@ -406,18 +406,17 @@ def test_bench_pair_compares_the_fastest_of_each_kind_and_measures_agreement():
     plain one at each temperature, whichever precision either runs at; ``agreement``
     counts equal positions over the longer answer and finds where each answer parts."""
     bench_pair = _load_script("bench_pair")
+    spec = "float32 target, int8 draft, γ 3"
     systems = [
-        dict(temperature=0.0, system="plain float32", tok_s=4.0),
-        dict(temperature=0.0, system="plain int8", tok_s=7.0),
-        dict(temperature=0.0, system="float32 target, int8 draft, γ 3", tok_s=6.3),
-        dict(temperature=1.0, system="plain float32", tok_s=4.0),
-        dict(temperature=1.0, system="plain int8", tok_s=3.5),
-        dict(temperature=1.0, system="float32 target, int8 draft, γ 3", tok_s=6.0),
+        dict(temperature=0.0, system="plain float32", speculative=False, tok_s=4.0),
+        dict(temperature=0.0, system="plain int8", speculative=False, tok_s=7.0),
+        dict(temperature=0.0, system=spec, speculative=True, tok_s=6.3),
+        dict(temperature=1.0, system="plain float32", speculative=False, tok_s=4.0),
+        dict(temperature=1.0, system="plain int8", speculative=False, tok_s=3.5),
+        dict(temperature=1.0, system=spec, speculative=True, tok_s=6.0),
     ]
     ratios = bench_pair.fastest_ratios(systems)
-    assert ratios["T=0"] == dict(
-        speculative="float32 target, int8 draft, γ 3", plain="plain int8", ratio=0.9
-    )
+    assert ratios["T=0"] == dict(speculative=spec, plain="plain int8", ratio=0.9)
     assert ratios["T=1"]["plain"] == "plain float32" and ratios["T=1"]["ratio"] == 1.5
     reference = [[1, 2, 3, 4], [5, 6, 7], [8, 9]]
     other = [[1, 2, 3, 4], [5, 0, 7], [8]]
