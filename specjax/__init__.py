@@ -5,6 +5,7 @@ from specjax import compilation_cache as compilation_cache
 from specjax import decoding as decoding
 from specjax import drafters as drafters
 from specjax import noise as noise
+from specjax import presets as presets
 from specjax import sharding as sharding
 from specjax import testing as testing
 from specjax import vocab as vocab

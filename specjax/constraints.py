@@ -387,6 +387,15 @@ class AutomatonCursor:
         """The cursor after each row's next token ``tokens_B`` (``states`` ``[B]``)."""
         return self.replace(states=self.table.step(self.states, tokens_B))
 
+    def along_tree(self, node_tokens_BN: jax.Array, parents: tuple[int, ...]) -> AutomatonCursor:
+        """``[B, N+1]`` states at a tree's nodes (root first): node j is after the
+        committed tokens and the tokens on the path from the root to j, j's own
+        included (``parents`` as in `specjax.tree.Tree`, each before its children)."""
+        states = [self.states]
+        for j, parent in enumerate(parents, start=1):
+            states.append(self.table.step(states[parent], node_tokens_BN[:, j - 1]))
+        return self.replace(states=jnp.stack(states, axis=1))
+
     def along(self, drafts_BG: jax.Array) -> AutomatonCursor:
         """``[B, G+1]`` states at the step's scored positions: position i is after the
         committed tokens and drafts ``0..i-1``."""

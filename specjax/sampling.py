@@ -571,11 +571,12 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
         probs_RxV = e_RxV / jnp.sum(e_RxV, axis=-1, keepdims=True)
         return _truncate(probs_RxV, top_k_R1, top_p_R1, min_p_R1)
 
-    # The greedy and sampled branches each cost a few passes over V, so the common cases (all
-    # rows greedy, or none) compute only what they return.
+    # The sampled rows cost a few passes over V, so a batch of greedy rows (the common
+    # case) computes only their one-hots. Otherwise a sampled row's probabilities come
+    # out of one program whatever the other rows' temperatures, and the greedy one-hots,
+    # one more pass, are selected per row.
     mixed = lambda: jnp.where(greedy_R1, greedy(), sampled())
-    branch = jnp.where(jnp.all(greedy_R1), 0, jnp.where(jnp.any(greedy_R1), 2, 1))
-    return lax.switch(branch, [greedy, sampled, mixed])
+    return lax.cond(jnp.all(greedy_R1), greedy, mixed)
 
 
 def _race_argmax(noise_RxV: jax.Array, weights_RxV: jax.Array) -> jax.Array:

@@ -43,6 +43,7 @@ import numpy as np
 
 from specjax import noise
 from specjax.sampling import mask_vocab, probs_from_logits, sample
+from specjax.verify import target_samples
 
 __all__ = [
     "Tree",
@@ -235,14 +236,17 @@ def expand_top_k(tree: Tree, root_logits_B1V, vocab_limit, score_level, carry):
     return jnp.concatenate(levels, axis=1), carry
 
 
-def tree_verify(keys_BD1, node_tokens_BN, target_BN1V, tree: Tree, sampling=None):
+def tree_verify(
+    keys_BD1, node_tokens_BN, target_BN1V, tree: Tree, sampling=None, *, every_node=False
+):  # fmt: skip
     """Exact verification of a tree with deterministic children, for a batch.
 
     At each node on the path, the target's token is ``sample(stream(keys[depth],
     SAMPLE), p_node)``; if it equals one of the node's drafted children the path
     descends into that child, otherwise (or at a leaf) that token is emitted and the
     step ends (see the module docstring for why this is exact). Only the D + 1 nodes
-    on the path are ever turned into distributions and sampled, not all N + 1.
+    on the path are ever turned into distributions and sampled, not all N + 1, unless
+    ``every_node``.
 
     Args:
         keys_BD1: position keys ``[B, D+1]``: depth d decides the token at the row's
@@ -250,11 +254,18 @@ def tree_verify(keys_BD1, node_tokens_BN, target_BN1V, tree: Tree, sampling=None
         node_tokens_BN: ``int32[B, N]`` the drafted tokens of nodes ``1..N``; an id
             outside ``[0, V)`` (e.g. -1) never matches.
         target_BN1V: ``[B, N+1, V]`` the target at every node, the root first: its
-            processed probabilities p, or its logits when ``sampling`` is given.
+            processed probabilities p, or its logits when ``sampling`` is given. With
+            ``every_node`` it may have more columns, ``[B, W, V]``, the last ``W - N -
+            1`` of them padding that is never read.
         tree: the static `Tree`.
         sampling: ``None``, or the rows' `~specjax.SamplingConfig` (``[B]`` leaves):
             then ``target_BN1V`` holds logits, and p is
             ``probs_from_logits(logits, sampling)`` at the path's nodes.
+        every_node: compute p and the target's sample at all W columns in one batched
+            call (`specjax.verify.target_samples`), as plain decoding at forward width
+            W computes its columns, and walk the path through them: the decoders' fixed
+            forward width, where a token's bits must not depend on the shape of the
+            computation that drew it. Costs W distributions instead of D + 1.
 
     Returns:
         ``(tokens int32[B, D+1], num_accepted int32[B], path_BD int32[B, D],
@@ -264,7 +275,12 @@ def tree_verify(keys_BD1, node_tokens_BN, target_BN1V, tree: Tree, sampling=None
         0); ``probs_BD1V[:, d]`` the p that decided position d (at the path's node).
     """
     b, n = node_tokens_BN.shape
-    if tuple(target_BN1V.shape[:2]) != (b, n + 1) or n != tree.num_nodes:
+    columns = target_BN1V.shape[1]
+    if (
+        target_BN1V.shape[0] != b
+        or not (columns == n + 1 or (every_node and columns > n + 1))
+        or n != tree.num_nodes
+    ):
         raise ValueError(
             f"tree_verify: node_tokens_BN must be [B, N] and target_BN1V [B, N+1, V] "
             f"for the tree's N = {tree.num_nodes} nodes; got node_tokens_BN"
@@ -287,11 +303,33 @@ def tree_verify(keys_BD1, node_tokens_BN, target_BN1V, tree: Tree, sampling=None
     # depth d is masked with the state after the path's first d tokens.
     automaton = None if sampling is None else sampling.automaton
 
-    def target_at(node_B):
-        row_BV = target_BN1V[rows, node_B]
-        if sampling is None:
-            return row_BV.astype(jnp.float32)
-        return probs_from_logits(row_BV, sampling.replace(automaton=automaton))
+    if every_node:
+        probs_BWV = target_BN1V.astype(jnp.float32)
+        if sampling is not None:
+            cursor = None
+            if automaton is not None:
+                # Padding columns take the root's state: they are never read.
+                cursor = automaton.along_tree(node_tokens_BN, tree.parents)
+                pad = jnp.repeat(cursor.states[:, :1], columns - n - 1, axis=1)
+                cursor = cursor.replace(states=jnp.concatenate([cursor.states, pad], axis=1))
+            probs_BWV = probs_from_logits(target_BN1V, sampling.replace(automaton=cursor))
+        # Each node draws with its depth's keys (nodes of one depth share them).
+        depth_W = np.concatenate([tree.depths, np.zeros(columns - n - 1, np.int32)])
+        samples_BW = target_samples(keys_BD1[:, depth_W], probs_BWV)
+
+        def target_at(node_B, d):
+            del d  # every node drew with its own depth's keys above
+            return probs_BWV[rows, node_B], samples_BW[rows, node_B]
+
+    else:
+
+        def target_at(node_B, d):
+            row_BV = target_BN1V[rows, node_B]
+            if sampling is None:
+                p_BV = row_BV.astype(jnp.float32)
+            else:
+                p_BV = probs_from_logits(row_BV, sampling.replace(automaton=automaton))
+            return p_BV, sample(sample_keys_BD1[:, d], p_BV)
 
     node_B = jnp.zeros((b,), jnp.int32)
     alive_B = jnp.ones((b,), bool)
@@ -300,8 +338,7 @@ def tree_verify(keys_BD1, node_tokens_BN, target_BN1V, tree: Tree, sampling=None
     for d in range(depth + 1):  # static and small: unrolled
         # The node on the path at depth d draws with position d's noise: nodes of one
         # depth share it, and only one of them can be on the path.
-        p_BV = target_at(node_B)
-        target_B = sample(sample_keys_BD1[:, d], p_BV)
+        p_BV, target_B = target_at(node_B, d)
         emitted.append(target_B)
         probs.append(p_BV)
         if d == depth:
@@ -312,7 +349,7 @@ def tree_verify(keys_BD1, node_tokens_BN, target_BN1V, tree: Tree, sampling=None
         found_B = jnp.any(match_BK, axis=1)
         child_B = kids_BK[rows, jnp.argmax(match_BK, axis=1)]
         node_B = jnp.where(found_B, child_B, node_B)
-        if automaton is not None:
+        if automaton is not None and not every_node:
             automaton = automaton.advance(target_B)
         alive_B &= found_B
         num_accepted += found_B.astype(jnp.int32)

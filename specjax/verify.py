@@ -53,6 +53,7 @@ __all__ = [
     "rejection_sample_onehot",
     "rejection_sample_onehot_single",
     "rejection_sample_single",
+    "target_samples",
 ]
 
 
@@ -237,10 +238,29 @@ def _rejection_core(keys_G1, draft_tokens_G, target_GxV, draft_prob_at_G, draft_
     return _layout(draft_tokens_G, num_accepted, sample(sample_key, weights_V))
 
 
+def _target_samples_single(keys_T, target_TxV):
+    return sample(noise.stream(keys_T, noise.SAMPLE), target_TxV)
+
+
+def target_samples(keys_BT: jax.Array, target_BTV: jax.Array) -> jax.Array:
+    """``int32[B, T]``: the target's own token at every scored position.
+
+    ``sample(stream(keys[b, t], SAMPLE), p[b, t])``, the draw plain decoding makes at
+    that position. Coupled verification and a tree's walk at a fixed forward width both
+    call this one function on ``[B, T, V]``, so that their samples are computed exactly
+    as plain decoding's at that width, bit for bit.
+
+    Args:
+        keys_BT: position keys ``[B, T]``.
+        target_BTV: ``[B, T, V]`` the target's distributions p (any scale).
+    """
+    return jax.vmap(_target_samples_single)(keys_BT, target_BTV)
+
+
 def _coupled_core(keys_G1, draft_tokens_G, target_G1xV):
     """Accept drafts while they equal the target's own sample at their position."""
     gamma = draft_tokens_G.shape[0]
-    samples_G1 = sample(noise.stream(keys_G1, noise.SAMPLE), target_G1xV)
+    samples_G1 = _target_samples_single(keys_G1, target_G1xV)
     num_accepted = _num_leading_true(draft_tokens_G == samples_G1[:gamma])
     return _layout(draft_tokens_G, num_accepted, samples_G1[num_accepted])
 

@@ -30,7 +30,6 @@ from specjax import decoding, sharding
 from specjax.testing import tiny_model
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
-jax.config.update("jax_default_matmul_precision", "highest")
 
 MESH_SHAPES = [(8, 1), (4, 2), (1, 8)]  # as tests/test_sharding.py's MESHES
 V = 64

@@ -117,14 +117,12 @@ def test_the_target_drafting_for_itself_is_accepted_at_every_position(target):
 @pytest.mark.slow  # a plain and a speculative decode of a wrapped model (about 8 s)
 def test_a_draft_that_never_agrees_is_judged_only_at_position_0(target):
     """The draft's argmax is the target's argmax + 1 (mod V) at every position."""
-    out_plain = specjax.generate(
-        jax.random.key(0), target, PROMPTS, max_new_tokens=12, sampling=GREEDY
-    )
+    kw = dict(max_new_tokens=12, sampling=GREEDY, forward_width=4)  # one width: γ + 1
+    out_plain = specjax.generate(jax.random.key(0), target, PROMPTS, **kw)
     wrong = _RolledHead(target)
     out = specjax.speculative_generate(
-        jax.random.key(0), target, specjax.DraftModel(wrong, num_draft=3), PROMPTS,
-        max_new_tokens=12, sampling=GREEDY,
-    )  # fmt: skip
+        jax.random.key(0), target, specjax.DraftModel(wrong, num_draft=3), PROMPTS, **kw
+    )
     assert out.to_lists() == out_plain.to_lists()
     drafted, reached, accepted = _positions(out.stats)
     assert drafted[0] > 0 and reached[0] == drafted[0]

@@ -635,6 +635,10 @@ DECODER_CASES = [
     (dict(key="jax.random.key(0)"), TypeError, "key must be a PRNG key"),
     (dict(key=jax.random.split(jax.random.key(0), 2)), ValueError, "key must be a single"),
     (dict(key=jnp.zeros((2,), jnp.float32)), TypeError, "key must be a PRNG key"),
+    (dict(forward_width=0), ValueError, r"forward_width must be in \[1, "),
+    (dict(forward_width=2.5), TypeError, "forward_width must be an integer, got float"),
+    (dict(forward_width="4"), TypeError, "forward_width must be an integer, got str"),
+    (dict(forward_width=True), TypeError, "forward_width must be an integer, got a bool"),
 ]
 
 
@@ -645,6 +649,29 @@ def test_decoders_refuse_bad_arguments(target, entry, overrides, error, match):
     fn = _decoders(target)[entry]
     with pytest.raises(error, match=match):
         fn(args.pop("key"), args.pop("prompts"), **args)
+
+
+@pytest.mark.parametrize(
+    "drafter, width, match",
+    [
+        (specjax.PromptLookup(num_draft=2), 2, r"PromptLookup, which scores γ \+ 1 = 3 columns"),
+        (
+            specjax.DraftModel(tiny_model(seed=1)).with_tree((2, 1)),
+            4,
+            r"DraftModel, which scores the Tree\(nodes=4.*'s 5 nodes \(root included\): use "
+            "forward_width >= 5",
+        ),
+    ],
+)
+@pytest.mark.parametrize("entry", ["speculative", "init"])
+def test_a_forward_narrower_than_the_verify_is_refused(target, drafter, width, match, entry):
+    call = {
+        "speculative": lambda **kw: specjax.speculative_generate(drafter=drafter, **kw),
+        "init": lambda **kw: decoding.init(drafter=drafter, **kw),
+    }[entry]
+    with pytest.raises(ValueError, match=f"forward_width={width} is narrower.*{match}"):
+        call(key=jax.random.key(0), target=target, prompts=[[1, 2]], max_new_tokens=3,
+             forward_width=width)  # fmt: skip
 
 
 def test_raw_uint32_keys_are_accepted(target):

@@ -70,7 +70,8 @@ def test_generate_bundled_pair_greedy_equals_plain(drafter, resolved, gamma):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert (out["drafter"], out["gamma"]) == (resolved, gamma)
-    assert out["greedy_outputs_equal"] is True
+    # Equal to plain decoding at the verify's width, the default forward width.
+    assert out["forward_width"] == gamma + 1 and out["equals_plain_at_width"] is True
     assert out["tokens"] == 24 and len(out["completions"][0]) > 0
     assert 0.0 <= out["acceptance_rate"] <= 1.0
     assert out["tokens_per_target_call"] >= 1.0
@@ -152,7 +153,7 @@ def test_generate_with_model_folders(model_folders):
         "--draft", model_folders["draft"], "--max-new-tokens", "6", "--json", "--compare",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["greedy_outputs_equal"] is True
+    assert json.loads(proc.stdout)["equals_plain_at_width"] is True
 
 
 def _spy_on_models(monkeypatch) -> dict:
@@ -174,7 +175,8 @@ def _spy_on_models(monkeypatch) -> dict:
     "flags, quantized",
     [(("--draft-quantize", "int8"), (None, "int8")),
      (("--quantize", "int8-weights", "--draft-quantize", "none"), ("int8-weights", None)),
-     (("--quantize", "int8-weights"), ("int8-weights", "int8-weights"))],
+     (("--quantize", "int8-weights"), ("int8-weights", "int8-weights")),
+     (("--quantize", "int8"), ("int8", "int8"))],
 )  # fmt: skip
 # Slow tier: 17 s a case (--compare decodes twice); tests/test_quant.py's fast cases
 # keep the library's equality, the user-error tests below the flags' checks.
@@ -183,7 +185,8 @@ def test_generate_with_quantized_models_is_greedy_exact(
     cli_in_process, model_folders, flags, quantized, monkeypatch
 ):
     """--quantize / --draft-quantize reach the models, and the quantized target's
-    speculative output equals its plain output."""
+    speculative output equals its plain output at the same forward width (an int8
+    target with int8 activations too)."""
     seen = _spy_on_models(monkeypatch)
     proc = cli_in_process(
         "generate", "def f(x):", "--model", model_folders["target"],
@@ -191,16 +194,8 @@ def test_generate_with_quantized_models_is_greedy_exact(
         *flags,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["greedy_outputs_equal"] is True
+    assert json.loads(proc.stdout)["equals_plain_at_width"] is True
     assert (seen["target"].quantization, seen["draft"].quantization) == quantized
-
-
-def test_an_int8_activation_target_needs_plain_decoding(cli_in_process, model_folders):
-    proc = cli_in_process(
-        "generate", "def f(x):", "--model", model_folders["target"],
-        "--draft", model_folders["draft"], "--quantize", "int8",
-    )  # fmt: skip
-    assert_user_error(proc, "--quantize int8 rounds the target's activations")
 
 
 # Slow tier: --compare decodes twice (~15 s a case); tests/test_head_ids.py and
@@ -280,9 +275,9 @@ def test_generate_compare_reports_medians_of_interleaved_runs(model_folders):
     assert out["speedup"] == pytest.approx(
         out["tokens_per_second"] / out["plain_tokens_per_second"]
     )
-    # Same greedy tokens, so the speedup is also the ratio of the median times.
+    # As many tokens on both sides, so the speedup is also the ratio of the median times.
     assert out["speedup"] == pytest.approx(statistics.median(plain) / statistics.median(spec))
-    assert out["greedy_outputs_equal"] is True
+    assert out["forward_width"] == 5 and out["equals_plain_at_width"] is True
 
 
 # Slow tier: 10 s, a model-folder decode in a fresh process; --repeats' bad values stay
@@ -315,6 +310,12 @@ def test_generate_repeats_must_be_positive(cli_in_process):
         ("bad regex", ["hi", "--regex", "(ab"], ["--regex", "not a valid regex"]),
         ("no schema file", ["hi", "--json-schema", "/nonexistent.json"], ["--json-schema"]),
         ("missing folder", ["hi", "--model", "/nonexistent/model"], ["no such directory"]),
+        ("bad width", ["hi", "--forward-width", "0"], ["--forward-width must be >= 1"]),
+        (
+            "narrow width",
+            ["hi", "--drafter", "lookup", "--gamma", "3", "--forward-width", "3"],
+            ["--forward-width 3 is narrower than one verify forward", "--forward-width 4"],
+        ),
     ],
 )
 def test_bad_input_one_line_error(case, args, fragments, cli_in_process):
@@ -466,3 +467,34 @@ def test_generate_with_the_eagle_head_chain_greedy_equals_plain():
     out = json.loads(proc.stdout)
     assert out["drafter"] == "eagle" and out["greedy_outputs_equal"] is True
     assert out["tokens_per_target_call"] > 1.0
+
+
+def test_a_named_pair_gets_its_preset_unless_a_flag_sets_it(capsys):
+    """--model/--draft naming a pair with a `specjax.presets` entry: its settings, said on
+    stderr; a flag keeps its own value. No model is loaded."""
+    from specjax.cli.generate import _apply_preset
+    from specjax.cli.parser import build_parser
+    from specjax.presets import find
+
+    preset = find("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+    parse = build_parser().parse_args
+    args = parse(["generate", "hi", "--model", preset.target, "--draft", preset.draft])
+    assert _apply_preset(args) is preset
+    assert (args.quantize, args.draft_quantize, args.gamma, args.draft_confidence) == (
+        preset.quantize,
+        preset.draft_quantize,
+        preset.gamma,
+        preset.draft_confidence,
+    )
+    assert "fastest exact configuration measured for this pair" in capsys.readouterr().err
+    args = parse(["generate", "hi", "--model", preset.target, "--draft", preset.draft,
+                  "--gamma", "5", "--quantize", "int8-weights"])  # fmt: skip
+    _apply_preset(args)
+    assert (args.gamma, args.quantize, args.draft_quantize) == (5, "int8-weights",
+                                                                 preset.draft_quantize)  # fmt: skip
+    # Not a named pair, or another drafter: nothing is applied.
+    args = parse(["generate", "hi", "--model", "/some/folder", "--draft", preset.draft])
+    assert _apply_preset(args) is None and args.quantize is None
+    args = parse(["generate", "hi", "--model", preset.target, "--draft", preset.draft,
+                  "--drafter", "lookup"])  # fmt: skip
+    assert _apply_preset(args) is None and args.gamma is None

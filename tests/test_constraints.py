@@ -217,7 +217,10 @@ def test_greedy_speculative_equals_plain_under_the_constraint(
     rows = per_row if form == "per_row" else [constraints["A"]] * 3
     greedy = specjax.SamplingConfig.greedy()
     key = jax.random.key(0)
-    kw = dict(max_new_tokens=12, sampling=greedy, eos_id=EOS)
+    drafter = _drafter(drafter_name, target, draft, mode="argmax")
+    # Equal token for token only at one forward width: the drafter's verify width.
+    width = specjax.drafters.lookahead(drafter)
+    kw = dict(max_new_tokens=12, sampling=greedy, eos_id=EOS, forward_width=width)
     plain = specjax.generate(key, target, prompts, constraint=constraint, **kw)
     bare = specjax.generate(key, target, prompts, **kw)
     assert plain.to_lists() != bare.to_lists()
@@ -232,7 +235,6 @@ def test_greedy_speculative_equals_plain_under_the_constraint(
             assert _viable(c.pattern, _text(body)), row
             if len(row) < 12:  # ended by EOS or completion: a whole match
                 assert _whole(c.pattern, _text(body)), row
-    drafter = _drafter(drafter_name, target, draft, mode="argmax")
     out = specjax.speculative_generate(key, target, drafter, prompts, constraint=constraint, **kw)
     assert out.to_lists() == plain.to_lists()
     if drafter_name == "self":  # the draft's mask reads its own earlier drafts
@@ -241,18 +243,19 @@ def test_greedy_speculative_equals_plain_under_the_constraint(
 
 def test_the_open_loop_with_fewer_slots_gives_each_prompt_its_own_constraint(pair, constraints):
     """Continuous batching: 5 prompts through 2 slots; each refill starts the new
-    prompt's automaton, so the output equals one slot per prompt (greedy)."""
+    prompt's automaton, so the output equals one slot per prompt (greedy, plain decoding
+    at the same forward width)."""
     target, draft = pair
     prompts = [[1, 2, 3], [4, 5], [6, 0, 6], [2, 2], [3, 1, 4]]
     per_row = [constraints["A"], None, constraints["B"], constraints["B"], constraints["A"]]
+    drafter = specjax.PromptLookup(ngram=1, num_draft=GAMMA)
     kw = dict(
         max_new_tokens=[6, 9, 4, 8, 5], sampling=specjax.SamplingConfig.greedy(), eos_id=EOS,
-        constraint=per_row,
+        constraint=per_row, forward_width=specjax.drafters.lookahead(drafter),
     )  # fmt: skip
     want = specjax.generate(jax.random.key(0), target, prompts, **kw).to_lists()
     state = specjax.decoding.init(
-        jax.random.key(0), target, prompts,
-        drafter=specjax.PromptLookup(ngram=1, num_draft=GAMMA), num_slots=2, **kw,
+        jax.random.key(0), target, prompts, drafter=drafter, num_slots=2, **kw,
     )  # fmt: skip
     for _ in range(50):
         state = specjax.decoding.step(state, 2)
@@ -341,11 +344,11 @@ def _law(logits, group, num_tokens=K, variant="exact"):
     return law
 
 
-def _sample(pair, constraints, name, verification, num_rows):
+def _sample(pair, constraints, name, verification, num_rows, forward_width=None):
     target, draft = pair
     prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (num_rows, len(PROMPT)))
     per_row = [None if g is None else constraints[g] for g in GROUPS] * (num_rows // 3)
-    kw = dict(max_new_tokens=K, eos_id=EOS, constraint=per_row)
+    kw = dict(max_new_tokens=K, eos_id=EOS, constraint=per_row, forward_width=forward_width)
     key = jax.random.key(2026)
     if name == "plain":
         res = specjax.generate(key, target, prompts, **kw)
@@ -378,7 +381,12 @@ DECODERS = [
 
 @pytest.fixture(scope="module")
 def mixed_samples(pair, constraints):
-    return {d: _sample(pair, constraints, *d, N_PER_GROUP * 3) for d in DECODERS}
+    # One forward width for every decoder, at least each drafter's verify width (the
+    # tree's): coupled and tree output equal plain output only at the same width.
+    width = max(
+        specjax.drafters.lookahead(_drafter(name, *pair)) for name, _ in DECODERS if name != "plain"
+    )
+    return {d: _sample(pair, constraints, *d, N_PER_GROUP * 3, width) for d in DECODERS}
 
 
 @pytest.mark.slow

@@ -3,8 +3,10 @@
 The reference everywhere is a decoder with one slot per prompt, which earlier tests
 show equals each prompt decoded alone. Refilled runs must equal it prompt by prompt:
 token for token at temperature 0, and at any setting for plain decoding and coupled
-verification, whose noise is keyed by the prompt's seed and the position. The
-distributional tests of refilled sampling are in ``test_exact_per_row.py``.
+verification, whose noise is keyed by the prompt's seed and the position. Speculative
+runs equal plain ones only at the same forward width: each comparison of the two runs
+both at ``WIDTH``, the drafters' verify width. The distributional tests of refilled
+sampling are in ``test_exact_per_row.py``.
 """
 
 import jax
@@ -21,6 +23,9 @@ V = 32
 NUM_PROMPTS = 40
 EOS = 7
 GREEDY = specjax.SamplingConfig.greedy()
+GAMMA = 3
+# Every drafter here verifies γ + 1 columns: the forward width of the compared runs.
+WIDTH = specjax.drafters.lookahead(specjax.PromptLookup(ngram=2, num_draft=GAMMA))
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +37,10 @@ def target():
 def drafters(target):
     draft = perturbed(target, seed=3)
     return {
-        "draft_model": specjax.DraftModel(draft, num_draft=3),
-        "draft_model_argmax": specjax.DraftModel(draft, num_draft=3, greedy_draft=True),
-        "lookup": specjax.PromptLookup(ngram=2, num_draft=3),
-        "block": specjax.BlockDrafter.random(target, key=jax.random.key(5), num_draft=3),
+        "draft_model": specjax.DraftModel(draft, num_draft=GAMMA),
+        "draft_model_argmax": specjax.DraftModel(draft, num_draft=GAMMA, greedy_draft=True),
+        "lookup": specjax.PromptLookup(ngram=2, num_draft=GAMMA),
+        "block": specjax.BlockDrafter.random(target, key=jax.random.key(5), num_draft=GAMMA),
     }
 
 
@@ -57,7 +62,10 @@ def _decode(target, drafter, prompts, **kw):
 @pytest.fixture(scope="module")
 def greedy_reference(target):
     prompts, budgets = _prompts()
-    out = _decode(target, None, prompts, max_new_tokens=budgets, sampling=GREEDY, eos_id=EOS)
+    out = _decode(
+        target, None, prompts, max_new_tokens=budgets, sampling=GREEDY, eos_id=EOS,
+        forward_width=WIDTH,
+    )  # fmt: skip
     return prompts, budgets, out
 
 
@@ -76,7 +84,7 @@ def test_forty_ragged_prompts_through_few_slots_equal_plain_greedy(
     drafter = None if name == "plain" else drafters[name]
     out = _decode(
         target, drafter, prompts, max_new_tokens=budgets, sampling=GREEDY, eos_id=EOS,
-        num_slots=num_slots,
+        num_slots=num_slots, forward_width=WIDTH,
     )  # fmt: skip
     assert out.tokens.shape == ref.tokens.shape == (NUM_PROMPTS, budgets.max())
     assert out.to_lists() == ref.to_lists()
@@ -104,7 +112,8 @@ def _mixed_sampling(num):
 @pytest.mark.parametrize("form", ["per_prompt", "scalar"])
 @pytest.mark.parametrize("num_slots", [8, 4])
 def test_settings_seeds_and_budgets_follow_the_prompt(target, drafters, form, num_slots):
-    """Plain and coupled decoding with refill equal one slot per prompt, token for token.
+    """Plain and coupled decoding with refill equal one slot per prompt, token for token
+    (plain decoding at the same forward width).
 
     Both read each prompt's own settings, seed and budget after a refill: reading
     those of the slot (or of the prompt first in it) changes the sampled tokens.
@@ -112,7 +121,9 @@ def test_settings_seeds_and_budgets_follow_the_prompt(target, drafters, form, nu
     prompts, budgets = _prompts(seed=1)
     sampling = _mixed_sampling(NUM_PROMPTS) if form == "per_prompt" else None
     seeds = np.arange(NUM_PROMPTS) * 7 + 3
-    kw = dict(max_new_tokens=budgets, sampling=sampling, eos_id=EOS, seeds=seeds)
+    kw = dict(
+        max_new_tokens=budgets, sampling=sampling, eos_id=EOS, seeds=seeds, forward_width=WIDTH
+    )
     ref = _decode(target, None, prompts, **kw)
     plain = _decode(target, None, prompts, num_slots=num_slots, **kw)
     coupled = _decode(
@@ -194,6 +205,7 @@ def test_one_jitted_call_serves_all_prompts(target, drafters):
         return specjax.speculative_generate(
             jax.random.key(0), target, drafters["draft_model"], prompts_NP,
             max_new_tokens=budgets_N, sampling=GREEDY, num_slots=8, cache_len=64,
+            forward_width=WIDTH,
         ).tokens  # fmt: skip
 
     closed = jax.make_jaxpr(run)(prompts_NP, jnp.asarray(budgets))
@@ -217,7 +229,10 @@ def test_one_jitted_call_serves_all_prompts(target, drafters):
     jitted(other_prompts, jnp.asarray(budgets[::-1]))
     assert jitted._cache_size() == 1
     # An array of prompts holds full rows (its padding is part of each prompt).
-    ref = _decode(target, None, prompts_NP, max_new_tokens=budgets, sampling=GREEDY, cache_len=64)
+    ref = _decode(
+        target, None, prompts_NP, max_new_tokens=budgets, sampling=GREEDY, cache_len=64,
+        forward_width=WIDTH,
+    )  # fmt: skip
     tokens = np.asarray(first)[:, : budgets.max()]
     np.testing.assert_array_equal(tokens, np.asarray(ref.tokens))
 
@@ -268,14 +283,15 @@ PLAIN_AT_LARGE = dict(gamma_by_active_rows={3: 3, 40: 0})
     ids=["table-8", "table-4", "confidence-all", "confidence-8", "both-4", "gamma0-8"],
 )  # fmt: skip
 def test_adaptive_gamma_stays_exact(target, drafters, greedy_reference, adaptive, num_slots):
-    """Greedy output equals plain greedy; coupled sampled output equals plain sampled.
+    """Greedy output equals plain greedy; coupled sampled output equals plain sampled (at
+    the same forward width, which the adaptive steps keep).
 
     And the mechanisms really act: the table changes γ between steps, the threshold
     leaves drafts unproposed.
     """
     prompts, budgets, ref = greedy_reference
     drafter = drafters["draft_model"]
-    kw = dict(max_new_tokens=budgets, eos_id=EOS, num_slots=num_slots)
+    kw = dict(max_new_tokens=budgets, eos_id=EOS, num_slots=num_slots, forward_width=WIDTH)
     greedy = _decode(target, drafter, prompts, sampling=GREEDY, **adaptive, **kw)
     assert greedy.to_lists() == ref.to_lists()
 
@@ -309,7 +325,8 @@ def test_plain_steps_in_the_table_keep_every_drafter_exact(
     target, drafters, greedy_reference, name
 ):
     """γ = 0 (a plain step) while more than 3 rows are active: every drafter's state
-    stays right through those steps, so greedy output still equals plain greedy, and
+    stays right through those steps, so greedy output still equals plain greedy (at the
+    same forward width), and
     drafting resumes at the tail. The draft models draft with the target's own weights,
     so with their caches caught up every tail draft is accepted (a cache missing the
     tokens of the plain steps would draft from the wrong context)."""
@@ -319,7 +336,7 @@ def test_plain_steps_in_the_table_keep_every_drafter_exact(
         drafter = drafter.replace(model=target)
     out = _decode(
         target, drafter, prompts, max_new_tokens=budgets, sampling=GREEDY,
-        eos_id=EOS, num_slots=8, **PLAIN_AT_LARGE,
+        eos_id=EOS, num_slots=8, forward_width=WIDTH, **PLAIN_AT_LARGE,
     )  # fmt: skip
     assert out.to_lists() == ref.to_lists()
     drafted, calls = np.sum(out.stats.drafted), np.sum(out.stats.row_target_calls)
@@ -433,13 +450,13 @@ def test_a_draft_model_stops_drafting_by_itself(target, drafters, greedy_draft):
 @pytest.mark.parametrize("greedy_draft", [False, True])
 def test_confidence_at_temperature_zero_stays_greedy(target, drafters, greedy_reference,
                                                      greedy_draft):  # fmt: skip
-    """draft_confidence at T = 0: output equals plain greedy, and fewer drafts are
-    proposed than γ per call (the threshold acts on greedy rows)."""
+    """draft_confidence at T = 0: output equals plain greedy at the same forward width,
+    and fewer drafts are proposed than γ per call (the threshold acts on greedy rows)."""
     prompts, budgets, ref = greedy_reference
     drafter = drafters["draft_model_argmax" if greedy_draft else "draft_model"]
     out = _decode(
         target, drafter, prompts[:6], max_new_tokens=budgets[:6], sampling=GREEDY,
-        eos_id=EOS, draft_confidence=0.6,
+        eos_id=EOS, draft_confidence=0.6, forward_width=WIDTH,
     )  # fmt: skip
     assert out.to_lists() == ref.to_lists()[:6]
     drafted, calls = np.sum(out.stats.drafted), np.sum(out.stats.row_target_calls)

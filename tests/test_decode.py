@@ -68,23 +68,19 @@ def test_greedy_speculative_equals_plain(target, name, batch):
     drafter = _drafters(target)[name]
     prompts = _ragged_prompts(batch, seed=batch)
     key = jax.random.key(0)
+    # Equal token for token at one forward width: the drafter's verify width.
+    kw = dict(max_new_tokens=13, sampling=GREEDY, forward_width=specjax.drafters.lookahead(drafter))
     # 13 is not a multiple of γ + 1 for any γ used here.
-    plain = specjax.generate(key, target, prompts, max_new_tokens=13, sampling=GREEDY)
-    spec = specjax.speculative_generate(
-        key, target, drafter, prompts, max_new_tokens=13, sampling=GREEDY
-    )
+    plain = specjax.generate(key, target, prompts, **kw)
+    spec = specjax.speculative_generate(key, target, drafter, prompts, **kw)
     np.testing.assert_array_equal(spec.tokens, plain.tokens)
     np.testing.assert_array_equal(spec.lengths, plain.lengths)
     assert int(jnp.min(spec.lengths)) == 13
 
     # EOS hit mid-block: stop at a token that greedy decoding emits part-way.
     eos = int(plain.tokens[0, 6])
-    plain_eos = specjax.generate(
-        key, target, prompts, max_new_tokens=13, sampling=GREEDY, eos_id=eos
-    )
-    spec_eos = specjax.speculative_generate(
-        key, target, drafter, prompts, max_new_tokens=13, sampling=GREEDY, eos_id=eos
-    )
+    plain_eos = specjax.generate(key, target, prompts, eos_id=eos, **kw)
+    spec_eos = specjax.speculative_generate(key, target, drafter, prompts, eos_id=eos, **kw)
     np.testing.assert_array_equal(spec_eos.tokens, plain_eos.tokens)
     np.testing.assert_array_equal(spec_eos.lengths, plain_eos.lengths)
     row0 = spec_eos.to_lists()[0]
@@ -263,8 +259,11 @@ def test_stats_consistent(target):
     assert np.asarray(out.from_draft).sum() <= s.accepted.sum()
 
 
+# Slow tier: 15 s; tests/test_bad_input.py keeps a truncated row in the fast tier.
+@pytest.mark.slow
 def test_cache_overflow_stops_row_cleanly(target):
     drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
+    width = specjax.drafters.lookahead(drafter)
     prompts = [[1, 2, 3], list(range(1, 20))]
     out = specjax.speculative_generate(
         jax.random.key(0),
@@ -274,13 +273,22 @@ def test_cache_overflow_stops_row_cleanly(target):
         max_new_tokens=40,
         sampling=GREEDY,
         cache_len=32,
+        forward_width=width,
     )
     truncated = np.asarray(out.truncated)
     lengths = np.asarray(out.lengths)
     assert truncated.tolist() == [True, True]
-    # Never more tokens than the cache holds; the generated prefix is still exact.
+    # Never more tokens than the cache holds; the generated prefix is still exact (plain
+    # decoding at the same forward width).
     assert lengths[1] <= 32 - 19
-    plain = specjax.generate(jax.random.key(0), target, prompts, max_new_tokens=40, sampling=GREEDY)
+    plain = specjax.generate(
+        jax.random.key(0),
+        target,
+        prompts,
+        max_new_tokens=40,
+        sampling=GREEDY,
+        forward_width=width,
+    )
     for row, ref, n in zip(np.asarray(out.tokens), np.asarray(plain.tokens), lengths, strict=True):
         np.testing.assert_array_equal(row[:n], ref[:n])
 

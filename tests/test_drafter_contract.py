@@ -4,7 +4,7 @@
 signature for every drafter: ``init`` and ``update`` take ``features``, ``None`` for
 a drafter that reads no target layers), is registered in `specjax.drafters.registry`
 and then serves like a built-in one: greedy speculative decoding with it equals plain
-greedy decoding, and the decoders' memory check counts its `state_bytes`.
+greedy decoding at the same forward width, and the decoders' memory check counts its `state_bytes`.
 """
 
 import jax
@@ -78,12 +78,11 @@ def test_the_registry_reaches_it_by_name(registered):
 
 def test_greedy_speculative_output_equals_plain_greedy(registered, target):
     drafter = registered.cls()
-    spec = specjax.speculative_generate(
-        jax.random.key(0), target, drafter, PROMPTS, max_new_tokens=MAX_NEW, sampling=GREEDY
+    kwargs = dict(
+        max_new_tokens=MAX_NEW, sampling=GREEDY, forward_width=specjax.drafters.lookahead(drafter)
     )
-    plain = specjax.generate(
-        jax.random.key(0), target, PROMPTS, max_new_tokens=MAX_NEW, sampling=GREEDY
-    )
+    spec = specjax.speculative_generate(jax.random.key(0), target, drafter, PROMPTS, **kwargs)
+    plain = specjax.generate(jax.random.key(0), target, PROMPTS, **kwargs)
     assert spec.to_lists() == plain.to_lists()
     assert int(spec.stats.target_calls) <= int(plain.stats.target_calls)
     # γ through the contract's with_draft, as the CLI sets it.

@@ -16,11 +16,11 @@ pair's target gets the shipped head (``default_drafter("eagle")``, trained by
    ``update`` with rejected drafts, after a γ = 0 step, and for a row that emitted
    nothing. This is what "drafts over its own output features" means, and it ties the
    decoder-side state to the training objective.
-2. Greedy: speculative output equals `specjax.generate`'s greedy output token for token,
-   ragged batch of 8 (prompts of 1..8 tokens), γ ∈ {1, 4}, both modes, random and
-   trained heads, with a budget of 13 and with per-row budgets; with an adaptive-γ table
-   that drafts γ = 0 while many rows are active; and on the bundled target with the
-   shipped head (8 prompts of 7 to 26 tokens, 48 new tokens).
+2. Greedy: speculative output equals `specjax.generate`'s greedy output token for token
+   at the same forward width, ragged batch of 8 (prompts of 1..8 tokens), γ ∈ {1, 4},
+   both modes, random and trained heads, with a budget of 13 and with per-row budgets;
+   with an adaptive-γ table that drafts γ = 0 while many rows are active; and on the
+   bundled target with the shipped head (8 prompts of 7 to 26 tokens, 48 new tokens).
 3. Sampled output is exact: one batch of 4 × N_PER_GROUP rows, row i in group i % 4
    (temperature 1; top-k 3; top-p 0.8; min-p 0.1), mode "sample", γ = 2, the first
    K = 3 tokens, each group chi-square tested against `exact_sequence_probs`.
@@ -258,34 +258,38 @@ def test_drafts_are_the_training_time_test_chains(target, trained):
 
 
 # --------------------------------------------------------------------------------------
-# 2. Greedy: speculative output == plain greedy output.
+# 2. Greedy: speculative output == plain greedy output, at the same forward width.
 
 
-def _plain(target, prompts, max_new_tokens):
+def _plain(target, prompts, max_new_tokens, forward_width=None):
     return specjax.generate(
-        jax.random.key(0), target, prompts, max_new_tokens=max_new_tokens, sampling=GREEDY
-    )
+        jax.random.key(0), target, prompts, max_new_tokens=max_new_tokens, sampling=GREEDY,
+        forward_width=forward_width,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("gamma", [1, 4])
 @pytest.mark.parametrize("mode", ["argmax", "sample"])
-# Fast tier: the first case of each parametrize list; the others run with -m slow.
-@pytest.mark.first_case_fast
+# Slow tier: tests/test_numerics.py keeps this drafter's equality with plain decoding at
+# one width in the fast tier.
+@pytest.mark.slow
 def test_greedy_ragged_batch_equals_plain(target, random_head, trained, diverse, mode, gamma):
     key = jax.random.key(0)
     rates = {}
     cases = {"random": (target, random_head), "trained": (target, trained), "diverse": diverse}
     for name, (model, head) in cases.items():
         drafter = head.with_draft(num_draft=gamma, mode=mode)
+        width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
+        kw = dict(sampling=GREEDY, forward_width=width)
         spec = specjax.speculative_generate(
-            key, model, drafter, PROMPTS8, max_new_tokens=MAX_NEW, sampling=GREEDY
+            key, model, drafter, PROMPTS8, max_new_tokens=MAX_NEW, **kw
         )
-        _assert_same_output(spec, _plain(model, PROMPTS8, MAX_NEW))
+        _assert_same_output(spec, _plain(model, PROMPTS8, MAX_NEW, forward_width=width))
         rates[name] = float(spec.stats.acceptance_rate)
         budgets = specjax.speculative_generate(
-            key, model, drafter, PROMPTS8, max_new_tokens=ROW_BUDGETS, sampling=GREEDY
+            key, model, drafter, PROMPTS8, max_new_tokens=ROW_BUDGETS, **kw
         )
-        _assert_same_output(budgets, _plain(model, PROMPTS8, ROW_BUDGETS))
+        _assert_same_output(budgets, _plain(model, PROMPTS8, ROW_BUDGETS, forward_width=width))
         np.testing.assert_array_equal(np.asarray(budgets.lengths), ROW_BUDGETS)
     # The trained head's drafts are accepted far more often than the random head's.
     assert rates["trained"] > 0.3 and rates["trained"] > 2 * rates["random"] + 0.1, rates
@@ -294,12 +298,15 @@ def test_greedy_ragged_batch_equals_plain(target, random_head, trained, diverse,
 # Slow tier: 6 s.
 @pytest.mark.slow
 def test_greedy_with_gamma_zero_steps_equals_plain(target, trained):
-    """γ = 0 while more than 3 rows are active, then γ = 4: exact, and the head's state
-    stays right through the γ = 0 steps (its later drafts are still accepted)."""
-    plain = _plain(target, PROMPTS8, ROW_BUDGETS)
+    """γ = 0 while more than 3 rows are active, then γ = 4: exact (plain decoding's
+    output at the same forward width), and the head's state stays right through the
+    γ = 0 steps (its later drafts are still accepted)."""
+    drafter = trained.with_draft(num_draft=4)
+    width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
+    plain = _plain(target, PROMPTS8, ROW_BUDGETS, forward_width=width)
     spec = specjax.speculative_generate(
-        jax.random.key(0), target, trained.with_draft(num_draft=4), PROMPTS8,
-        max_new_tokens=ROW_BUDGETS, sampling=GREEDY, gamma_by_active_rows={3: 4, 8: 0},
+        jax.random.key(0), target, drafter, PROMPTS8, max_new_tokens=ROW_BUDGETS,
+        sampling=GREEDY, gamma_by_active_rows={3: 4, 8: 0}, forward_width=width,
     )  # fmt: skip
     _assert_same_output(spec, plain)
     assert int(np.sum(spec.stats.drafted)) > 0
@@ -407,25 +414,32 @@ CODE_PROMPTS = [
 ]
 
 
+# The bundled tests' one forward width, plain and speculative: the verify width of
+# γ = 4, the largest γ there (at least every drafter's verify width).
+BUNDLED_WIDTH = 5
+
+
 @pytest.fixture(scope="module")
 def bundled():
     target, _, tokenizer = specjax.default_pair()
     prompts = [tokenizer.encode(p).ids for p in CODE_PROMPTS]
     assert len({len(p) for p in prompts}) > 4  # ragged
-    return target, prompts, _plain(target, prompts, 48)
+    return target, prompts, _plain(target, prompts, 48, forward_width=BUNDLED_WIDTH)
 
 
 @pytest.mark.parametrize("gamma", [1, 4])
 # Slow tier: 11 s per γ: the shipped head on the bundled target.
 @pytest.mark.slow
 def test_shipped_head_is_exact_on_the_bundled_target(bundled, gamma):
-    """One bundled decode compile per γ (8 to 12 s each on a 2-core CPU)."""
+    """One bundled decode compile per γ (8 to 12 s each on a 2-core CPU); plain and
+    speculative output are equal at the same forward width, BUNDLED_WIDTH."""
     target, prompts, plain = bundled
     drafter = specjax.default_drafter("eagle", num_draft=gamma)
     assert isinstance(drafter, EagleDrafter) and drafter.num_draft == gamma
     spec = specjax.speculative_generate(
-        jax.random.key(0), target, drafter, prompts, max_new_tokens=48, sampling=GREEDY
-    )
+        jax.random.key(0), target, drafter, prompts, max_new_tokens=48, sampling=GREEDY,
+        forward_width=BUNDLED_WIDTH,
+    )  # fmt: skip
     _assert_same_output(spec, plain)
 
 
@@ -440,8 +454,9 @@ def test_shipped_head_accepts_far_more_than_a_random_head(bundled):
     results = {}
     for name, drafter in (("shipped", shipped), ("random", random)):
         spec = specjax.speculative_generate(
-            jax.random.key(0), target, drafter, prompts, max_new_tokens=48, sampling=GREEDY
-        )
+            jax.random.key(0), target, drafter, prompts, max_new_tokens=48, sampling=GREEDY,
+            forward_width=BUNDLED_WIDTH,
+        )  # fmt: skip
         _assert_same_output(spec, plain)
         results[name] = (float(spec.stats.acceptance_rate), float(spec.tokens_per_call))
     assert results["shipped"][0] > 0.3 and results["shipped"][1] > 2.0, results

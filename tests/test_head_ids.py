@@ -3,7 +3,8 @@
 Restricting the head changes what the draft proposes, never what the decoders emit:
 the draft samples from (or takes the argmax among) the kept ids, and its q is zero
 elsewhere. Checked here: the restricted logits against the full model's, the picks
-of `specjax.vocab.frequent_ids`, greedy speculative == plain (including rows whose
+of `specjax.vocab.frequent_ids`, greedy speculative == plain at the same forward
+width (including rows whose
 next target token the draft can never propose, and B = 3 = γ+1), bad input, and in
 the slow tier the sampled law.
 
@@ -128,18 +129,21 @@ def test_frequent_ids_bad_input_is_named():
 
 
 @pytest.mark.parametrize("greedy_draft", [False, True])
+# Fast tier: the first case; the second runs with -m slow.
+@pytest.mark.first_case_fast
 def test_greedy_speculative_equals_plain(pair, greedy_draft):
     """B = 3 = γ+1 ragged rows; the draft never proposes 5 of the 8 ids, so many steps
-    reject at a position the draft cannot reach."""
+    reject at a position the draft cannot reach. Both at the same forward width."""
     target, _, restricted = pair
     prompts = [[1, 2, 3], [4, 5, 6, 7, 1], [6]]
     greedy = specjax.SamplingConfig.greedy()
     key = jax.random.key(0)
-    plain = specjax.generate(key, target, prompts, max_new_tokens=12, sampling=greedy)
     drafter = specjax.DraftModel(restricted, num_draft=2, greedy_draft=greedy_draft)
-    spec = specjax.speculative_generate(
-        key, target, drafter, prompts, max_new_tokens=12, sampling=greedy
+    kwargs = dict(
+        max_new_tokens=12, sampling=greedy, forward_width=specjax.drafters.lookahead(drafter)
     )
+    plain = specjax.generate(key, target, prompts, **kwargs)
+    spec = specjax.speculative_generate(key, target, drafter, prompts, **kwargs)
     assert spec.to_lists() == plain.to_lists()
     emitted = {t for row in plain.to_lists() for t in row}
     assert emitted - set(KEPT), "the check needs target tokens the draft cannot propose"

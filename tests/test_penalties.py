@@ -248,11 +248,14 @@ def test_greedy_speculative_equals_plain_with_penalties(greedy_pair, form, draft
     prompts = [[1, 2, 3, 1, 2, 3], [4, 5], [6, 7, 8, 6, 7, 8, 6]]
     sampling = _greedy_config(form, len(prompts))
     key = jax.random.key(0)
-    plain = specjax.generate(key, target, prompts, max_new_tokens=16, sampling=sampling)
+    drafter = _DRAFTERS[drafter_name](target, draft)
+    # Equal token for token only at one forward width: the drafter's verify width.
+    kw = dict(max_new_tokens=16, forward_width=specjax.drafters.lookahead(drafter))
+    plain = specjax.generate(key, target, prompts, sampling=sampling, **kw)
     # No transform, in the same structure (a zero bias, forbidden ids all padding):
     # the same compiled program as `plain`.
     bare = specjax.generate(
-        key, target, prompts, max_new_tokens=16,
+        key, target, prompts, **kw,
         sampling=sampling.replace(
             repetition_penalty=np.float32(1), presence_penalty=np.float32(0),
             frequency_penalty=np.float32(0), logit_bias=np.zeros_like(sampling.logit_bias),
@@ -263,10 +266,7 @@ def test_greedy_speculative_equals_plain_with_penalties(greedy_pair, form, draft
     forbidden = np.asarray(sampling.forbidden_ids)
     for r, row in enumerate(plain.to_lists()):
         assert not set(row) & set((forbidden if forbidden.ndim == 1 else forbidden[r]).tolist())
-    out = specjax.speculative_generate(
-        key, target, _DRAFTERS[drafter_name](target, draft), prompts, max_new_tokens=16,
-        sampling=sampling,
-    )  # fmt: skip
+    out = specjax.speculative_generate(key, target, drafter, prompts, sampling=sampling, **kw)
     assert out.to_lists() == plain.to_lists()
     if drafter_name == "self":  # the draft's q reads its own earlier drafts: all accepted
         assert float(out.stats.acceptance_rate) == 1.0
@@ -311,17 +311,17 @@ def test_a_tree_drafter_with_penalties_is_refused():
 # Slow tier: the statistical tests and their controls.
 
 
-def _sample(pair, name, verification, num_rows):
+def _sample(pair, name, verification, num_rows, forward_width=None):
     target, draft = pair
     key = jax.random.key(2026)
     prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (num_rows, len(PROMPT)))
-    sampling = _mixed_config(num_rows)
+    kw = dict(max_new_tokens=K, sampling=_mixed_config(num_rows), forward_width=forward_width)
     if name == "plain":
-        res = specjax.generate(key, target, prompts, max_new_tokens=K, sampling=sampling)
+        res = specjax.generate(key, target, prompts, **kw)
     else:
         res = specjax.speculative_generate(
-            key, target, _drafter(name, target, draft), prompts, max_new_tokens=K,
-            sampling=sampling, verification=verification,
+            key, target, _drafter(name, target, draft), prompts, verification=verification,
+            **kw,
         )  # fmt: skip
     assert int(jnp.min(res.lengths)) == K
     return np.asarray(res.tokens)
@@ -330,7 +330,12 @@ def _sample(pair, name, verification, num_rows):
 @pytest.fixture(scope="module")
 def mixed_samples(pair):
     num_rows = N_PER_GROUP * len(GROUPS)
-    return {d: _sample(pair, *d, num_rows) for d in DECODERS}
+    # One forward width for every decoder, at least each drafter's verify width: coupled
+    # output equals plain output only at the same width.
+    width = max(
+        specjax.drafters.lookahead(_drafter(name, *pair)) for name, _ in DECODERS if name != "plain"
+    )
+    return {d: _sample(pair, *d, num_rows, width) for d in DECODERS}
 
 
 def _group_rows(tokens, group):

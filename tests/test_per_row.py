@@ -19,6 +19,9 @@ V = 64
 GAMMA = 3
 B = GAMMA + 1  # the size at which rows and positions can be confused
 GREEDY = specjax.SamplingConfig.greedy()
+# Both drafters verify γ + 1 columns; speculative output equals plain output token for
+# token only at the same forward width, so the tests that compare them both use this one.
+WIDTH = specjax.drafters.lookahead(specjax.PromptLookup(ngram=2, num_draft=GAMMA))
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +75,8 @@ TEMPERATURES = [0.0, 1.5, 0.0, 2.0]  # greedy rows next to hot sampled rows
 )
 @pytest.mark.parametrize("name", DECODERS_LOOKUP_SLOW)
 def test_greedy_rows_in_a_sampled_batch_equal_plain_greedy(decoders, name, form):
-    """B == γ+1: rows 0 and 2 are greedy and must equal plain greedy token for token.
+    """B == γ+1: rows 0 and 2 are greedy and must equal plain greedy token for token (at
+    the same forward width).
 
     With settings read along positions, as before the fix, rows 0 and 2 sampled at
     positions 1 and 3's temperatures (and the sampled rows decoded greedily).
@@ -83,10 +87,9 @@ def test_greedy_rows_in_a_sampled_batch_equal_plain_greedy(decoders, name, form)
         "jax": jnp.asarray(TEMPERATURES),
     }
     prompts = _prompts(B, seed=1)
-    mixed = decoders(
-        name, prompts, max_new_tokens=12, sampling=specjax.SamplingConfig(temperature=temps[form])
-    )
-    greedy = decoders("plain", prompts, max_new_tokens=12, sampling=GREEDY)
+    kw = dict(max_new_tokens=12, forward_width=WIDTH)
+    mixed = decoders(name, prompts, sampling=specjax.SamplingConfig(temperature=temps[form]), **kw)
+    greedy = decoders("plain", prompts, sampling=GREEDY, **kw)
     tokens, ref = np.asarray(mixed.tokens), np.asarray(greedy.tokens)
     np.testing.assert_array_equal(tokens[[0, 2]], ref[[0, 2]])
     # The hot rows really sample: at temperature 1.5-2 on V = 64 they leave greedy.
@@ -147,9 +150,9 @@ def test_probs_from_logits_reads_settings_along_the_leading_axis():
 @pytest.mark.parametrize("name", DECODERS)
 def test_eos_id_forms(decoders, name):
     prompts = _prompts(B, seed=3)
-    free = decoders("plain", prompts, max_new_tokens=12, sampling=GREEDY).to_lists()
+    kw = dict(max_new_tokens=12, sampling=GREEDY, forward_width=WIDTH)
+    free = decoders("plain", prompts, **kw).to_lists()
     first, other = free[0][4], free[1][2]
-    kw = dict(max_new_tokens=12, sampling=GREEDY)
     one = decoders(name, prompts, eos_id=first, **kw).to_lists()
     for form in ([first], np.asarray([first]), jnp.asarray([first]), np.int64(first)):
         assert decoders(name, prompts, eos_id=form, **kw).to_lists() == one
@@ -177,9 +180,10 @@ def test_per_row_token_budgets(decoders, name, form):
     budgets = [3, 9, 1, 6]
     value = {"list": budgets, "numpy": np.asarray(budgets), "jax": jnp.asarray(budgets)}[form]
     prompts = _prompts(B, seed=4)
-    out = decoders(name, prompts, max_new_tokens=value, sampling=GREEDY)
+    kw = dict(sampling=GREEDY, forward_width=WIDTH)
+    out = decoders(name, prompts, max_new_tokens=value, **kw)
     assert out.lengths.tolist() == budgets and out.tokens.shape == (B, 9)
-    full = decoders("plain", prompts, max_new_tokens=9, sampling=GREEDY).to_lists()
+    full = decoders("plain", prompts, max_new_tokens=9, **kw).to_lists()
     assert out.to_lists() == [row[:n] for row, n in zip(full, budgets, strict=True)]
 
 

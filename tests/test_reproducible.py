@@ -89,17 +89,21 @@ def test_a_row_does_not_depend_on_the_batch_around_it(pair, name):
 def test_coupled_equals_plain_alone_and_in_a_batch(pair, name, gamma):
     target, draft = pair
     drafter = _drafter(name, draft, gamma)
+    # Coupled equals plain token for token only at one forward width: the verify width.
+    width = specjax.drafters.lookahead(drafter)
     row = _prompts(1, seed=0)[0]
-    plain = _run(target, None, [row], [SEED]).to_lists()[0]
+    plain = _run(target, None, [row], [SEED], forward_width=width).to_lists()[0]
     prompts = _prompts(8, seed=9)
     prompts[5] = row
     seeds = list(range(200, 208))
     seeds[5] = SEED
-    plain_batch = _run(target, None, prompts, seeds).to_lists()
-    coupled = _run(target, drafter, prompts, seeds, verification="coupled")
+    plain_batch = _run(target, None, prompts, seeds, forward_width=width).to_lists()
+    coupled = _run(target, drafter, prompts, seeds, verification="coupled", forward_width=width)
     assert coupled.to_lists() == plain_batch
     assert coupled.to_lists()[5] == plain
-    alone = _run(target, drafter, [row], [SEED], verification="coupled").to_lists()[0]
+    alone = _run(
+        target, drafter, [row], [SEED], verification="coupled", forward_width=width
+    ).to_lists()[0]
     assert alone == plain
     assert int(coupled.stats.accepted.sum()) > 0  # the drafter did contribute tokens
 
@@ -111,7 +115,8 @@ def test_coupled_equals_plain_alone_and_in_a_batch(pair, name, gamma):
     ids=["t1", "t0.8_topp0.95"],
 )
 def test_coupled_equals_generate_on_the_bundled_pair(sampling):
-    """16 held-out-style prompts x 64 tokens, each drafter, token for token."""
+    """16 held-out-style prompts x 64 tokens, each drafter, token for token (plain
+    decoding at the same forward width)."""
     target, draft, tokenizer = specjax.default_pair()
     texts = [
         "def fibonacci(n):", "import os\n\nclass Config:", "for i in range(", "# Copyright",
@@ -120,10 +125,13 @@ def test_coupled_equals_generate_on_the_bundled_pair(sampling):
         "x = [i for i in", "def test_", "assert isinstance(", "while True:\n    ",
     ]  # fmt: skip
     prompts = [tokenizer.encode(t).ids for t in texts]
-    kw = dict(max_new_tokens=64, sampling=sampling)
+    drafters = (specjax.DraftModel(draft, num_draft=4), specjax.PromptLookup(num_draft=4))
+    # One forward width for plain and every drafter (both verify γ + 1 = 5 columns).
+    width = max(specjax.drafters.lookahead(d) for d in drafters)
+    kw = dict(max_new_tokens=64, sampling=sampling, forward_width=width)
     key = jax.random.key(0)
     plain = specjax.generate(key, target, prompts, **kw).to_lists()
-    for drafter in (specjax.DraftModel(draft, num_draft=4), specjax.PromptLookup(num_draft=4)):
+    for drafter in drafters:
         out = specjax.speculative_generate(
             key, target, drafter, prompts, verification="coupled", **kw
         )

@@ -19,6 +19,11 @@ from specjax.testing import tiny_model, tiny_tokenizer
 
 NEW = 40
 GREEDY = specjax.SamplingConfig.greedy()
+GAMMA = 4
+# Speculative output equals plain output token for token only at the same forward width:
+# every run compared with `bundled`'s rows, plain ones too, scores the drafters' verify
+# width (γ + 1 columns).
+WIDTH = specjax.drafters.lookahead(specjax.PromptLookup(ngram=2, num_draft=GAMMA))
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +31,10 @@ def bundled():
     target, draft, tokenizer = specjax.default_pair()
     texts = ["def fibonacci(n):", "import os\n", "class Config:\n    def __init__(self"]
     prompts = [tokenizer.encode(t).ids for t in texts]
-    base = specjax.generate(jax.random.key(0), target, prompts, max_new_tokens=NEW, sampling=GREEDY)
+    base = specjax.generate(
+        jax.random.key(0), target, prompts, max_new_tokens=NEW, sampling=GREEDY,
+        forward_width=WIDTH,
+    )  # fmt: skip
     return target, draft, tokenizer, prompts, base.to_lists()
 
 
@@ -79,19 +87,16 @@ def test_greedy_output_is_cut_after_the_first_stop(bundled, drafter_name):
     assert len(want[0]) < len(rows[0]) and len(want[1]) < len(rows[1])  # real stops
     assert want[2] == rows[2]  # the stop that never appears changes nothing
     key = jax.random.key(0)
+    kw = dict(max_new_tokens=NEW, sampling=GREEDY, stop=stops, forward_width=WIDTH)
     if drafter_name == "plain":
-        out = specjax.generate(
-            key, target, prompts, max_new_tokens=NEW, sampling=GREEDY, stop=stops
-        )
+        out = specjax.generate(key, target, prompts, **kw)
     else:
         drafter = (
-            specjax.DraftModel(draft, num_draft=4)
+            specjax.DraftModel(draft, num_draft=GAMMA)
             if drafter_name == "draft_model"
-            else specjax.PromptLookup(ngram=2, num_draft=4)
+            else specjax.PromptLookup(ngram=2, num_draft=GAMMA)
         )
-        out = specjax.speculative_generate(
-            key, target, drafter, prompts, max_new_tokens=NEW, sampling=GREEDY, stop=stops
-        )
+        out = specjax.speculative_generate(key, target, drafter, prompts, **kw)
     assert out.to_lists() == want
     for row, s in zip(out.to_lists()[:2], stops, strict=False):
         text = tokenizer.decode(row)
@@ -100,21 +105,22 @@ def test_greedy_output_is_cut_after_the_first_stop(bundled, drafter_name):
 
 @pytest.mark.slow  # the bundled pair sampled, plain and coupled (two programs, ~15 s)
 def test_sampled_coupled_output_equals_plain_with_stops(bundled):
-    """At T = 1 coupled verification reproduces plain sampling token for token, stops
-    included (one list of stops for every row, B = 5 = γ + 1)."""
+    """At T = 1 coupled verification reproduces plain sampling token for token at the
+    same forward width, stops included (one list of stops for every row, B = 5 = γ + 1)."""
     target, draft, tokenizer, _, _ = bundled
     prompts = [tokenizer.encode(t).ids for t in ["def f(x):", "import", "x = ", "#", "if "]]
     sampling = specjax.SamplingConfig(temperature=1.0)
     key = jax.random.key(5)
     stops = ["\n", "("]
-    plain = specjax.generate(key, target, prompts, max_new_tokens=NEW, sampling=sampling,
-                             stop=stops)  # fmt: skip
+    drafter = specjax.DraftModel(draft, num_draft=GAMMA)
+    width = specjax.drafters.lookahead(drafter)
+    kw = dict(max_new_tokens=NEW, sampling=sampling, forward_width=width)
+    plain = specjax.generate(key, target, prompts, stop=stops, **kw)
     coupled = specjax.speculative_generate(
-        key, target, specjax.DraftModel(draft, num_draft=4), prompts, max_new_tokens=NEW,
-        sampling=sampling, verification="coupled", stop=stops,
-    )  # fmt: skip
+        key, target, drafter, prompts, verification="coupled", stop=stops, **kw
+    )
     assert coupled.to_lists() == plain.to_lists()
-    unstopped = specjax.generate(key, target, prompts, max_new_tokens=NEW, sampling=sampling)
+    unstopped = specjax.generate(key, target, prompts, **kw)
     for row, full in zip(plain.to_lists(), unstopped.to_lists(), strict=True):
         assert row == _reference(tokenizer, full, stops)
     assert any(len(r) < NEW for r in plain.to_lists())
@@ -126,7 +132,7 @@ def test_stops_follow_the_prompt_through_refilled_slots(bundled):
     stops = _stops_per_row(tokenizer, rows)
     out = specjax.generate(
         jax.random.key(0), target, prompts, max_new_tokens=NEW, sampling=GREEDY, stop=stops,
-        num_slots=1,
+        num_slots=1, forward_width=WIDTH,  # as `bundled`'s rows
     )  # fmt: skip
     assert out.to_lists() == [_reference(tokenizer, r, s) for r, s in zip(rows, stops, strict=True)]
 

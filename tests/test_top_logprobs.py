@@ -92,17 +92,17 @@ def test_plain_top_logprobs_are_the_processed_distributions(pair):
 
 @pytest.mark.slow  # two more decode programs (about 15 s)
 def test_speculative_top_logprobs_are_plains(pair):
-    """B = γ + 1; the draft model's coupled run emits plain's tokens, so its k entries
-    must be plain's too (accepted drafts and target tokens alike)."""
+    """B = γ + 1; the draft model's coupled run emits plain's tokens at the same forward
+    width, so its k entries must be plain's too (accepted drafts and target tokens alike)."""
     target, draft = pair
     key = jax.random.key(0)
-    plain = specjax.generate(
-        key, target, PROMPTS, max_new_tokens=8, sampling=SAMPLING, top_logprobs=K
-    )
-    spec = specjax.speculative_generate(
-        key, target, specjax.DraftModel(draft, num_draft=2), PROMPTS, max_new_tokens=8,
-        sampling=SAMPLING, top_logprobs=K, verification="coupled",
+    drafter = specjax.DraftModel(draft, num_draft=2)
+    kw = dict(
+        max_new_tokens=8, sampling=SAMPLING, top_logprobs=K,
+        forward_width=specjax.drafters.lookahead(drafter),
     )  # fmt: skip
+    plain = specjax.generate(key, target, PROMPTS, **kw)
+    spec = specjax.speculative_generate(key, target, drafter, PROMPTS, verification="coupled", **kw)
     assert spec.to_lists() == plain.to_lists()
     assert int(spec.stats.accepted.sum()) > 0
     np.testing.assert_allclose(spec.top_logprobs, plain.top_logprobs, rtol=1e-5, atol=1e-5)

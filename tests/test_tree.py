@@ -10,12 +10,12 @@
    target's cache (and a draft model's) equals a fresh prefill of the committed tokens:
    slot == position again.
 4. Greedy: speculative output with DraftModel, BlockDrafter and EagleDrafter trees of several shapes
-   equals plain greedy token for token, on ragged batches, with per-row budgets, EOS,
-   B == D + 1, and continuous batching; the drafts are partly accepted (asserted), so
-   both the descend and the stop paths run.
+   equals plain greedy token for token at the same forward width, on ragged batches,
+   with per-row budgets, EOS, B == D + 1, and continuous batching; the drafts are partly
+   accepted (asserted), so both the descend and the stop paths run.
 5. Sampled: for the same key and seeds, tree decoding reproduces plain decoding token
-   for token (the emitted tokens are the target's own position-keyed samples), with
-   scalar and per-row settings, under both verifications.
+   for token at the same forward width (the emitted tokens are the target's own
+   position-keyed samples), with scalar and per-row settings, under both verifications.
 6. A chain-shaped tree (1, ..., 1) accepts exactly what the chain drafter accepts, for
    DraftModel, BlockDrafter and EagleDrafter (whose features then come from the path).
 7. Bad input: models without tree support, drafters without trees, trees with adaptive
@@ -222,30 +222,42 @@ def test_cache_after_tree_steps_equals_a_prefill_of_the_committed_tokens(pair, b
 
 
 # ----------------------------------------------------------------------------
-# 4. Greedy equality.
+# 4. Greedy equality, at the same forward width.
 
 TREES = [(2, 2, 1), (3, 2, 2, 1), (4,), (1, 3, 1), (1, 1, 1)]
 
 
 @pytest.fixture(scope="module")
 def greedy_reference(pair):
+    """``reference(W)``: the budgets and plain greedy output at forward width W (each W
+    decoded once), to compare with a tree drafter at the same W."""
     target, _ = pair
     budgets = np.asarray([30, 17, 23, 9])
-    out = specjax.generate(
-        jax.random.key(1), target, PROMPTS, max_new_tokens=budgets, sampling=GREEDY, eos_id=7
-    )
-    return budgets, out
+    outs = {}
+
+    def reference(width):
+        if width not in outs:
+            outs[width] = specjax.generate(
+                jax.random.key(1), target, PROMPTS, max_new_tokens=budgets, sampling=GREEDY,
+                eos_id=7, forward_width=width,
+            )  # fmt: skip
+        return budgets, outs[width]
+
+    return reference
 
 
 @pytest.mark.parametrize("branching", TREES, ids=str)
-# Fast tier: the first case of each parametrize list; the others run with -m slow.
-@pytest.mark.first_case_fast
+# Slow tier: tests/test_numerics.py keeps this drafter's equality with plain decoding at
+# one width in the fast tier.
+@pytest.mark.slow
 def test_draft_model_tree_greedy_equals_plain_greedy(pair, greedy_reference, branching):
     target, draft = pair
-    budgets, ref = greedy_reference
+    drafter = specjax.DraftModel(draft).with_tree(branching)
+    width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
+    budgets, ref = greedy_reference(width)
     out = specjax.speculative_generate(
-        jax.random.key(1), target, specjax.DraftModel(draft).with_tree(branching), PROMPTS,
-        max_new_tokens=budgets, sampling=GREEDY, eos_id=7,
+        jax.random.key(1), target, drafter, PROMPTS,
+        max_new_tokens=budgets, sampling=GREEDY, eos_id=7, forward_width=width,
     )  # fmt: skip
     assert out.to_lists() == ref.to_lists()
     np.testing.assert_array_equal(out.truncated, ref.truncated)
@@ -255,18 +267,21 @@ def test_draft_model_tree_greedy_equals_plain_greedy(pair, greedy_reference, bra
 
 @pytest.mark.parametrize("branching", [(2, 2, 1), (3, 1, 1, 1)], ids=str)
 @pytest.mark.parametrize("kind", ["block", "eagle"])
-# Fast tier: the first case of each parametrize list; the others run with -m slow.
-@pytest.mark.first_case_fast
+# Slow tier: tests/test_numerics.py keeps this drafter's equality with plain decoding at
+# one width in the fast tier.
+@pytest.mark.slow
 def test_feature_drafter_tree_greedy_equals_plain_greedy(pair, greedy_reference, kind, branching):
     target, _ = pair
-    budgets, ref = greedy_reference
     if kind == "block":
         drafter = specjax.BlockDrafter.random(target, key=jax.random.key(2), num_draft=4)
     else:
         drafter = specjax.EagleDrafter.random(target, key=jax.random.key(6), num_draft=4)
+    drafter = drafter.with_tree(branching)
+    width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
+    budgets, ref = greedy_reference(width)
     out = specjax.speculative_generate(
-        jax.random.key(1), target, drafter.with_tree(branching), PROMPTS,
-        max_new_tokens=budgets, sampling=GREEDY, eos_id=7,
+        jax.random.key(1), target, drafter, PROMPTS,
+        max_new_tokens=budgets, sampling=GREEDY, eos_id=7, forward_width=width,
     )  # fmt: skip
     assert out.to_lists() == ref.to_lists()
 
@@ -274,24 +289,28 @@ def test_feature_drafter_tree_greedy_equals_plain_greedy(pair, greedy_reference,
 # Slow tier: 9 s: trees with refill through B == D + 1 slots.
 @pytest.mark.slow
 def test_tree_greedy_with_batch_of_depth_plus_one_rows_and_refill(pair):
-    """B == D + 1 (4 slots, depth 3), 9 ragged prompts sharing the slots."""
+    """B == D + 1 (4 slots, depth 3), 9 ragged prompts sharing the slots; plain greedy
+    output at the same forward width."""
     target, draft = pair
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, 64, n).tolist() for n in (3, 8, 5, 2, 6, 4, 7, 3, 5)]
     budgets = rng.integers(3, 20, len(prompts))
+    drafter = specjax.DraftModel(draft).with_tree((2, 2, 1))
+    width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
     ref = specjax.generate(
-        jax.random.key(2), target, prompts, max_new_tokens=budgets, sampling=GREEDY
-    )
+        jax.random.key(2), target, prompts, max_new_tokens=budgets, sampling=GREEDY,
+        forward_width=width,
+    )  # fmt: skip
     out = specjax.speculative_generate(
-        jax.random.key(2), target, specjax.DraftModel(draft).with_tree((2, 2, 1)), prompts,
-        max_new_tokens=budgets, sampling=GREEDY, num_slots=4,
+        jax.random.key(2), target, drafter, prompts,
+        max_new_tokens=budgets, sampling=GREEDY, num_slots=4, forward_width=width,
     )  # fmt: skip
     assert out.to_lists() == ref.to_lists()
     assert int(jnp.sum(out.stats.accepted)) > 0
 
 
 # ----------------------------------------------------------------------------
-# 5. Sampled: the same tokens as plain decoding for the same key.
+# 5. Sampled: the same tokens as plain decoding for the same key, at the same forward width.
 
 
 @pytest.mark.parametrize("verification", ["rejection", "coupled"])
@@ -313,11 +332,13 @@ def test_sampled_tree_decoding_reproduces_plain_decoding(pair, sampling, verific
     """4 rows and depth 3: B == D + 1, where row and depth axes could be confused."""
     target, draft = pair
     seeds = np.asarray([3, 1, 4, 1])
-    kw = dict(max_new_tokens=np.asarray([25, 12, 18, 25]), sampling=sampling, seeds=seeds)
+    drafter = specjax.DraftModel(draft).with_tree((2, 2, 1))
+    width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
+    budgets = np.asarray([25, 12, 18, 25])
+    kw = dict(max_new_tokens=budgets, sampling=sampling, seeds=seeds, forward_width=width)
     ref = specjax.generate(jax.random.key(9), target, PROMPTS, **kw)
     out = specjax.speculative_generate(
-        jax.random.key(9), target, specjax.DraftModel(draft).with_tree((2, 2, 1)), PROMPTS,
-        verification=verification, **kw,
+        jax.random.key(9), target, drafter, PROMPTS, verification=verification, **kw,
     )  # fmt: skip
     assert out.to_lists() == ref.to_lists()
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)

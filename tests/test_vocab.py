@@ -9,8 +9,8 @@ context one padded id of each pair has a large logit (unmasked, they take most o
 mass, as a test below shows). The default ``vocab_limit`` is the tokenizer's size, 60.
 
 1. Greedy: speculative decoding with the V = 60 draft equals plain greedy decoding token
-   for token (ragged prompts, an EOS inside a block), and no padded id is chosen, while
-   plain greedy decoding without the limit does choose them.
+   for token at the same forward width (ragged prompts, an EOS inside a block), and no
+   padded id is chosen, while plain greedy decoding without the limit does choose them.
 2. Sampled output is exact (chi-square against the distribution enumerated by
    `specjax.testing.exact_sequence_probs` over all 64² two-token continuations, padded
    ids included, which have probability 0 and make the p-value 0 if ever drawn). The
@@ -25,7 +25,8 @@ mass, as a test below shows). The default ``vocab_limit`` is the tokenizer's siz
 3. Negative controls, at the same N and threshold: a drafter whose q is zero-padded on
    the wrong side (shifted by 4 ids) is rejected, and so is plain decoding with the
    padded rows left unmasked (``vocab_limit=64``; 99% of its tokens are padded ids).
-4. Coupled verification with the V = 60 draft reproduces plain decoding token for token.
+4. Coupled verification with the V = 60 draft reproduces plain decoding token for token
+   at the same forward width.
 5. Padded ids are never emitted: N rows × 4 tokens at temperature 2, plain and
    speculative; per-row limits with B == γ + 1 (where limits read along the γ+1
    positions instead of the rows would raise no shape error) keep each row below its own
@@ -143,7 +144,7 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 4, 5], [9]]
 def test_greedy_with_a_smaller_draft_equals_plain_greedy(target, draft):
     key = jax.random.key(0)
     drafter = specjax.DraftModel(draft, num_draft=GAMMA)
-    kw = dict(max_new_tokens=13, sampling=GREEDY)
+    kw = dict(max_new_tokens=13, sampling=GREEDY, forward_width=specjax.drafters.lookahead(drafter))
     plain = specjax.generate(key, target, PROMPTS, **kw)
     spec = specjax.speculative_generate(key, target, drafter, PROMPTS, **kw)
     assert plain.to_lists() == spec.to_lists()
@@ -249,12 +250,13 @@ def test_control_unmasked_padded_rows_are_rejected(target, exact):
 # Slow tier: 6 s; widens the smaller-draft contract (greedy, fast tier) to coupled mode.
 @pytest.mark.slow
 def test_coupled_with_a_smaller_draft_equals_plain(target, draft):
+    drafter = specjax.DraftModel(draft, num_draft=GAMMA)
     kw = dict(max_new_tokens=12, sampling=_sampled(0.8, top_p=0.95), seeds=[5, 6, 7])
+    kw.update(forward_width=specjax.drafters.lookahead(drafter))
     plain = specjax.generate(jax.random.key(3), target, PROMPTS, **kw)
     coupled = specjax.speculative_generate(
-        jax.random.key(3), target, specjax.DraftModel(draft, num_draft=GAMMA), PROMPTS,
-        verification="coupled", **kw,
-    )  # fmt: skip
+        jax.random.key(3), target, drafter, PROMPTS, verification="coupled", **kw
+    )
     assert coupled.to_lists() == plain.to_lists()
 
 

@@ -113,12 +113,6 @@ def _quantized(args, target, draft):
     draft_mode = args.quantize if args.draft_quantize is None else args.draft_quantize
     if args.draft_quantize is not None and not (args.drafter == "model" and draft is not None):
         raise UserError("--draft-quantize needs a draft model (--drafter model --draft PATH)")
-    if args.quantize == "int8" and args.drafter != "none":
-        raise UserError(
-            "--quantize int8 rounds the target's activations, which makes its verify "
-            "score another model than its plain steps; use --draft-quantize int8 (the "
-            "draft model, always exact), --quantize int8-weights, or --drafter none"
-        )
     if args.draft_head is not None:
         if not (args.drafter == "model" and draft is not None):
             raise UserError("--draft-head needs a draft model (--drafter model --draft PATH)")
@@ -221,6 +215,50 @@ def _load_block_drafter(args, target):
         raise UserError(f"{flag} {path}: {e}{tree}") from None
 
 
+def _apply_preset(args):
+    """For a named pair with a `specjax.presets.Preset`, its settings where no flag set
+    them; says what it chose on stderr. Returns the preset, or None."""
+    from specjax.presets import find
+
+    if not (args.model and args.draft) or args.drafter not in ("auto", "model"):
+        return None
+    preset = find(args.model, args.draft)
+    if preset is None:
+        return None
+    chosen = []
+    settings = {
+        "quantize": preset.quantize,
+        "draft_quantize": preset.draft_quantize,
+        "gamma": preset.gamma,
+        "draft_confidence": preset.draft_confidence,
+    }
+    for flag, value in settings.items():
+        if getattr(args, flag) is None and value is not None:
+            setattr(args, flag, value)
+            chosen.append(f"--{flag.replace('_', '-')} {value}")
+    if chosen:
+        print(
+            f"specjax: {args.model} with {args.draft}: the fastest exact configuration "
+            f"measured for this pair: {' '.join(chosen)} ({preset.measured}); flags "
+            "override each",
+            file=sys.stderr,
+        )
+    return preset
+
+
+def _forward_width(args, verify_width: int) -> int:
+    """``--forward-width``, checked against the verify's width; default the verify's."""
+    if args.forward_width is None:
+        return verify_width
+    if args.forward_width < verify_width:
+        what = f"--tree {args.tree}" if args.tree else f"--gamma {args.gamma}"
+        raise UserError(
+            f"--forward-width {args.forward_width} is narrower than one verify forward "
+            f"({verify_width} tokens with {what}); use --forward-width {verify_width} or more"
+        )
+    return args.forward_width
+
+
 def _eos_id(tokenizer, model):
     from specjax.tokenizer import EOS_TOKEN
 
@@ -317,7 +355,7 @@ def cmd_generate(args) -> int:
         raise UserError("give a PROMPT to complete, or --chat MESSAGE")
     elif not args.prompt.strip():
         raise UserError("the prompt is empty")
-    for name in ("max_new_tokens", "gamma", "batch", "ngram", "repeats"):
+    for name in ("max_new_tokens", "gamma", "batch", "ngram", "repeats", "forward_width"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     from specjax.validation import check_int
@@ -341,6 +379,7 @@ def cmd_generate(args) -> int:
         raise UserError(re.sub(r"SamplingConfig\.(\w+)", flag, str(e))) from None
 
     tree = _parse_tree(args)
+    preset = _apply_preset(args)
     if args.draft_confidence is not None and not 0.0 <= args.draft_confidence <= 1.0:
         raise UserError(f"--draft-confidence must be in [0, 1], got {args.draft_confidence}")
     target, draft, tokenizer = _load_models(args)
@@ -356,14 +395,17 @@ def cmd_generate(args) -> int:
         ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
         stop_ids = [_eos_id(tokenizer, target)]
     context = target.config.max_position_embeddings
-    step_slots = (tree.num_nodes if tree is not None else args.gamma) + 1
-    needed = len(ids) + args.max_new_tokens + step_slots
+    verify_width = (tree.num_nodes if tree is not None else args.gamma) + 1
+    if args.drafter == "none":
+        verify_width = 1
+    width = _forward_width(args, verify_width)
+    needed = len(ids) + args.max_new_tokens + width
     if needed > context:
         drafts = f"--tree {args.tree}" if tree is not None else f"--gamma {args.gamma}"
         raise UserError(
             f"the prompt is {len(ids)} tokens; with --max-new-tokens {args.max_new_tokens} "
-            f"and {drafts} it needs {needed} positions, more than the model's "
-            f"context of {context}"
+            f"and {drafts} (forward width {width}) it needs {needed} positions, more than "
+            f"the model's context of {context}"
         )
     prompts = [ids] * args.batch
     # An id past the model's logits can never be emitted (nor passed as eos_id).
@@ -389,7 +431,10 @@ def cmd_generate(args) -> int:
             drafter = drafter.with_tree(tree)
         except ValueError as e:
             raise UserError(f"--tree {args.tree}: {e}") from None
-    spec_kw = dict(kw)
+    # Speculative decoding at a fixed width W equals plain decoding at W token for token
+    # (`specjax.decoding.numerics`); plain decoding's fastest is width 1.
+    spec_kw = dict(kw, forward_width=width, verification=args.verification)
+    kw["forward_width"] = 1 if drafter is not None else width
     if args.draft_confidence is not None:
         if drafter is None or not drafter.stops_early or tree is not None:
             raise UserError(
@@ -401,9 +446,12 @@ def cmd_generate(args) -> int:
         specjax.vocab.resolve_vocab_limit(sampling, target, drafter)
     except ValueError as e:
         raise UserError(str(e)) from None
-    run = lambda d, on_chunk=None: _decode_open(  # noqa: E731
-        key, target, d, prompts, args.max_new_tokens, kw if d is None else spec_kw, on_chunk
-    )
+
+    def run(d, on_chunk=None, width=None):
+        options = kw if d is None else spec_kw
+        if width is not None:
+            options = dict(options, forward_width=width)
+        return _decode_open(key, target, d, prompts, args.max_new_tokens, options, on_chunk)
 
     color = sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ
     hide = stop
@@ -441,6 +489,9 @@ def cmd_generate(args) -> int:
     summary = {
         "drafter": args.drafter,
         "gamma": args.gamma if args.drafter != "none" else 0,
+        "forward_width": width,
+        "verification": args.verification,
+        "preset": None if preset is None else preset.describe(),
         "tokens": total,
         "seconds": seconds,
         "tokens_per_second": total / seconds,
@@ -462,8 +513,11 @@ def cmd_generate(args) -> int:
         summary["plain_seconds_runs"] = runs[1]
         summary["plain_tokens_per_second"] = plain_total / plain_s
         summary["speedup"] = summary["tokens_per_second"] / summary["plain_tokens_per_second"]
-        if args.temperature == 0:
-            summary["greedy_outputs_equal"] = plain.to_lists() == rows
+        # Token for token at the same width: greedy rows with any verification, every
+        # row with coupled verification. Rejection sampling is exact in distribution only.
+        if args.temperature == 0 or args.verification == "coupled":
+            same_width = run(None, width=width) if width != 1 else plain
+            summary["equals_plain_at_width"] = same_width.to_lists() == rows
 
     texts = []
     for row in rows:
@@ -498,11 +552,11 @@ def cmd_generate(args) -> int:
         )
     if args.compare:
         line += (
-            f" | plain {summary['plain_tokens_per_second']:.1f} tokens/s"
+            f" | plain (width 1) {summary['plain_tokens_per_second']:.1f} tokens/s"
             f" | speedup {summary['speedup']:.2f}x"
         )
-        if "greedy_outputs_equal" in summary:
-            line += f" | greedy outputs equal: {summary['greedy_outputs_equal']}"
+        if "equals_plain_at_width" in summary:
+            line += f" | equals plain at width {width}: {summary['equals_plain_at_width']}"
     if color:
         line += f"  ({GREEN}green{RESET} = accepted draft tokens)"
     print(line, file=sys.stderr)

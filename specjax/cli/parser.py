@@ -55,9 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--quantize", choices=["int8", "int8-weights"], default=None,
         help="run the target (and the draft model) with int8 weights: int8 also quantizes "
-        "each token's activations (int8 x int8 dots, fastest on a CPU at batch 1; for the "
-        "target only with --drafter none, as its verify would not equal its plain steps), "
-        "int8-weights keeps float32 products (specjax.models.quant)",
+        "each token's activations (int8 x int8 dots, the fastest on a CPU at batch 1), "
+        "int8-weights keeps float32 products (specjax.models.quant); either way the "
+        "speculative output equals the quantized model's plain output at the same "
+        "--forward-width",
     )  # fmt: skip
     g.add_argument(
         "--draft-quantize", choices=["int8", "int8-weights", "none"], default=None,
@@ -97,6 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
         "below TAU (0..1; its softmax when it drafts the argmax); the draft model then "
         "skips the forwards no row needs. Exact; pays where draft forwards are costly "
         "and often wrong (0.5 on the Qwen2.5-Coder pair's chat; BENCHMARKS.md)",
+    )  # fmt: skip
+    g.add_argument(
+        "--forward-width", type=int, default=None, metavar="W",
+        help="every target forward scores exactly W tokens (speculative decoding's verify "
+        "is padded to W, plain decoding's step too), so that speculative output equals "
+        "plain output at width W token for token in any precision; default: the verify's "
+        "width (gamma + 1, or a tree's nodes + 1), 1 with --drafter none",
+    )  # fmt: skip
+    g.add_argument(
+        "--verification", choices=["rejection", "coupled"], default="rejection",
+        help="rejection (default): speculative rejection sampling, the most accepted drafts; "
+        "coupled: the drafts share the target's noise, and the output equals plain "
+        "decoding's for the same --seed at any temperature",
     )  # fmt: skip
     g.add_argument(
         "--tree", default=None, metavar="K1,K2,...",
@@ -144,7 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     g.add_argument(
         "--compare", action="store_true",
-        help="also time plain decoding, interleaved with the speculative runs; print the speedup "
+        help="also decode plainly: check that the output equals plain decoding at the same "
+        "--forward-width (greedy, or --verification coupled), and time plain decoding at "
+        "width 1, its fastest, interleaved with the speculative runs; print the speedup "
         "(ratio of the median speeds)",
     )  # fmt: skip
     g.add_argument(

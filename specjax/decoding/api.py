@@ -58,6 +58,7 @@ def _trim(out: GenerationResult, width: int) -> GenerationResult:
 
 _STATIC = (
     "cache_len", "verification", "num_slots", "gamma_table", "top_logprobs", "raw_logprobs",
+    "forward_width",
 )  # fmt: skip
 # typed_jit, not jax.jit: models of different classes with the same fields must not
 # share a compiled program (see specjax/typed_jit.py).
@@ -107,11 +108,13 @@ def init(
     raw_logprobs: bool = False,
     stop=None,
     constraint=None,
+    forward_width: int | None = None,
 ) -> DecodeState:
     """Prefills the prompts and returns the `DecodeState` that `step` advances.
 
-    Takes the arguments of `speculative_generate` (``drafter=None`` decodes plainly)
-    and validates them the same way, before anything compiles; ``sampling``'s
+    Takes the arguments of `speculative_generate` (``drafter=None`` decodes plainly),
+    ``forward_width`` included, and validates them the same way, before anything
+    compiles; ``sampling``'s
     ``vocab_limit`` is resolved as there and travels (traced) in the state.
 
     Example:
@@ -128,7 +131,7 @@ def init(
         key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
         verification, num_slots, gamma_by_active_rows, draft_confidence,
         top_logprobs=top_logprobs, raw_logprobs=raw_logprobs, stop=stop,
-        constraint=constraint,
+        constraint=constraint, forward_width=forward_width,
     )  # fmt: skip
     return _init_jit(*traced, **static)
 
@@ -230,6 +233,7 @@ def generate(
     raw_logprobs: bool = False,
     stop=None,
     constraint=None,
+    forward_width: int | None = None,
 ) -> GenerationResult:
     """Plain autoregressive decoding: prefill, then one ``lax.while_loop``.
 
@@ -281,6 +285,10 @@ def generate(
             transforms (p masked and renormalised), the EOS ids only where the text is
             complete, and the row ends with the token that completes it when nothing
             can follow (`specjax.constraints`).
+        forward_width: static W: every step scores its token at column 0 of a W-wide
+            forward (W - 1 padding columns after it), so that the output equals
+            speculative decoding's at the same W token for token, in any precision
+            (`specjax.decoding.numerics`). Default 1 (``None``), the fastest.
 
     Returns:
         :class:`GenerationResult` with ``tokens int32[N, max(max_new_tokens)]``.
@@ -296,7 +304,7 @@ def generate(
     traced, static, width = _prepare(
         key, model, NoDraft(), prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
         "rejection", num_slots, top_logprobs=top_logprobs, raw_logprobs=raw_logprobs, stop=stop,
-        constraint=constraint,
+        constraint=constraint, forward_width=forward_width,
     )  # fmt: skip
     return _decode(traced, static, width)
 
@@ -320,6 +328,7 @@ def speculative_generate(
     raw_logprobs: bool = False,
     stop=None,
     constraint=None,
+    forward_width: int | None = None,
 ) -> GenerationResult:
     """Speculative decoding in one jitted ``lax.while_loop``, exact in distribution.
 
@@ -396,6 +405,13 @@ def speculative_generate(
             q at every drafted position, and drafts outside the language are always
             rejected, so the output is exactly constrained plain decoding's (with a
             tree, each node on the accepted path is masked after the path's tokens).
+        forward_width: static W >= γ + 1 (a tree: its nodes + 1): every target forward
+            of the loop scores exactly W columns, padded after the drafts, and never
+            a narrower one (``gamma_by_active_rows`` and ``draft_confidence`` keep
+            their logic, not their width). Then greedy rows, and with coupled
+            verification every row, are plain decoding's tokens at the same W in any
+            precision (`specjax.decoding.numerics`). ``None`` (default): each forward
+            is as wide as its step's verify.
 
     Returns:
         :class:`GenerationResult` with ``tokens int32[N, max(max_new_tokens)]``.
@@ -413,6 +429,6 @@ def speculative_generate(
         key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
         verification, num_slots, gamma_by_active_rows, draft_confidence,
         top_logprobs=top_logprobs, raw_logprobs=raw_logprobs, stop=stop,
-        constraint=constraint,
+        constraint=constraint, forward_width=forward_width,
     )  # fmt: skip
     return _decode(traced, static, width)

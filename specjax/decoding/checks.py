@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.constraints import Constraint, ConstraintTable
+from specjax.decoding.numerics import check_forward_width
 from specjax.decoding.state import CACHE_BUCKET, EOS_BUCKET, PROMPT_BUCKET, VERIFICATIONS
-from specjax.drafters.base import Drafter, cache_bytes, lookahead
+from specjax.drafters.base import Drafter, cache_bytes, step_slots
 from specjax.model_contract import check_before_compiling
 from specjax.sampling import PENALTY_OFF, SamplingConfig, check_sampling_config, per_row
 from specjax.stops import StopStrings
@@ -333,7 +334,7 @@ def _check_features(target, drafter: Drafter) -> None:
 def _prepare(
     key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
     verification, num_slots=None, gamma_by_active_rows=None, draft_confidence=None, *,
-    top_logprobs=0, raw_logprobs=False, stop=None, constraint=None,
+    top_logprobs=0, raw_logprobs=False, stop=None, constraint=None, forward_width=None,
 ):  # fmt: skip
     """Validates a decoder's inputs on the host, before anything compiles.
 
@@ -346,18 +347,6 @@ def _prepare(
     vocab = _check_model("target", target)
     check_drafter(target, drafter)
     check_before_compiling(target, "target")
-    if getattr(target, "quantization", None) == "int8" and not drafter.null_drafter:
-        # Rounding each token's activations to int8 turns the last-bit differences
-        # between a one-token step and a (γ+1)-token verify (attention, norms) into
-        # whole int8 steps, so the verify would score another model than plain decoding
-        # runs: measured on Qwen2.5-Coder-1.5B, greedy outputs part.
-        raise ValueError(
-            "target is quantized with int8 activations (specjax.models.quant, mode "
-            "'int8'): its logits depend on how many tokens one forward scores, so "
-            "speculative decoding could not equal its plain decoding; quantize the "
-            "drafter's model instead (any drafter stays exact), or the target with "
-            "'int8-weights'"
-        )
     if drafter.tree is not None and (
         gamma_by_active_rows is not None or draft_confidence is not None
     ):
@@ -385,7 +374,8 @@ def _prepare(
     sampling_B = per_row(resolve_vocab_limit(sampling, target, drafter), b)
     num_prompts = b
     b = _check_num_slots(num_slots, num_prompts)
-    resolved = resolve_cache_len(cache_len, p, max_new_B, lookahead(drafter))
+    forward_width = check_forward_width(forward_width, drafter)
+    resolved = resolve_cache_len(cache_len, p, max_new_B, step_slots(drafter, forward_width))
     name = (
         "cache_len" if cache_len is not None else "max_new_tokens (through the default cache_len)"
     )
@@ -412,6 +402,7 @@ def _prepare(
         gamma_table=_check_gamma_table(gamma_by_active_rows, drafter.num_draft),
         top_logprobs=top_logprobs,
         raw_logprobs=_check_bool("raw_logprobs", raw_logprobs),
+        forward_width=forward_width,
     )  # fmt: skip
     # From host values (inside a user's jit the arrays above are already traced).
     host_lengths = np.asarray(lengths_B) if is_concrete(lengths_B) else np.full((num_prompts,), p)

@@ -13,6 +13,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from specjax import noise
@@ -191,8 +192,43 @@ def _draft_keys(state: DecodeState, keys_BG1, gamma: int):
     return noise.stream(keys_BG1[:, :gamma], draft_stream)
 
 
+def _pad_columns(x_BT, width: int, value):
+    """``x`` ``[B, T, ...]`` padded along axis 1 to ``width`` columns with ``value``."""
+    pad = [(0, 0), (0, width - x_BT.shape[1])] + [(0, 0)] * (x_BT.ndim - 2)
+    return jnp.pad(x_BT, pad, constant_values=value)
+
+
+def _score_fixed(target, drafter, tokens_BW, positions_BW, cache, num_features: int):
+    """The verify forward over all W columns, which XLA may not narrow.
+
+    The logits of columns no row can emit are never read, and XLA would otherwise be
+    free to drop them and shrink the last layer's and the head's products to fewer
+    rows: another kernel, so other rounding, and a column's logits would depend on how
+    much of the forward is read. The barrier keeps every product W rows wide. The
+    features are cut to the ``num_features`` leading columns (the drafter's γ + 1).
+    """
+    logits_BWV, cache, features = score(
+        target, tokens_BW, positions_BW, cache, drafter.target_layers
+    )
+    if features is None:
+        return jax.lax.optimization_barrier(logits_BWV), cache, None
+    logits_BWV, hidden = jax.lax.optimization_barrier((logits_BWV, features.hidden))
+    features = features.replace(
+        hidden=hidden[:, :num_features], positions=positions_BW[:, :num_features]
+    )
+    return logits_BWV, cache, features
+
+
 def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
-    """Drafts a chain of ``gamma`` tokens, scores it in one target call, verifies it."""
+    """Drafts a chain of ``gamma`` tokens, scores it in one target call, verifies it.
+
+    The target scores ``W = γ + 1`` columns, or the state's fixed forward width: then
+    the chain is padded with drafts that were not proposed (-1, fed to the target as
+    id 0 at the following positions), which every verifier rejects, so the step is
+    the same verification over W columns. Plain decoding (the null drafter) is coupled
+    verification of such a chain: its token at each position is the target's sample
+    there, drawn exactly as coupled speculative decoding draws it.
+    """
     target = state.target
     drafter = state.drafter
     if gamma != drafter.num_draft:
@@ -202,22 +238,19 @@ def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
     b = state.seq.shape[0]
     rows = jnp.arange(b)
     lengths = state.seq_lengths
-    offsets = jnp.arange(gamma + 1)
-    positions_BG1, keys_BG1 = _step_keys(state, gamma + 1)
+    g1 = gamma + 1
+    width = g1 if state.forward_width is None else state.forward_width
+    positions_BW, keys_BW = _step_keys(state, width)
     counts_BV = prefix_counts(state, target.vocab_size)
     cursor_B = _cursor(state)
     proposal = drafter.propose(
-        _draft_keys(state, keys_BG1, gamma), state.drafter_state, state.seq, lengths,
+        _draft_keys(state, keys_BW, gamma), state.drafter_state, state.seq, lengths,
         state.sampling.replace(counts=counts_BV, automaton=cursor_B),
     )  # fmt: skip
     draft_probs = _draft_probs(proposal, drafter, b, gamma, target.vocab_size)
     draft_tokens_BG = proposal.tokens.astype(jnp.int32)
     active = ~state.done
 
-    # Score the pending token and the γ drafts in one target call.
-    pending_B = state.seq[rows, lengths - 1]
-    tokens_in = jnp.concatenate([pending_B[:, None], draft_tokens_BG], axis=1)
-    # A drafter's features come out of this same forward: no second target call.
     stopped_itself = proposal.num_drafted is not None
     if (
         state.draft_confidence is not None
@@ -232,44 +265,49 @@ def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
         )
     if state.draft_confidence is None or gamma == 0:
         num_drafted = jnp.full((b,), gamma, jnp.int32)
-        logits_BG1V, target_cache, features = score(
-            target, tokens_in, positions_BG1, state.target_cache, drafter.target_layers
-        )
     else:
         num_drafted = (
             proposal.num_drafted.astype(jnp.int32)
             if stopped_itself
             else _confident_drafts(draft_tokens_BG, draft_probs, state.draft_confidence)
         )
-        # A draft that was not proposed reads as out of vocabulary (-1): every verifier
-        # rejects it with q := 0, so the row's next token comes from p itself, exactly.
-        draft_tokens_BG = jnp.where(
-            offsets[None, :gamma] < num_drafted[:, None], draft_tokens_BG, -1
-        )
+    # A draft that was not proposed reads as out of vocabulary (-1): every verifier
+    # rejects it with q := 0, so the row's next token comes from p itself, exactly.
+    chain_BW1 = _pad_columns(
+        jnp.where(jnp.arange(gamma)[None] < num_drafted[:, None], draft_tokens_BG, -1),
+        width - 1, -1,
+    )  # fmt: skip
+    # Score the pending token and the chain in one target call; a drafter's features
+    # come out of this same forward (no second target call).
+    pending_B = state.seq[rows, lengths - 1]
+    tokens_in = jnp.concatenate([pending_B[:, None], jnp.maximum(chain_BW1, 0)], axis=1)
+    if state.forward_width is None and state.draft_confidence is not None and gamma > 0:
         width_index = jnp.max(jnp.where(active, num_drafted, 0))
-        logits_BG1V, target_cache, features = _score_drafted(
-            target, drafter, tokens_in, positions_BG1, state.target_cache, width_index
+        logits_BWV, target_cache, features = _score_drafted(
+            target, drafter, tokens_in, positions_BW, state.target_cache, width_index
+        )
+    else:
+        logits_BWV, target_cache, features = _score_fixed(
+            target, drafter, tokens_in, positions_BW, state.target_cache, g1
         )
     # Position i's penalties count the prefix and drafts 0..i-1 (`specjax.penalties`);
     # its constraint mask is the automaton's state after them (`specjax.constraints`).
-    counts_BG1V = along_drafts(state.sampling, counts_BV, draft_tokens_BG)
-    scored = state.sampling.replace(
-        counts=counts_BG1V, automaton=_cursor_along(cursor_B, draft_tokens_BG)
-    )
-    target_probs = probs_from_logits(logits_BG1V, scored)
-    if state.verification == "coupled":
-        block_BG1, num_accepted = coupled_verify(keys_BG1, draft_tokens_BG, target_probs)
+    counts_BWV = along_drafts(state.sampling, counts_BV, chain_BW1)
+    scored = state.sampling.replace(counts=counts_BWV, automaton=_cursor_along(cursor_B, chain_BW1))
+    target_probs = probs_from_logits(logits_BWV, scored)
+    if state.verification == "coupled" or drafter.null_drafter:
+        block_BW, num_accepted = coupled_verify(keys_BW, chain_BW1, target_probs)
     elif draft_probs is None:
-        block_BG1, num_accepted = rejection_sample_onehot(keys_BG1, draft_tokens_BG, target_probs)
+        block_BW, num_accepted = rejection_sample_onehot(keys_BW, chain_BW1, target_probs)
     else:
-        block_BG1, num_accepted = rejection_sample(
-            keys_BG1, draft_tokens_BG, draft_probs, target_probs
+        block_BW, num_accepted = rejection_sample(
+            keys_BW, chain_BW1, _pad_columns(draft_probs, width - 1, 0.0), target_probs
         )
     return _Verified(
-        drafter=drafter, drafter_state=proposal.state, block=block_BG1,
+        drafter=drafter, drafter_state=proposal.state, block=block_BW,
         num_accepted=num_accepted, num_drafted=num_drafted, probs=target_probs,
-        usable=_usable(logits_BG1V, scored), target_cache=target_cache,
-        features=features, logits=logits_BG1V,
+        usable=_usable(logits_BWV, scored), target_cache=target_cache,
+        features=features, logits=logits_BWV,
     )  # fmt: skip
 
 
@@ -277,9 +315,12 @@ def _verify_tree(state: DecodeState) -> _Verified:
     """Drafts the drafter's tree, scores all N + 1 nodes in one target call, verifies it.
 
     The root (the pending token) is at slot ``last`` and node j at slot ``last + j``,
-    each at position ``last + depth``, attending to its ancestors only. After the
-    exact walk (`specjax.tree.tree_verify`) the accepted path is moved to consecutive
-    slots, and the path's probabilities and features are what the commit reads.
+    each at position ``last + depth``, attending to its ancestors only. At a fixed
+    forward width W the nodes are followed by ``W - N - 1`` padding columns at later
+    slots and positions, each seeing only itself, and p and the target's samples are
+    computed at every column (`specjax.tree.tree_verify`'s ``every_node``). After the
+    exact walk the accepted path is moved to consecutive slots, and the path's
+    probabilities and features are what the commit reads.
     """
     target, drafter = state.target, state.drafter
     tree = drafter.tree
@@ -287,6 +328,7 @@ def _verify_tree(state: DecodeState) -> _Verified:
     rows = jnp.arange(b)
     last = state.seq_lengths - 1
     depth, n1 = tree.depth, tree.num_nodes + 1
+    width = n1 if state.forward_width is None else state.forward_width
     _, keys_BD1 = _step_keys(state, depth + 1)
     proposal = drafter.propose(
         _draft_keys(state, keys_BD1, depth), state.drafter_state, state.seq,
@@ -300,20 +342,30 @@ def _verify_tree(state: DecodeState) -> _Verified:
             f"{None if proposal.probs is None else list(proposal.probs.shape)}"
         )
     node_tokens = node_tokens.astype(jnp.int32)
-    tokens_in = jnp.concatenate([state.seq[rows, last][:, None], node_tokens], axis=1)
+    tokens_in = _pad_columns(
+        jnp.concatenate([state.seq[rows, last][:, None], node_tokens], axis=1), width, 0
+    )
+    # Padding sees only itself, and no node sees it (its slots follow the tree region).
+    visible = np.eye(width, dtype=bool)
+    visible[:n1, :n1] = tree.ancestors
+    depth_W = np.concatenate([tree.depths, depth + np.arange(1, width - n1 + 1)])
     mask = TreeMask(
-        start=last, slots=last[:, None] + jnp.arange(n1)[None],
-        visible=jnp.asarray(tree.ancestors),
-    )  # fmt: skip
-    logits_BN1V, target_cache, features = score(
-        target, tokens_in, last[:, None] + jnp.asarray(tree.depths)[None], state.target_cache,
+        start=last, slots=last[:, None] + jnp.arange(width)[None], visible=jnp.asarray(visible)
+    )
+    logits_BWV, target_cache, features = score(
+        target, tokens_in, last[:, None] + jnp.asarray(depth_W)[None], state.target_cache,
         drafter.target_layers, tree=mask,
     )  # fmt: skip
-    # Logits in: only the D + 1 nodes on the path become distributions.
+    fixed = state.forward_width is not None
+    if fixed:  # as in `_score_fixed`: every product stays W rows wide
+        logits_BWV, features = jax.lax.optimization_barrier((logits_BWV, features))
+    # Logits in: only the D + 1 nodes on the path become distributions (all W at a fixed
+    # width).
     cursor_B = _cursor(state)
     block_BD1, num_accepted, path_BD, probs_BD1V = tree_verify(
-        keys_BD1, node_tokens, logits_BN1V, tree, state.sampling.replace(automaton=cursor_B)
-    )
+        keys_BD1, node_tokens, logits_BWV if fixed else logits_BWV[:, :n1], tree,
+        state.sampling.replace(automaton=cursor_B), every_node=fixed,
+    )  # fmt: skip
     nodes_BD1 = path_nodes_with_root(path_BD)
     along = lambda x_BN1: jnp.take_along_axis(  # noqa: E731
         x_BN1, nodes_BD1.reshape(b, depth + 1, *([1] * (x_BN1.ndim - 2))), axis=1
@@ -328,11 +380,11 @@ def _verify_tree(state: DecodeState) -> _Verified:
         num_drafted=jnp.full((b,), depth, jnp.int32),
         probs=probs_BD1V,
         usable=_usable(
-            along(logits_BN1V),
+            along(logits_BWV),
             state.sampling.replace(automaton=_cursor_along(cursor_B, block_BD1[:, :depth])),
         ),
         target_cache=target_cache.compact_path(last, path_BD), features=features,
-        logits=along(logits_BN1V),
+        logits=along(logits_BWV),
     )  # fmt: skip
 
 

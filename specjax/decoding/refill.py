@@ -15,13 +15,13 @@ import jax.numpy as jnp
 from specjax import noise
 from specjax.decoding.slots import PromptOutputs, PromptQueue, insert_row, serving_order
 from specjax.decoding.state import DecodeState, GenerationStats
-from specjax.drafters.base import lookahead, prefill
+from specjax.drafters.base import prefill, step_slots
 
 
 def _init_state(
     key, target, drafter, prompts_NP, prompt_lengths_N, max_new_N, sampling_N, eos_K, seeds_N,
     draft_confidence, stop=None, constraint=None, *, cache_len, verification, num_slots,
-    gamma_table, top_logprobs=0, raw_logprobs=False,
+    gamma_table, top_logprobs=0, raw_logprobs=False, forward_width=None,
 ) -> DecodeState:  # fmt: skip
     """Prefills the first ``num_slots`` prompts into the slots (one batched forward)."""
     b = num_slots
@@ -35,7 +35,9 @@ def _init_state(
     )
     drafter_state = drafter.init(prompts_BP, prompt_lengths_B, cache_len, features)
     zeros = jnp.zeros((b,), jnp.int32)
-    done, truncated = _starts_done(prompt_lengths_B, max_new_B, lookahead(drafter), cache_len)
+    done, truncated = _starts_done(
+        prompt_lengths_B, max_new_B, step_slots(drafter, forward_width), cache_len
+    )
     state = DecodeState(
         target=target,
         drafter=drafter,
@@ -83,19 +85,20 @@ def _init_state(
         outputs=PromptOutputs.empty(num_prompts, cache_len, top_logprobs),
         gamma_table=gamma_table,
         draft_confidence=draft_confidence,
+        forward_width=forward_width,
     )
     # Slots whose first prompt is done before it starts are handed on at once.
     return _refill(state)
 
 
-def _starts_done(prompt_lengths, max_new_tokens, step_slots: int, cache_len: int):
+def _starts_done(prompt_lengths, max_new_tokens, slots_per_step: int, cache_len: int):
     """``(done, truncated)`` of rows before their first step.
 
     A traced budget <= 0 gives the row no tokens (the host refuses concrete ones); a
     prompt with no room for one step is truncated.
     """
     no_budget = max_new_tokens <= 0
-    no_room = prompt_lengths + step_slots > cache_len
+    no_room = prompt_lengths + slots_per_step > cache_len
     return no_budget | no_room, no_room & ~no_budget
 
 
@@ -157,7 +160,7 @@ def _load(state: DecodeState, slot) -> DecodeState:
     _, cache_1, features = prefill(target, prompt_1P, length_1, cache_len, drafter.target_layers)
     drafter_1 = drafter.init(prompt_1P, length_1, cache_len, features)
     length, max_new = length_1[0], take(q.max_new_tokens)
-    done, truncated = _starts_done(length, max_new, lookahead(drafter), cache_len)
+    done, truncated = _starts_done(length, max_new, state.lookahead, cache_len)
     row = jnp.zeros((cache_len,), jnp.int32).at[: prompt_1P.shape[1]].set(prompt_1P[0, :cache_len])
     put = lambda x_B, value: x_B.at[slot].set(value)  # noqa: E731
     stats = state.stats

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.decoding.slots import PromptOutputs, PromptQueue
-from specjax.drafters.base import lookahead
+from specjax.drafters.base import step_slots
 from specjax.sampling import SamplingConfig
 
 # Default cache lengths are rounded up to this multiple, so that nearby values
@@ -174,6 +174,9 @@ class DecodeState:
             drafter's γ.
         draft_confidence: ``float32[]`` τ, or ``None``: a row stops proposing after
             its first draft whose own probability is below τ.
+        forward_width: static W: every target forward of the loop scores exactly W
+            columns (`specjax.decoding.numerics`), or ``None``: each scores only what
+            its step needs (1 for plain decoding, the step's verify width otherwise).
     """
 
     target: object
@@ -204,6 +207,7 @@ class DecodeState:
     stop: object = None
     constraint: object = None
     automaton_state: jax.Array | None = None
+    forward_width: int | None = struct.field(pytree_node=False, default=None)
 
     @property
     def num_generated(self) -> jax.Array:
@@ -212,5 +216,6 @@ class DecodeState:
 
     @property
     def lookahead(self) -> int:
-        """Slots one step may write past a row's length (γ + 1, or N + 1 for a tree)."""
-        return lookahead(self.drafter)
+        """Slots one step may write past a row's length: γ + 1 (N + 1 for a tree), or
+        the forward width W when it is fixed."""
+        return step_slots(self.drafter, self.forward_width)

@@ -394,6 +394,12 @@ def lookahead(drafter: Drafter) -> int:
     return (tree.num_nodes if tree is not None else drafter.num_draft) + 1
 
 
+def step_slots(drafter: Drafter, forward_width: int | None) -> int:
+    """Cache slots one decode step writes past a row's length: the forward width W when
+    it is fixed (at least `lookahead`), else `lookahead`."""
+    return lookahead(drafter) if forward_width is None else forward_width
+
+
 def prefill_positions(batch_size: int, length: int) -> jax.Array:
     """``int32[B, T]`` positions ``0..T-1`` for every row."""
     return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))

@@ -56,6 +56,7 @@ from specjax.drafters.features import MODES, FeatureDrafter, layers_config
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
 from specjax.models.llama import MLP, Dense, RMSNorm, apply_rope, rope_inv_freq
+from specjax.models.matmul import einsum_f32
 from specjax.penalties import after_token
 from specjax.sampling import probs_from_logits, sample
 from specjax.tree import child_tokens
@@ -121,9 +122,8 @@ class BlockAttention(nnx.Module):
             q = self.q_norm(q)
         q = apply_rope(q, positions_BQ, inv_freq).reshape(b, q_len, kh, g, d)
         k_blk, v_blk = self.keys_values(x_BQE, positions_BQ, inv_freq)
-        f32 = dict(preferred_element_type=jnp.float32)
-        s_ctx = jnp.einsum("bqkgd,bkds->bkgqs", q, ctx_k_BKDS, **f32)
-        s_blk = jnp.einsum("bqkgd,bpkd->bkgqp", q, k_blk, **f32)
+        s_ctx = einsum_f32("bqkgd,bkds->bkgqs", q, ctx_k_BKDS)
+        s_blk = einsum_f32("bqkgd,bpkd->bkgqp", q, k_blk)
         scores = jnp.concatenate([s_ctx, s_blk], axis=-1) / math.sqrt(d)
         s = ctx_k_BKDS.shape[-1]
         visible = jnp.concatenate(

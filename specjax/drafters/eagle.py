@@ -66,6 +66,7 @@ from specjax.drafters.features import MODES, FeatureDrafter, layers_config
 from specjax.models.cache import KVCache, TreeMask
 from specjax.models.config import ModelConfig
 from specjax.models.llama import MLP, Dense, RMSNorm, apply_rope, rope_inv_freq
+from specjax.models.matmul import einsum_f32
 from specjax.penalties import after_token
 from specjax.tree import expand_top_k
 
@@ -103,9 +104,8 @@ def _attend(q_BQHD, ctx_k_BKDS, ctx_v_BKSD, ctx_visible, extra_k=(), extra_v=())
     b, q_len, h, d = q_BQHD.shape
     kh, s = ctx_k_BKDS.shape[1], ctx_k_BKDS.shape[-1]
     q = q_BQHD.reshape(b, q_len, kh, h // kh, d)
-    f32 = dict(preferred_element_type=jnp.float32)
-    scores = [jnp.einsum("bqkgd,bkds->bkgqs", q, ctx_k_BKDS, **f32)]
-    scores += [jnp.einsum("bqkgd,bqkd->bkgq", q, k, **f32)[..., None] for k in extra_k]
+    scores = [einsum_f32("bqkgd,bkds->bkgqs", q, ctx_k_BKDS)]
+    scores += [einsum_f32("bqkgd,bqkd->bkgq", q, k)[..., None] for k in extra_k]
     scores = jnp.concatenate(scores, axis=-1) / math.sqrt(d)
     visible = jnp.broadcast_to(ctx_visible, (b, q_len, s))
     visible = jnp.pad(visible, ((0, 0), (0, 0), (0, len(extra_k))), constant_values=True)

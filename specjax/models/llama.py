@@ -24,7 +24,7 @@ from flax import nnx
 
 from specjax.models.cache import KVCache, TreeMask
 from specjax.models.config import ModelConfig
-from specjax.models.matmul import matmul
+from specjax.models.matmul import einsum_f32, matmul
 
 
 class RMSNorm(nnx.Module):
@@ -229,9 +229,7 @@ class Attention(nnx.Module):
         # the cache (the reason for its layout).
         q_BKQD = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, d)
         scale = c.query_pre_attn_scalar**-0.5
-        scores = scale * jnp.einsum(
-            "bkqd,bkds->bkqs", q_BKQD, keys_BKDS, preferred_element_type=jnp.float32
-        )
+        scores = scale * einsum_f32("bkqd,bkds->bkqs", q_BKQD, keys_BKDS)
         scores = softcap(scores, c.attn_logit_softcapping)
         key_pos = key_pos_BS[:, None, :]
         query_pos = positions_BT[:, :, None]

@@ -70,3 +70,17 @@ def matmul(x: jax.Array, weight_OI: jax.Array) -> jax.Array:
     lead = x.shape[:-1]
     y = matmul_rows(x.reshape(-1, x.shape[-1]), weight_OI)
     return y.reshape(*lead, weight_OI.shape[0])
+
+
+def einsum_f32(subscripts: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """``jnp.einsum(subscripts, a, b)`` accumulated and returned in float32, any input dtype.
+
+    Attention scores are summed in float32 whatever the cache's dtype. XLA:CPU has no
+    kernel for a bfloat16 × bfloat16 → float32 product (for some shapes it fails at run
+    time: "Unsupported element type for DotThunk"), so on a CPU the operands are
+    widened first. That is exact: every bfloat16 (and float16) value is a float32, and
+    their products are exact in float32, so the sums are the same float32 sums.
+    """
+    if jax.default_backend() == "cpu":
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    return jnp.einsum(subscripts, a, b, preferred_element_type=jnp.float32)
