@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -100,7 +101,7 @@ def first_difference(a_rows, b_rows) -> list[int | None]:
 
 def decode(target, drafter_, prompts, *, verification="coupled", width=WIDTH, **kw):
     """Token lists of plain (``drafter_`` None) or speculative decoding at ``width``."""
-    kw = dict(sampling=SAMPLING, cache_len=CACHE_LEN, forward_width=width, **kw)
+    kw = {"sampling": SAMPLING, "cache_len": CACHE_LEN, "forward_width": width, **kw}
     key = jax.random.key(0)
     if drafter_ is None:
         out = specjax.generate(key, target, prompts, max_new_tokens=NEW_TOKENS, **kw)
@@ -237,7 +238,10 @@ def main(argv=None) -> int:
         plain_rows, _ = decode(target, None, ids)
         for case in cases.split(","):
             t = time.perf_counter()
-            results = run_case(case, precision, target, draft, ids, plain_rows)
+            try:
+                results = run_case(case, precision, target, draft, ids, plain_rows)
+            except Exception:  # one case's failure, reported as that case's, not all
+                results = [{"equal": False, "error": traceback.format_exc()}]
             seconds = time.perf_counter() - t
             report["results"].setdefault(precision, {})[case] = {
                 "comparisons": results,

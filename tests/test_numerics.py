@@ -89,6 +89,7 @@ def slow_reports(tmp_path_factory):
 
 def _check(comparisons: list[dict], case: str, precision: str) -> None:
     for c in comparisons:
+        assert "error" not in c, f"{case} ({precision}) raised:\n{c['error']}"
         assert c["equal"], (
             f"{case} ({precision}): speculative decoding parted from plain decoding at the "
             f"same forward width; first differing position per checked row "

@@ -143,6 +143,9 @@ def test_coupled_at_t1_equals_plain_sampling_with_an_int8_draft(target):
     assert float(spec.stats.acceptance_rate) > 0.5  # the drafts are really used
 
 
+# Slow: tests/test_numerics.py shows the same equality for an int8 target in the fast
+# tier, at jax's default flags, with every drafter; this one is the suite's flags.
+@pytest.mark.slow
 def test_an_int8_activation_target_speculates_and_equals_plain_at_its_width(target):
     """An int8 target (weights and activations) is a target like any other: at one
     forward width its speculative output is its plain output, token for token."""
