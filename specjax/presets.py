@@ -1,7 +1,7 @@
-"""The fastest exact configuration measured for a named target/draft pair.
+"""The decoding configuration chosen for a named target/draft pair.
 
-For a pair `specjax.fetch` knows by name, a `Preset` holds the settings that decoded it
-fastest where it was measured (the precisions, γ and draft confidence), all of them
+For a pair `specjax.fetch` knows by name, a `Preset` holds the settings it decodes with
+by default (the precisions, γ and draft confidence), chosen for speed and all of them
 exact: the speculative output equals plain decoding's at the preset's forward width,
 token for token (`specjax.decoding.numerics`). ``specjax generate --model NAME --draft
 NAME`` applies it when no flag sets those, and says so; `load_pair` loads a pair with

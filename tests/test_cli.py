@@ -486,7 +486,7 @@ def test_a_named_pair_gets_its_preset_unless_a_flag_sets_it(capsys):
         preset.gamma,
         preset.draft_confidence,
     )
-    assert "fastest exact configuration measured for this pair" in capsys.readouterr().err
+    assert "this pair's preset (specjax.presets)" in capsys.readouterr().err
     args = parse(["generate", "hi", "--model", preset.target, "--draft", preset.draft,
                   "--gamma", "5", "--quantize", "int8-weights"])  # fmt: skip
     _apply_preset(args)

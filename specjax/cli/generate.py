@@ -238,8 +238,8 @@ def _apply_preset(args):
             chosen.append(f"--{flag.replace('_', '-')} {value}")
     if chosen:
         print(
-            f"specjax: {args.model} with {args.draft}: the fastest exact configuration "
-            f"measured for this pair: {' '.join(chosen)} ({preset.measured}); flags "
+            f"specjax: {args.model} with {args.draft}: this pair's preset "
+            f"(specjax.presets): {' '.join(chosen)} ({preset.measured}); flags "
             "override each",
             file=sys.stderr,
         )
