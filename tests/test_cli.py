@@ -219,7 +219,7 @@ def test_draft_flags_reach_the_draft_and_stay_exact(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["greedy_outputs_equal"] is True
+    assert report["equals_plain_at_width"] is True
     if "--draft-head" in flags:
         head = seen["draft"].head_ids
         assert head is not None and len(head) == 40
@@ -402,7 +402,7 @@ def test_train_drafter_then_generate_with_it(model_folders, tmp_path):
     assert gen.returncode == 0, gen.stderr
     result = json.loads(gen.stdout)
     assert (result["drafter"], result["gamma"]) == ("block", 3)  # its saved γ: block 4
-    assert result["greedy_outputs_equal"] is True
+    assert result["equals_plain_at_width"] is True
     missing = run_cli(
         "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "block"
     )
@@ -438,7 +438,7 @@ def test_generate_with_a_tree_greedy_equals_plain(drafter):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert (out["drafter"], out["gamma"]) == (drafter, 3)
-    assert out["greedy_outputs_equal"] is True
+    assert out["equals_plain_at_width"] is True
     assert out["tokens_per_target_call"] > 1.0
 
 
@@ -465,7 +465,7 @@ def test_generate_with_the_eagle_head_chain_greedy_equals_plain():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["drafter"] == "eagle" and out["greedy_outputs_equal"] is True
+    assert out["drafter"] == "eagle" and out["equals_plain_at_width"] is True
     assert out["tokens_per_target_call"] > 1.0
 
 

@@ -148,7 +148,10 @@ def load_pretrained(
         model = load_gguf_cached(
             gguf_file,
             dtype,
-            read_folder=lambda folder, dtype: load_pretrained(folder, dtype),
+            # Read stacked as asked: restacking a loaded model holds two copies.
+            read_folder=lambda folder, dtype: load_pretrained(
+                folder, dtype, scan_layers=scan_layers
+            ),
             write_folder=lambda model, folder: save_pretrained(model, folder, overwrite=True),
         )
         return model.with_scan_layers(scan_layers)

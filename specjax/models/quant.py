@@ -56,6 +56,7 @@ MODES = ("int8", "int8-weights")
 __all__ = ["MODES", "QuantizedDense", "QuantizedEmbedding", "quantize", "quantize_rows"]
 
 
+@jax.jit
 def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(q int8[..., N], scale float32[...])`` with ``x ≈ scale[..., None] · q``, per row.
 
@@ -92,8 +93,9 @@ class QuantizedDense(nnx.Module):
     keeps its own scale, so the outputs are the same values as separate products.
     """
 
-    def __init__(self, weight_OI: jax.Array, bias_O: jax.Array | None, mode: str):
-        q, scale = quantize_rows(weight_OI)
+    def __init__(self, weight_OI, bias_O: jax.Array | None, mode: str):
+        # A (q, scale) pair is taken as already quantized (`fused` quantizes its parts).
+        q, scale = weight_OI if isinstance(weight_OI, tuple) else quantize_rows(weight_OI)
         self.weight = nnx.Param(q)
         self.scale = nnx.Param(scale)
         self.bias = None if bias_O is None else nnx.Param(bias_O.astype(jnp.float32))
@@ -102,15 +104,18 @@ class QuantizedDense(nnx.Module):
     @classmethod
     def fused(cls, denses: list[Dense], mode: str) -> QuantizedDense:
         """One product for ``denses`` (each ``Dense`` of the same input), outputs concatenated."""
-        weight = jnp.concatenate([d.weight[...] for d in denses], axis=0)
-        biases = [d.bias for d in denses]
-        if all(b is None for b in biases):
+        # Rows are quantized one by one, so each part is quantized before they are joined
+        # (joining the float32 parts first would hold a second copy of them). Axis -2 is
+        # ``out`` both for one layer's [O, I] and for a scanned stack's [L, O, I].
+        qs, scales = zip(*[quantize_rows(d.weight[...]) for d in denses], strict=True)
+        weight = jnp.concatenate(qs, axis=-2), jnp.concatenate(scales, axis=-1)
+        if all(d.bias is None for d in denses):
             bias = None
         else:
-            bias = jnp.concatenate([
-                jnp.zeros(d.weight[...].shape[0]) if d.bias is None else d.bias[...]
-                for d in denses
-            ])  # fmt: skip
+            zeros = lambda d: jnp.zeros(d.weight[...].shape[:-1])  # noqa: E731
+            bias = jnp.concatenate(
+                [zeros(d) if d.bias is None else d.bias[...] for d in denses], axis=-1
+            )
         return cls(weight, bias, mode)
 
     def __call__(self, x):
@@ -179,14 +184,12 @@ def quantize(model, mode: str = "int8"):
         raise ValueError(
             f"model is already quantized ({model.quantization!r}); quantize the float one"
         )
-    scanned = model.config.scan_layers
-    unrolled = model.with_scan_layers(False)
+    # A scanned model is quantized as it is, its stacked [L, O, I] matrices row by row:
+    # unrolling it first would copy every weight (twice the model's memory at the peak).
     if model.dtype != jnp.float32:
         # Scales and the activations' arithmetic are float32: start from float32.
-        unrolled = unrolled.replace(
-            params=jax.tree.map(lambda p: p.astype(jnp.float32), unrolled.params)
-        )
-    module = nnx.merge(unrolled.graphdef, unrolled.params)
+        model = model.replace(params=jax.tree.map(lambda p: p.astype(jnp.float32), model.params))
+    module = nnx.merge(model.graphdef, model.params)
     # Products of one input become one (q, k, v; gate, up): one quantization of the
     # input and one kernel each, instead of three and two.
     for _, sub in list(nnx.iter_graph(module)):
@@ -215,4 +218,4 @@ def quantize(model, mode: str = "int8"):
         else:
             setattr(parent, path[-1], new)
     graphdef, params = nnx.split(module)
-    return unrolled.replace(graphdef=graphdef, params=params).with_scan_layers(scanned)
+    return model.replace(graphdef=graphdef, params=params)
