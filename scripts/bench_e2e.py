@@ -48,7 +48,7 @@ speedup of speculative decoding comes from the measured acceptance probability Î
 and the measured costs of one draft proposal and one verification, as in
 ``scripts/bench_decode.py`` (see ``specjax.benchmarking``). The performance targets
 are the bundled pair's (``TARGETS``) for the bundled and the ``--quick`` random
-pair, and issue #14's real-model targets (``REAL_TARGETS``) for any ``--target``.
+pair, and the real-model targets (``REAL_TARGETS``) for any ``--target``.
 
     python scripts/bench_e2e.py --out docs/bench_e2e            # bundled pair
     python scripts/bench_e2e.py --target T --draft D --out DIR   # Hugging Face folders

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The real pair's shapes on an accelerator, in bfloat16: per-step costs and speedups.
 
-Issue 28's accelerator check, one prepared run of a few minutes. Qwen2.5-Coder-1.5B
+One prepared run of a few minutes. Qwen2.5-Coder-1.5B
 (target) and Qwen2.5-Coder-0.5B (draft), bfloat16, batch 1, layer scan:
 
 * per-step costs at a context of ``--context`` tokens: the target's one-token step, its
@@ -10,7 +10,7 @@ Issue 28's accelerator check, one prepared run of a few minutes. Qwen2.5-Coder-1
 * end to end: plain ``generate`` and ``speculative_generate`` with the draft model at
   each γ, ``--tokens`` new tokens, greedy, with how far the greedy outputs agree;
 * the speedup each γ would give at the acceptance measured on the CPU with the real
-  weights (issue 28's chat and code-editing workloads, `docs/bench_pair`): with
+  weights (the chat and code-editing workloads, `docs/bench_pair`): with
   per-draft acceptance α, a step emits (1 - α^(γ+1)) / (1 - α) tokens on average and
   costs γ draft steps plus one verify, against that many plain steps.
 
@@ -45,8 +45,8 @@ from specjax.io.hf_config import config_from_hf  # noqa: E402
 from specjax.models.llama import Model  # noqa: E402
 
 CONFIGS = ROOT / "scripts" / "pair_configs"
-# Per-draft acceptance α of the float32 pair on the CPU (stop 33, `docs/bench_pair`):
-# 0.687 at γ = 3 with the int8 draft, 0.623 at γ = 4; the issue's one chat prompt gave
+# Per-draft acceptance α of the float32 pair on the CPU (`docs/bench_pair`):
+# 0.687 at γ = 3 with the int8 draft, 0.623 at γ = 4; one chat prompt alone gave
 # 0.94. The speedups are given for each.
 ALPHAS = (0.62, 0.69, 0.8, 0.94)
 

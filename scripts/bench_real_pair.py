@@ -25,9 +25,9 @@ Stages (``--stages``; all by default):
   prompt lookup, its torch threads probed (the faster of 1 and all cores, per dtype).
   64 and 128 new tokens; T = 0 (transformers: greedy) and T = 1 (specjax).
 * ``cli``: ``specjax generate --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b
-  --chat TEXT --compare --json``, the command a user runs, with no tuning flags: its
-  speed, its speedup over plain decoding, and whether its output equals plain decoding
-  at its forward width.
+  --chat TEXT --max-new-tokens 64 --compare --json``, the command a user runs, with no
+  tuning flags, on each prompt at T = 0: its speed, its speedup over plain decoding,
+  and whether its output equals plain decoding at its forward width.
 
 Writes ``OUT/results.json`` (with the commit, the machine and the library versions);
 a stage's results replace that stage's earlier ones.
@@ -244,30 +244,46 @@ class Server:
 # The stages.
 
 
-def interleaved(servers: dict[str, Server], systems: list[str], workloads, rounds: int):
-    """Round 0 warms every (system, workload) up; rounds 1.. are timed, each system in
-    turn per workload (rotated every round, so no system always runs after another)."""
+def interleaved(
+    servers: dict[str, Server], systems: list[str], workloads, rounds: int, partial=None
+):
+    """Round 0 warms up; rounds 1.. are timed, each system in turn per workload (rotated
+    every round, so no system always runs after another).
+
+    The warm-up runs every (system, workload) of specjax, whose programs are compiled
+    per shape and budget, and transformers' systems once each (eager: nothing is
+    compiled per shape). The rows so far are written to ``partial`` (a path), if given,
+    after every timed run, so that a long run's measurements outlive a later failure.
+    """
     texts = prompt_texts()
     rows = {}
+    warmed = set()
     for r in range(rounds + 1):
         for w in workloads:
             order = systems[r % len(systems) :] + systems[: r % len(systems)]
             for system in order:
-                if w["temperature"] > 0 and system.startswith("hf-") and not w.get("hf"):
+                hf = system.startswith("hf-")
+                if w["temperature"] > 0 and hf and not w.get("hf"):
                     continue
+                if r == 0 and hf and system in warmed:
+                    continue
+                warmed.add(system)
                 job = dict(w, system=system, text=texts[w["prompt"]])
                 out = servers[system].run(job)
-                key = (system, w["prompt"], w["tokens"], w["temperature"])
-                row = rows.setdefault(key, {"system": system, **w, "seconds": [], "tokens": []})
                 if r == 0:
+                    continue
+                key = (system, w["prompt"], w["tokens"], w["temperature"])
+                row = rows.setdefault(key, {"system": system, **w, "seconds": [], "generated": []})
+                if "ids" not in row:
                     row["ids"] = out["ids"]
                     row.update({k: v for k, v in out.items() if k not in ("seconds", "ids")})
-                    continue
                 row["seconds"].append(round(out["seconds"], 3))
-                row["tokens"].append(len(out["ids"]))
+                row["generated"].append(len(out["ids"]))
                 log(f"round {r} {system} {w}: {len(out['ids']) / out['seconds']:.2f} tok/s")
+                if partial is not None:
+                    partial.write_text(json.dumps(list(rows.values())) + "\n")
     for row in rows.values():
-        rates = [n / s for n, s in zip(row["tokens"], row["seconds"], strict=True)]
+        rates = [n / s for n, s in zip(row["generated"], row["seconds"], strict=True)]
         row["tok_s"] = round(statistics.median(rates), 3) if rates else None
     return list(rows.values())
 
@@ -321,11 +337,13 @@ def stage_sweep(args, results):
     workloads = [
         dict(prompt=p, tokens=64, temperature=t) for p in ("chat", "code") for t in (0.0, 1.0)
     ]
-    rows = interleaved({s: server for s in systems}, systems, workloads, args.rounds)
+    partial = args.out / "sweep.partial.json"
+    rows = interleaved({s: server for s in systems}, systems, workloads, args.rounds, partial)
     server.close()
     for row in rows:  # at T = 0, speculative == plain at its width is checked by the tests
         row.pop("ids", None)
     results["sweep"] = {"rows": rows, "summary": summarize(rows, SWEEP_SPEC, SWEEP_PLAIN, [])}
+    partial.unlink()
 
 
 def stage_peers(args, results):
@@ -344,7 +362,8 @@ def stage_peers(args, results):
         for n in tokens
         for t in (0.0, 1.0)
     ]
-    rows = interleaved(servers, specjax_systems + hf, workloads, args.rounds)
+    partial = args.out / "peers.partial.json"
+    rows = interleaved(servers, specjax_systems + hf, workloads, args.rounds, partial)
     for server in {id(s): s for s in servers.values()}.values():
         server.close()
     # How far each greedy output agrees with transformers' float32 greedy output.
@@ -361,31 +380,11 @@ def stage_peers(args, results):
     for row in rows:
         row.pop("ids", None)
     results["peers"] = {"rows": rows, "summary": summarize(rows, ["preset"], ["plain-int8"], hf)}
+    partial.unlink()
 
 
 def stage_cli(args, results):
-    text = prompt_texts()["chat"]
-    cmd = [
-        "specjax",
-        "generate",
-        "--model",
-        TARGET,
-        "--draft",
-        DRAFT,
-        "--chat",
-        text,
-        "--max-new-tokens",
-        "64",
-        "--compare",
-        "--json",
-        "--repeats",
-        str(max(args.rounds, 1)),
-    ]
-    log(" ".join(cmd))
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(done.stderr[-3000:])
-    out = json.loads(done.stdout)
+    """The command a user runs, with no tuning flags, on each prompt at T = 0."""
     keep = (
         "preset",
         "gamma",
@@ -397,14 +396,26 @@ def stage_cli(args, results):
         "equals_plain_at_width",
         "acceptance_rate",
         "tokens_per_target_call",
-        "compile_seconds",
         "repeats",
     )
-    results["cli"] = {
-        "command": " ".join(cmd[:6] + ["--chat", "<chat prompt>"] + cmd[8:]),
-        **{k: out.get(k) for k in keep},
-        "stderr": done.stderr.strip().splitlines()[:2],
-    }
+    runs = []
+    for prompt, text in prompt_texts().items():
+        cmd = [
+            "specjax", "generate", "--model", TARGET, "--draft", DRAFT, "--chat", text,
+            "--max-new-tokens", "64", "--compare", "--json", "--repeats", str(max(args.rounds, 1)),
+        ]  # fmt: skip
+        log(" ".join(cmd))
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(done.stderr[-3000:])
+        out = json.loads(done.stdout)
+        runs.append({
+            "prompt": prompt,
+            "command": " ".join(cmd[:6] + ["--chat", f"<{prompt} prompt>"] + cmd[8:]),
+            **{k: out.get(k) for k in keep},
+            "stderr": done.stderr.strip().splitlines()[:2],
+        })  # fmt: skip
+    results["cli"] = {"runs": runs}
 
 
 def main(argv=None) -> int:

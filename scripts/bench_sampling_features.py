@@ -1,4 +1,4 @@
-"""Per-token cost of the sampling features, speculative against plain (issue 29).
+"""Per-token cost of the sampling features, speculative against plain.
 
 For each model pair and each feature set (none; the three penalties; a logit bias with
 forbidden ids; stop strings that never match; ``top_logprobs=5``; all of them; a JSON

@@ -44,8 +44,3 @@ from specjax.verify import rejection_sample as rejection_sample
 from specjax.verify import rejection_sample_onehot as rejection_sample_onehot
 
 __version__ = "0.1.0"
-
-# On by default (see specjax.compilation_cache): a second run of the same call loads
-# its programs from disk instead of compiling them. SPECJAX_COMPILATION_CACHE=off
-# turns it off.
-compilation_cache.enable_from_environment()

@@ -2,12 +2,19 @@
 
 Compiling the decode loop takes most of a short run's time (about 25 s for the
 bundled pair on a 2-core CPU, against under a second of decoding), and nothing
-of it is kept between processes unless jax is told where to keep it. specjax
-turns jax's persistent compilation cache on when it is imported, in
+of it is kept between processes unless jax is told where to keep it. The
+``specjax`` command turns jax's persistent compilation cache on in
 ``$SPECJAX_CACHE/jax`` (default ``~/.cache/specjax/jax``), so the second run of
 the same call loads its programs from disk instead of compiling them.
+``import specjax`` changes no jax setting: a library user turns the same cache on
+with one call, :func:`enable` (a folder of one's choosing, or the default) or
+:func:`enable_from_environment` (the command's rule below)::
 
-The environment variable ``SPECJAX_COMPILATION_CACHE`` decides, read at import:
+    import specjax
+    specjax.compilation_cache.enable()
+
+The environment variable ``SPECJAX_COMPILATION_CACHE`` decides, for the command and
+for :func:`enable_from_environment`:
 
 * unset: the default folder above;
 * ``0``, ``off``, ``false`` or ``no``: no persistent cache (jax's default);
@@ -211,7 +218,8 @@ def _decompresses(data: bytes) -> bool:
 
 
 def enable_from_environment() -> Path | None:
-    """Applies ``SPECJAX_COMPILATION_CACHE`` (see the module docstring); run at import."""
+    """Applies ``SPECJAX_COMPILATION_CACHE`` (see the module docstring), as the
+    ``specjax`` command does before it runs; returns the folder in use, or None."""
     value = os.environ.get(ENV_VAR, "").strip()
     if value.lower() in _OFF:
         return None
@@ -220,7 +228,7 @@ def enable_from_environment() -> Path | None:
     try:
         return enable(value or None)
     except OSError as e:
-        # A read-only home must not make `import specjax` fail: run uncached.
+        # A read-only home must not make a run fail: run uncached.
         warnings.warn(
             f"specjax: no persistent compilation cache ({e}); set {ENV_VAR}=off to "
             "silence this, or to a writable folder",

@@ -35,7 +35,7 @@ from jax import lax
 
 from specjax import noise
 from specjax.penalties import apply_logit_transforms
-from specjax.validation import INT32_MAX, is_concrete
+from specjax.validation import INT32_MAX, as_prng_keys, is_concrete
 
 __all__ = [
     "SamplingConfig",
@@ -541,6 +541,14 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
             f"probs_from_logits: logits must be a float array [..., V], got "
             f"{logits.dtype}{list(logits.shape)}"
         )
+    if logits.shape[-1] == 0:
+        raise ValueError(
+            f"probs_from_logits: logits have no tokens (shape {list(logits.shape)}); "
+            "the last axis is the vocabulary, V >= 1"
+        )
+    # Concrete settings are range-checked here (traced ones cannot be): a min_p above 1,
+    # say, would otherwise silently keep only the most probable token.
+    check_sampling_config(config)
     batch_shape = logits.shape[:-1]
     temperature_R1 = _per_row("temperature", config.temperature, batch_shape, jnp.float32)
     top_k_R1 = _per_row("top_k", config.top_k, batch_shape, jnp.int32)
@@ -634,10 +642,12 @@ def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
         int32 ``[...]`` token ids in ``[0, V)``.
     """
     weights = jnp.asarray(probs).astype(jnp.float32)
-    if weights.ndim < 1:
-        raise ValueError(f"sample: probs must be [..., V], got shape {list(weights.shape)}")
+    if weights.ndim < 1 or weights.shape[-1] == 0:
+        raise ValueError(
+            f"sample: probs must be [..., V] with V >= 1 tokens, got shape {list(weights.shape)}"
+        )
     batch_shape, vocab = weights.shape[:-1], weights.shape[-1]
-    keys_R = _row_keys_for(jnp.asarray(key), batch_shape)
+    keys_R = _row_keys_for(as_prng_keys("sample: key", key), batch_shape)
     weights_RxV = weights.reshape(-1, vocab)
     if vocab <= _FLAT_SAMPLING_MAX_V:
         noise_RxV = jax.vmap(lambda k: noise.exponential(k, (vocab,)))(keys_R)

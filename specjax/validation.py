@@ -23,6 +23,7 @@ import numpy as np
 __all__ = [
     "INT32_MAX",
     "as_prng_key",
+    "as_prng_keys",
     "check_float",
     "check_fits_memory",
     "check_int",
@@ -166,6 +167,28 @@ def as_prng_key(name: str, key) -> jax.Array:
     if key.dtype == jnp.uint32 and key.shape == (2,):
         return jax.random.wrap_key_data(jnp.asarray(key))
     raise TypeError(f"{name} must be a PRNG key; got {_describe(key)} ({hint})")
+
+
+def as_prng_keys(name: str, key) -> jax.Array:
+    """Typed PRNG keys of any batch shape, from typed keys (``jax.random.key``) or raw
+    ones (``uint32[..., 2]``, ``jax.random.PRNGKey``). Works on traced keys.
+
+    Refuses anything else (an int seed, floats) with a ``TypeError`` naming ``name`` and
+    the fix.
+    """
+    if not isinstance(key, (jax.Array, np.ndarray)):
+        raise TypeError(
+            f"{name} must be a PRNG key; got {_describe(key)} "
+            f"(pass jax.random.key(seed), or one key per row)"
+        )
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key
+    if key.dtype == jnp.uint32 and key.ndim >= 1 and key.shape[-1] == 2:
+        return jax.random.wrap_key_data(jnp.asarray(key))
+    raise TypeError(
+        f"{name} must be a PRNG key; got {key.dtype}{list(key.shape)} "
+        f"(pass jax.random.key(seed), or one key per row)"
+    )
 
 
 def _available_bytes() -> int | None:

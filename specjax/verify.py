@@ -43,6 +43,7 @@ from jax import lax
 
 from specjax import noise
 from specjax.sampling import greedy_tokens, sample
+from specjax.validation import as_prng_keys
 
 __all__ = [
     "coupled_verify",
@@ -155,23 +156,13 @@ def _layout(draft_tokens_G: jax.Array, num_accepted: jax.Array, last_token: jax.
     return tokens_G1, num_accepted
 
 
-def _as_keys(key) -> jax.Array:
-    """Typed keys from typed or raw (``uint32[..., 2]``) keys."""
-    key = jnp.asarray(key)
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        return key
-    if key.dtype == jnp.uint32 and key.ndim >= 1 and key.shape[-1] == 2:
-        return jax.random.wrap_key_data(key)
-    raise TypeError(f"key must be a PRNG key (jax.random.key), got {key.dtype}{list(key.shape)}")
-
-
 def _fold_range(key: jax.Array, n: int) -> jax.Array:
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(n))
 
 
 def _sequence_keys(fn: str, key, num_positions: int) -> jax.Array:
     """Position keys ``[γ+1]``: given, or ``fold_in(key, i)`` of one key."""
-    key = _as_keys(key)
+    key = as_prng_keys(f"{fn}: key", key)
     if key.shape == (num_positions,):
         return key
     if key.shape == ():
@@ -184,7 +175,7 @@ def _sequence_keys(fn: str, key, num_positions: int) -> jax.Array:
 
 def _batch_keys(fn: str, key, batch: int, num_positions: int) -> jax.Array:
     """Position keys ``[B, γ+1]``: given, or ``fold_in(fold_in(key, b), i)`` of one key."""
-    key = _as_keys(key)
+    key = as_prng_keys(f"{fn}: key", key)
     if key.shape == (batch, num_positions):
         return key
     if key.shape == ():

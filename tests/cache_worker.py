@@ -31,9 +31,12 @@ if sys.argv[1:] == ["other-jaxlib"]:
 
     cache_key.jaxlib_version_str = "0.0.1+another.version"
 
-import specjax  # noqa: E402  (enables the cache from the environment at import)
+import specjax  # noqa: E402
 from specjax import compilation_cache  # noqa: E402
 from specjax.testing import tiny_model  # noqa: E402
+
+# As the CLI does before it runs: the cache from SPECJAX_COMPILATION_CACHE.
+compilation_cache.enable_from_environment()
 
 # "repair": the CLI's repair of unreadable entries around the run.
 repair = compilation_cache.repairing() if sys.argv[1:] == ["repair"] else contextlib.nullcontext()

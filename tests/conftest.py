@@ -45,8 +45,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from specjax import compilation_cache  # noqa: E402
+
 # jax's default matmul precision, as users run: no test may rely on a higher one.
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# The run's shared cache above (`import specjax` turns nothing on by itself).
+compilation_cache.enable_from_environment()
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the slow mark

@@ -29,6 +29,8 @@ import specjax
 from specjax import decoding, sharding
 from specjax.testing import tiny_model
 
+specjax.compilation_cache.enable_from_environment()  # the suite's shared cache
+
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 MESH_SHAPES = [(8, 1), (4, 2), (1, 8)]  # as tests/test_sharding.py's MESHES

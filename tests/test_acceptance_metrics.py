@@ -1,4 +1,4 @@
-"""Acceptance per draft position and per row: `GenerationStats.position_*` (issue 29).
+"""Acceptance per draft position and per row: `GenerationStats.position_*`.
 
 Position i counts a step's i-th draft: proposed (``position_drafted``), judged because
 drafts 0..i-1 were accepted (``position_reached``) and accepted

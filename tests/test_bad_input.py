@@ -564,6 +564,8 @@ def test_decode_refuses_floats_and_accepts_empty(tok):
 # Every case is refused on the host, before anything compiles, in both decoders (and the
 # open loop's init, which shares the checks).
 
+from flax import struct  # noqa: E402
+
 import specjax  # noqa: E402
 from specjax import decoding  # noqa: E402
 from specjax.sampling import SamplingConfig, probs_from_logits  # noqa: E402
@@ -704,35 +706,87 @@ def test_bad_drafters_are_refused(target, drafter, error, match):
         specjax.speculative_generate(jax.random.key(0), target, drafter, [[1]], max_new_tokens=3)
 
 
+def test_a_model_given_as_the_drafter_suggests_draft_model(target):
+    draft = tiny_model(seed=1, vocab_size=V)
+    with pytest.raises(TypeError, match=r"wrap it: specjax.DraftModel\(draft_model, num_draft="):
+        specjax.speculative_generate(jax.random.key(0), target, draft, [[1]], max_new_tokens=3)
+
+
+@pytest.mark.parametrize("entry", ["generate", "speculative", "init"])
+def test_a_flat_prompt_is_named_with_the_fix(target, entry):
+    with pytest.raises(ValueError, match=r"got one flat list of 3 ids .* e\.g\. \[\[1, 2, 3\]\]"):
+        _decoders(target)[entry](jax.random.key(0), [1, 2, 3], max_new_tokens=3)
+
+
+def test_a_plain_nnx_module_is_pointed_at_the_contract():
+    """An NNX module with a plain ``__call__(tokens)`` is told what the contract asks
+    and where it is written, before anything is traced."""
+    from flax import nnx
+
+    class Plain(nnx.Module):
+        def __init__(self):
+            self.out = nnx.Linear(8, V, rngs=nnx.Rngs(0))
+
+        def __call__(self, tokens):
+            return self.out(jax.nn.one_hot(tokens, 8))
+
+    with pytest.raises(TypeError, match=r"has no vocab_size or init_cache.*Bring your own model"):
+        specjax.generate(jax.random.key(0), Plain(), [[1, 2]], max_new_tokens=3)
+
+
+def test_a_hub_id_given_to_load_pretrained_says_how_to_get_it():
+    with pytest.raises(FileNotFoundError, match=r"not Hugging Face Hub ids: download it first"):
+        load_pretrained("Qwen/Qwen2.5-0.5B")
+
+
 @pytest.mark.parametrize("bad_target", [None, "model.safetensors", 3])
 def test_bad_targets_are_refused(bad_target):
     with pytest.raises(TypeError, match="target must follow the model contract"):
         specjax.generate(jax.random.key(0), bad_target, [[1]], max_new_tokens=3)
 
 
+@struct.dataclass
+class _StatelessDrafter(specjax.Drafter):
+    """The smallest drafter (no state, γ = 2); each test below breaks one method."""
+
+    num_draft: int = struct.field(pytree_node=False, default=2)
+
+    @property
+    def vocab_size(self):
+        return None
+
+    def init(self, prompts_BS, lengths_B, cache_len, features=None):
+        return ()
+
+    def propose(self, keys_BG, state, seq_BS, lengths_B, sampling):
+        raise AssertionError("never traced")
+
+    def update(self, state, lengths_B, features=None):
+        return state
+
+
 def test_a_drafter_returning_the_wrong_shape_is_named(target):
-    from flax import struct
-
     @struct.dataclass
-    class TooMany(specjax.Drafter):
-        num_draft: int = struct.field(pytree_node=False, default=2)
-
-        @property
-        def vocab_size(self):
-            return None
-
-        def init(self, prompts_BS, lengths_B, cache_len, features=None):
-            return ()
-
+    class TooMany(_StatelessDrafter):
         def propose(self, keys_BG, state, seq_BS, lengths_B, sampling):
             tokens = jnp.zeros((seq_BS.shape[0], self.num_draft + 1), jnp.int32)
             return specjax.Proposal(tokens=tokens, probs=None, state=state)
 
-        def update(self, state, lengths_B, features=None):
-            return state
-
     with pytest.raises(ValueError, match=r"drafter.propose must return integer tokens \[B, γ\]"):
         specjax.speculative_generate(jax.random.key(0), target, TooMany(), [[1]], max_new_tokens=3)
+
+
+@pytest.mark.parametrize("method", ["init", "propose", "update"])
+def test_a_drafter_method_with_the_wrong_signature_is_named(target, method):
+    """Named with the call the decoder makes, before anything is traced."""
+
+    def one_argument(self, x):
+        return ()
+
+    Broken = type("Broken", (_StatelessDrafter,), {method: one_argument})
+    Broken = struct.dataclass(Broken)
+    with pytest.raises(TypeError, match=rf"Broken\.{method}\(x\) cannot take the decoder's call"):
+        specjax.speculative_generate(jax.random.key(0), target, Broken(), [[1]], max_new_tokens=3)
 
 
 @pytest.mark.parametrize("entry", ["generate", "speculative"])
@@ -795,6 +849,36 @@ def test_probs_from_logits_never_returns_nan_inside_jit(config):
     probs = np.asarray(jax.jit(probs_from_logits)(logits, config))
     assert np.isfinite(probs).all() and (probs >= 0).all()
     np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-6)
+
+
+def test_probs_from_logits_checks_concrete_settings():
+    """Outside a jit the settings are known, and a min_p above 1 (which would keep only
+    the most probable token) is refused with the field named."""
+    with pytest.raises(ValueError, match=r"SamplingConfig.min_p must be in \[0, 1\)"):
+        probs_from_logits(jnp.zeros((2, 4)), SamplingConfig(min_p=1.5))
+
+
+@pytest.mark.parametrize("fn", ["probs_from_logits", "sample"])
+def test_an_empty_vocabulary_is_refused(fn):
+    call = {
+        "probs_from_logits": lambda: probs_from_logits(jnp.zeros((2, 0)), SamplingConfig()),
+        "sample": lambda: specjax.sample(jax.random.key(0), jnp.zeros((2, 0))),
+    }[fn]
+    with pytest.raises(ValueError, match=r"V >= 1"):
+        call()
+
+
+@pytest.mark.parametrize("key", [0, 1.5, np.zeros(2, np.float32)], ids=["int", "float", "floats"])
+def test_sample_refuses_a_key_that_is_not_a_prng_key(key):
+    with pytest.raises(TypeError, match=r"sample: key must be a PRNG key.*jax.random.key\(seed\)"):
+        specjax.sample(key, jnp.full((2, 4), 0.25))
+
+
+def test_sample_takes_a_raw_key_as_its_typed_key():
+    probs = jnp.full((3, 16), 1 / 16)
+    raw = specjax.sample(jax.random.PRNGKey(7), probs)
+    typed = specjax.sample(jax.random.key(7), probs)
+    assert raw.tolist() == typed.tolist()
 
 
 # --- verification primitives ---

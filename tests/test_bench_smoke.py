@@ -424,3 +424,37 @@ def test_bench_pair_compares_the_fastest_of_each_kind_and_measures_agreement():
     assert bench_pair.agreement(reference, other) == dict(
         positions_equal=round(7 / 9, 3), first_difference=[4, 1, 1]
     )
+
+
+def test_real_pair_rounds_and_summary_from_fake_servers(monkeypatch):
+    """bench_real_pair's coordinator, with servers that answer at known rates: a warm-up
+    round (transformers' systems warmed once), timed rounds in turn, per-row medians,
+    and the fastest of each kind per workload."""
+    bench = _load_script("bench_real_pair")
+    monkeypatch.setattr(bench, "prompt_texts", lambda: {"chat": "hi", "code": "def f():"})
+    rate = {"spec": 4.0, "plain": 2.0, "hf-float32-plain": 2.5, "hf-bfloat16-lookup": 1.0}
+    calls = []
+
+    class Fake:
+        def run(self, job):
+            calls.append(job["system"])
+            n = job["tokens"]
+            return {"seconds": n / rate[job["system"]], "ids": [7] * n}
+
+    systems = list(rate)
+    workloads = [
+        dict(prompt=p, tokens=n, temperature=t, hf=t == 0)
+        for p in ("chat", "code") for n in (4, 8) for t in (0.0, 1.0)
+    ]  # fmt: skip
+    rows = bench.interleaved({s: Fake() for s in systems}, systems, workloads, rounds=2)
+    # Warm-up: specjax's systems on every workload, transformers' once each.
+    assert calls.count("spec") == 8 * 3 and calls.count("hf-float32-plain") == 1 + 4 * 2
+    assert [r["tok_s"] for r in rows] == [rate[r["system"]] for r in rows]
+    assert {r["tokens"] for r in rows} == {4, 8} and all(len(r["generated"]) == 2 for r in rows)
+    summary = bench.summarize(rows, ["spec"], ["plain"], ["hf-float32-plain", "hf-bfloat16-lookup"])
+    assert len(summary) == 8
+    greedy = [e for e in summary if e["temperature"] == 0]
+    assert all(e["speculative_over_plain"] == 2.0 for e in summary)
+    assert all(e["fastest_peer"] == "hf-float32-plain" for e in greedy)
+    assert all(e["speculative_over_peer"] == 1.6 for e in greedy)
+    assert all("fastest_peer" not in e for e in summary if e["temperature"] > 0)

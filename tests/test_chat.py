@@ -404,7 +404,7 @@ def test_generate_chat_without_a_template_is_one_line_error(chat_folder, tmp_pat
 def test_chat_with_smollm2_gguf_answers_and_stops_at_the_end_of_turn(smollm2_path, capsys):
     """Slow: loads the real SmolLM2-135M-Instruct GGUF and compiles its decode loop (~40 s).
 
-    The issue's command, greedy: the answer is Python that reverses a string, and
+    The documented chat command, greedy: the answer is Python that reverses a string, and
     generation ends on the template's end-of-turn id well before the token budget.
     """
     budget = 256

@@ -1,6 +1,6 @@
 """`specjax.check_model`: passes working models, names the rule each broken toy breaks.
 
-The toys are the broken models a Flax researcher brought (issue 27): not a pytree,
+The toys are the broken models a Flax researcher brought: not a pytree,
 ``[B, V]`` logits, a cache without ``rollback``, a ``vocab_size`` wider than the
 logits, and attention masked by ``cache.lengths`` instead of by position. Each
 broken toy differs from a passing one in exactly that rule, so a check that passed

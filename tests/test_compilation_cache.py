@@ -119,6 +119,32 @@ def test_environment_names_the_folder(tmp_path):
     assert len(list((tmp_path / "mine").glob("*-cache"))) == out["requests"] > 0
 
 
+_CONFIG_PROBE = """
+import json, jax
+before = {k: repr(v) for k, v in jax.config.values.items()}
+import specjax, specjax.cli
+after = {k: repr(v) for k, v in jax.config.values.items()}
+print(json.dumps({k: [before.get(k), after.get(k)] for k in before.keys() | after.keys()
+                  if before.get(k) != after.get(k)}))
+"""
+
+
+@pytest.mark.parametrize("variable", [None, "folder"], ids=["unset", "set"])
+def test_import_leaves_jax_configuration_as_it_was(tmp_path, variable):
+    """`import specjax` (and its CLI module) changes no jax setting, whatever
+    SPECJAX_COMPILATION_CACHE says: only the command, or the user, turns the cache on."""
+    env = {k: v for k, v in os.environ.items() if k != "SPECJAX_COMPILATION_CACHE"}
+    if variable:
+        env["SPECJAX_COMPILATION_CACHE"] = str(tmp_path / "cache")
+    env["SPECJAX_CACHE"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", _CONFIG_PROBE], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {}
+    assert not (tmp_path / "jax").exists() and not (tmp_path / "cache").exists()
+
+
 def test_enable_disable_in_process(tmp_path):
     before = compilation_cache.enabled_dir()
     try:
@@ -150,4 +176,15 @@ def test_cli_flag_turns_the_cache_off_before_the_command_runs(monkeypatch, argv,
     assert cli.main([*argv, "--no-compilation-cache"]) == 2  # a user error, reported
     assert calls == ["disable"]
     assert cli.main(argv) == 2 and calls == ["disable"]  # without the flag: untouched
+    assert "specjax: error:" in capsys.readouterr().err
+
+
+def test_the_command_turns_the_cache_on_before_it_runs(monkeypatch, capsys):
+    from specjax import cli
+
+    calls = []
+    monkeypatch.setattr(compilation_cache, "enable_from_environment", lambda: calls.append(1))
+    assert cli.main(["generate", ""]) == 2  # a user error, reported after the cache is set
+    assert calls == [1]
+    assert cli.main(["generate", "", "--no-compilation-cache"]) == 2 and calls == [1]
     assert "specjax: error:" in capsys.readouterr().err

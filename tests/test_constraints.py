@@ -1,4 +1,4 @@
-"""Constrained decoding (issue 29): regex and JSON-schema automata, exact under speculation.
+"""Constrained decoding: regex and JSON-schema automata, exact under speculation.
 
 The reference is independent of `specjax.constraints` and of outlines-core: which ids
 may follow a text is decided by the ``regex`` module's partial matching over the bytes

@@ -12,7 +12,7 @@ rest of the suite compiles with the optimisation off, for time (tests/conftest.p
 Every check decodes the bundled pair's five prompts, B = W = γ + 1 = 5, rows greedy,
 at temperature 1 and truncated (top-p, top-k), 24 tokens, all at once in one batch.
 
-Fast tier (9 compiled programs): the issue's three precisions, every drafter and a
+Fast tier (9 compiled programs): float32, bfloat16 and int8, every drafter and a
 tree, each drafter in one of them (float32: the draft model; bfloat16: the block
 drafter and a draft-model tree; int8: the EAGLE head and prompt lookup), coupled
 verification; a row's independence from its neighbours; and the negative control.

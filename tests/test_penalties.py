@@ -1,4 +1,4 @@
-"""Penalties, logit bias and forbidden ids, exact under speculation (issue 29).
+"""Penalties, logit bias and forbidden ids, exact under speculation.
 
 The reference here is written independently of `specjax.penalties`, in numpy float64:
 for every continuation of a short prompt, each position's logits come from one full
@@ -16,7 +16,7 @@ positions are where penalties read the step's earlier drafts). Each group's rows
 tested against the exact law with a chi-square test at p < FALSE_ALARM = 1e-4; the
 file runs 7 × 3 = 21 such tests (family-wise false alarm below 0.21%, Bonferroni).
 
-Power and the negative control. The known-wrong variant is the one the issue names:
+Power and the negative control. The known-wrong variant is the common one:
 penalties that count the committed prefix but not the step's earlier drafts. With the
 target drafting for itself the draft at position 0 is always accepted, so that
 variant's second token follows the "prefix-blind" law (penalties that never see the

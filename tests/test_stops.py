@@ -1,4 +1,4 @@
-"""Stop strings (issue 29): matched on device, split across tokens, per row, never overrun.
+"""Stop strings: matched on device, split across tokens, per row, never overrun.
 
 The reference is the host: a row's output with stop strings must be its output without
 them, cut after the first token at which the bytes of the generated tokens contain one

@@ -1,4 +1,4 @@
-"""Top-k log-probabilities per emitted token (`top_logprobs=k`, issue 29).
+"""Top-k log-probabilities per emitted token (`top_logprobs=k`).
 
 The reference is numpy: one full forward of each row's prompt + output gives the
 target's logits at every emitted position; the processed distribution is the softmax at

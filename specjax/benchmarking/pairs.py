@@ -39,7 +39,7 @@ class Pair:
     target_dir: Path  # what transformers loads: a Hugging Face folder or a GGUF
     draft_dir: Path | None
     name: str
-    real: bool = False  # a --target: issue #14's real-model targets apply
+    real: bool = False  # a --target: the real-model targets apply
     block: object = None  # the BlockDrafter (at --block-gamma)
     block_source: str = ""  # where it came from
 

@@ -30,7 +30,7 @@ TARGETS = [
     Target("block_realized_over_predicted", "block drafter realized / predicted, T=0, b=1", 0.9),
 ]
 
-# Issue #14's targets for a real model (any --target), at batch 1, over all workloads.
+# The targets for a real model (any --target), at batch 1, over all workloads.
 # Each is reported for the fastest speculative method at its temperature ("best", the
 # one a user would pick) and for each method on its own; "{m}" names the method.
 REAL_TARGETS = [
@@ -105,7 +105,7 @@ def targets_of(rows, large, block_sweep=()) -> list[dict]:
 
 
 def real_targets_of(rows, forward_ms: dict) -> list[dict]:
-    """Issue #14's real-model targets (`REAL_TARGETS`, `VERIFY_TARGET`), at batch 1.
+    """The real-model targets (`REAL_TARGETS`, `VERIFY_TARGET`), at batch 1.
 
     Each target of `REAL_TARGETS` is judged for the fastest speculative method at its
     temperature ("best") and for each method that ran; ``forward_ms`` is the batch-1

@@ -262,6 +262,10 @@ def main(argv=None) -> int:
 
     if getattr(args, "no_compilation_cache", False):  # fetch compiles nothing
         compilation_cache.disable()
+    else:
+        # The command keeps its compiled programs between runs; the library leaves
+        # jax's settings to its user (`specjax.compilation_cache.enable`).
+        compilation_cache.enable_from_environment()
     try:
         # An unreadable cache entry costs a compile and a warning, never the run; the
         # entry is removed afterwards, so the next run caches the program again.

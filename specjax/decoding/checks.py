@@ -66,6 +66,12 @@ def pad_prompts(prompts) -> tuple[jax.Array, jax.Array]:
         )
     if len(prompts) == 0:
         raise ValueError("prompts is empty: need at least one prompt")
+    if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompts):
+        raise ValueError(
+            f"prompts must be a batch of prompts, each a list of token ids; got one flat "
+            f"list of {len(prompts)} ids {list(prompts)!r:.60}: for one prompt pass "
+            f"[prompt], e.g. [{list(prompts)!r:.40}]"
+        )
     rows = []
     for i, row in enumerate(prompts):
         try:
@@ -228,9 +234,13 @@ def _check_model(name: str, model) -> int:
     """The model contract's static members, checked; returns V."""
     missing = [m for m in ("vocab_size", "init_cache") if not hasattr(model, m)]
     if missing or not callable(model):
+        lacks = f" (it has no {' or '.join(missing)})" if missing else " (it is not callable)"
         raise TypeError(
-            f"{name} must follow the model contract (callable, with vocab_size and "
-            f"init_cache), e.g. a specjax.Model; got {type(model).__name__}"
+            f"{name} must follow the model contract (callable as model(tokens_BT, "
+            f"positions_BT, cache), with vocab_size and init_cache), e.g. a specjax.Model; "
+            f"got {type(model).__name__}{lacks}. A module of your own gets the three "
+            "members as the README's 'Bring your own model' shows; "
+            "specjax.check_model(model) checks every rule"
         )
     return check_int(f"{name}.vocab_size", model.vocab_size, lo=1)
 
@@ -238,12 +248,20 @@ def _check_model(name: str, model) -> int:
 def check_drafter(target, drafter: Drafter):
     """Raises ValueError/TypeError if ``drafter`` cannot serve ``target``."""
     if not isinstance(drafter, Drafter):
-        raise TypeError(f"drafter must be a specjax Drafter, got {type(drafter).__name__}")
+        hint = ""
+        if callable(drafter) and hasattr(drafter, "vocab_size"):
+            # A draft *model* where a drafter belongs: the commonest slip.
+            hint = (
+                "; to draft with a smaller model, wrap it: "
+                "specjax.DraftModel(draft_model, num_draft=4)"
+            )
+        raise TypeError(f"drafter must be a specjax Drafter, got {type(drafter).__name__}{hint}")
     gamma = drafter.num_draft
     if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)):
         raise ValueError(f"drafter.num_draft (γ) must be an integer >= 1, got {gamma!r}")
     if gamma < 1 and not drafter.null_drafter:
         raise ValueError(f"drafter.num_draft (γ) must be an integer >= 1, got {gamma!r}")
+    _check_contract_signatures(drafter)
     for role, model in drafter.own_models().items():
         _check_model(role, model)
     check_drafter_vocab(target, drafter)
@@ -255,6 +273,31 @@ def check_drafter(target, drafter: Drafter):
     # Last: the pair's own rules above name the more specific problem first.
     for role, model in drafter.own_models().items():
         check_before_compiling(model, role)
+
+
+# The arguments the decoder passes to each method of the drafter contract.
+_CONTRACT_CALLS = {
+    "init": ("prompts_BS", "seq_lengths_B", "cache_len", "features"),
+    "propose": ("keys_BG", "state", "seq_BS", "seq_lengths_B", "sampling"),
+    "update": ("state", "seq_lengths_B", "features"),
+}
+
+
+def _check_contract_signatures(drafter: Drafter) -> None:
+    """A drafter method that cannot take the decoder's arguments is named here, with
+    the call it must accept, instead of failing inside the traced loop."""
+    for method, args in _CONTRACT_CALLS.items():
+        fn = getattr(drafter, method)
+        try:
+            inspect.signature(fn).bind(*args)
+        except TypeError:
+            raise TypeError(
+                f"{type(drafter).__name__}.{method}{inspect.signature(fn)} cannot take the "
+                f"decoder's call {method}({', '.join(args)}); define it with these "
+                f"positional parameters (see specjax.drafters.Drafter.{method})"
+            ) from None
+        except ValueError:  # no signature to read (a builtin): left to the call itself
+            continue
 
 
 def _check_tree(target, drafter: Drafter) -> None:

@@ -3,7 +3,7 @@
 * `specjax.drafters.base`: the contract every drafter follows (`Drafter`, `Proposal`,
   `TargetFeatures`) and the target forwards that feed feature drafters;
 * `specjax.drafters.draft_model`: `DraftModel`, a smaller LM;
-* `specjax.drafters.lookup`: `PromptLookup` (no weights) and `NoDraft` (γ = 0);
+* `specjax.drafters.lookup`: `PromptLookup` (no weights); `NoDraft` (γ = 0) is in `base`;
 * `specjax.drafters.features`: `FeatureDrafter`, the shared base of the drafters that
   read the target's hidden states, `specjax.drafters.block` (`BlockDrafter`) and
   `specjax.drafters.eagle` (`EagleDrafter`);

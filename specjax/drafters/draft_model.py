@@ -42,8 +42,7 @@ class DraftModel(Drafter):
     q is one-hot: greedy rows, ``greedy_draft``), and a forward no row needs is
     skipped. On a CPU, where an int8 draft forward of Qwen2.5-Coder-0.5B costs a
     quarter of the 1.5B's step, τ = 0.5 at γ = 3 made chat answers 6% faster and
-    left code editing, where the draft is mostly right, unchanged (BENCHMARKS.md,
-    "Stop 37").
+    left code editing, where the draft is mostly right, unchanged.
 
     Attributes:
         model: the draft model (any object following the model contract).

@@ -1,11 +1,10 @@
-"""`PromptLookup`: drafting by n-gram copying, without weights (`NoDraft` lives in `base`)."""
+"""`PromptLookup`: drafting by n-gram copying, without weights."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafters.base import NoDraft as NoDraft  # re-exported: its old home
 from specjax.drafters.base import Proposal, StatelessDrafter
 
 

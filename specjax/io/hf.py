@@ -161,6 +161,14 @@ def load_pretrained(
         displaced = atomic.find_displaced(folder)
         if not folder.exists() and displaced:
             hint = f"; a save into it was interrupted, the previous checkpoint is {displaced[-1]}"
+        elif not folder.exists() and _looks_like_hub_id(str(path)):
+            raise FileNotFoundError(
+                f"{path} is not a folder or file here; load_pretrained reads local "
+                f"checkpoints, not Hugging Face Hub ids: download it first (for example "
+                f"`hf download {path} --local-dir DIR`) and pass DIR; models specjax fetches "
+                f"by name load as load_pretrained(specjax.fetch(NAME)), NAME one of "
+                f"{', '.join(_fetch_names())}"
+            )
         raise FileNotFoundError(
             f"{folder} has no config.json (expected a Hugging Face folder){hint}"
         )
@@ -212,6 +220,18 @@ def load_pretrained(
     finally:
         handles.clear()
     return model
+
+
+def _looks_like_hub_id(text: str) -> bool:
+    """``owner/name`` with no other path syntax, as on the Hugging Face Hub."""
+    parts = text.split("/")
+    return len(parts) == 2 and all(parts) and not text.startswith((".", "~"))
+
+
+def _fetch_names() -> list[str]:
+    from specjax.io.fetch import names
+
+    return names()
 
 
 def _read_tokenizer(folder: Path):
