@@ -1,8 +1,8 @@
 """The decoding configuration chosen for a named target/draft pair.
 
 For a pair `specjax.fetch` knows by name, a `Preset` holds the settings it decodes with
-by default (the precisions, γ and draft confidence), chosen for speed and all of them
-exact: the speculative output equals plain decoding's at the preset's forward width,
+by default (the precisions, γ and draft confidence), the fastest measured, and all of
+them exact: the speculative output equals plain decoding's at the preset's forward width,
 token for token (`specjax.decoding.numerics`). ``specjax generate --model NAME --draft
 NAME`` applies it when no flag sets those, and says so; `load_pair` loads a pair with
 it.
@@ -65,8 +65,8 @@ PRESETS = (
         draft_quantize="int8",
         gamma=1,
         draft_confidence=None,
-        measured="int8 plain decoding is the fastest plain decoding on a 2-core CPU; "
-        "scripts/bench_real_pair.py --stages sweep times the speculative settings",
+        measured="the fastest at T = 0 of the settings scripts/bench_real_pair.py --stages "
+        "sweep times, on a 2-core CPU: 1.20x int8 plain decoding (BENCHMARKS.md)",
     ),
 )
 

@@ -14,9 +14,10 @@ row-first form, so they are padded up to 8 or 16 zero rows (a zero row changes n
 other row's sum). The transpose back to ``[M, O]`` must not be folded into the
 product: XLA would then pick the row-first kernel again, so an
 ``optimization_barrier`` keeps the two apart (the transpose itself moves M · O
-floats, nothing next to the O · I weights). In the real 1.5B target this takes a
-4-token float32 verify from 1.64x to 1.08x the cost of a one-token step (BENCHMARKS.md,
-"The real pair").
+floats, nothing next to the O · I weights). In the real 1.5B target a 4-token
+float32 forward costs 1.08x a one-token step this way
+(``docs/bench_pair/steps_weight_first.json``), against 1.64x row-first
+(``docs/bench_pair/results.json``).
 
 Only the float32 product on a CPU takes this path: other backends and dtypes
 have their own kernels, and one row (a plain decoding step) and more than 16
