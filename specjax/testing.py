@@ -108,7 +108,9 @@ def exact_sequence_probs(model, prompt, num_tokens: int, sampling: SamplingConfi
     seqs = np.concatenate([np.broadcast_to(prompt, (len(conts), len(prompt))), conts], axis=1)
     b, t = seqs.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, _ = jax.jit(lambda m, s: m(s, positions, m.init_cache(b, t)))(model, jnp.asarray(seqs))
+    logits = jax.jit(lambda m, s: m(s, positions, m.init_cache(b, t)).logits)(
+        model, jnp.asarray(seqs)
+    )
     probs = np.asarray(probs_from_logits(logits, sampling), np.float64)  # [N, T, V]
     p0 = len(prompt) - 1
     total = np.ones(len(conts))
@@ -129,7 +131,7 @@ def continuation_logits(model, prompt, num_tokens: int) -> np.ndarray:
     seqs = np.concatenate([np.broadcast_to(prompt, (len(conts), len(prompt))), conts], axis=1)
     b, t = seqs.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, _ = jax.jit(lambda m, x: m(x, positions, m.init_cache(b, t)))(model, seqs)
+    logits = jax.jit(lambda m, x: m(x, positions, m.init_cache(b, t)).logits)(model, seqs)
     return np.asarray(logits, np.float64)
 
 

@@ -5,7 +5,7 @@ with ``SPECJAX_CACHE`` set. Prints one JSON line: how many programs jax asked th
 persistent cache for, how many it found there, the tokens and the warnings.
 ``other-jaxlib`` makes this process key its cache entries as another jaxlib
 version would (jax hashes the jaxlib version into every key); ``repair`` runs the
-decode under :func:`specjax.compilation_cache.repairing`, as the CLI does.
+decode under :func:`specjax.core.compilation_cache.repairing`, as the CLI does.
 """
 
 import contextlib
@@ -32,7 +32,7 @@ if sys.argv[1:] == ["other-jaxlib"]:
     cache_key.jaxlib_version_str = "0.0.1+another.version"
 
 import specjax  # noqa: E402
-from specjax import compilation_cache  # noqa: E402
+from specjax.core import compilation_cache  # noqa: E402
 from specjax.testing import tiny_model  # noqa: E402
 
 # As the CLI does before it runs: the cache from SPECJAX_COMPILATION_CACHE.

@@ -45,7 +45,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from specjax import compilation_cache  # noqa: E402
+from specjax.core import compilation_cache  # noqa: E402
 
 # jax's default matmul precision, as users run: no test may rely on a higher one.
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -38,7 +38,7 @@ import specjax
 from specjax.decoding import checks
 from specjax.models.quant import quantize
 
-specjax.compilation_cache.enable_from_environment()  # the suite's shared cache
+specjax.core.compilation_cache.enable_from_environment()  # the suite's shared cache
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

@@ -27,7 +27,7 @@ import jax
 import specjax
 from specjax.models.quant import quantize
 
-specjax.compilation_cache.enable_from_environment()  # the suite's shared cache
+specjax.core.compilation_cache.enable_from_environment()  # the suite's shared cache
 
 GAMMA = 3
 WIDTH = GAMMA + 1

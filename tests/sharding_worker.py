@@ -26,10 +26,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import specjax
-from specjax import decoding, sharding
+from specjax import decoding
+from specjax.models import sharding
 from specjax.testing import tiny_model
 
-specjax.compilation_cache.enable_from_environment()  # the suite's shared cache
+specjax.core.compilation_cache.enable_from_environment()  # the suite's shared cache
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 

@@ -56,8 +56,8 @@ class _RolledHead:
         return self.inner.init_cache(batch_size, max_len)
 
     def __call__(self, tokens_BT, positions_BT, cache, **kwargs):
-        logits, cache = self.inner(tokens_BT, positions_BT, cache, **kwargs)
-        return jnp.roll(logits, 1, axis=-1), cache
+        out = self.inner(tokens_BT, positions_BT, cache, **kwargs)
+        return out.replace(logits=jnp.roll(out.logits, 1, axis=-1))
 
 
 def _from_hist(hist):

@@ -21,11 +21,11 @@ import safetensors.numpy
 from safetensors.numpy import load_file, save_file
 
 from specjax import cli
-from specjax import tokenizer as tokenizer_lib
 from specjax import training as train
 from specjax.io import load_pretrained, save_pretrained
 from specjax.models import ModelConfig
 from specjax.testing import tiny_config, tiny_model
+from specjax.training import tokenizer as tokenizer_lib
 
 V = 64
 TOKENS_BT = jnp.asarray(np.arange(12, dtype=np.int32).reshape(2, 6) * 5 % V)
@@ -569,7 +569,7 @@ from flax import struct  # noqa: E402
 import specjax  # noqa: E402
 from specjax import decoding  # noqa: E402
 from specjax.sampling import SamplingConfig, probs_from_logits  # noqa: E402
-from specjax.verify import (  # noqa: E402
+from specjax.verification.chain import (  # noqa: E402
     coupled_verify,
     rejection_sample,
     rejection_sample_onehot,
@@ -907,11 +907,8 @@ def test_verify_primitives_refuse_bad_probabilities(call, match):
 # Construction, pairing with a target, training config, save and load: each refused with
 # an error naming the argument, before anything compiles; no file is touched.
 
-from specjax.drafters.block import (  # noqa: E402
-    BlockDrafter,
-    load_block_drafter,
-    save_block_drafter,
-)
+from specjax.drafters.block import BlockDrafter  # noqa: E402
+from specjax.io import drafter_weights  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -1020,22 +1017,22 @@ def test_model_refuses_feature_layers_out_of_range(deep_target):
 
 
 def test_load_block_drafter_refuses_another_target(tmp_path, block_drafter):
-    folder = save_block_drafter(block_drafter, tmp_path / "drafter")
+    folder = drafter_weights.save(block_drafter, tmp_path / "drafter")
     for other in (
         tiny_model(seed=4, vocab_size=V, num_layers=4, hidden_size=48),  # another width
         tiny_model(seed=4, vocab_size=V, num_layers=6),  # another depth
         tiny_model(seed=4, vocab_size=V + 1, num_layers=4),  # another vocabulary
     ):
         with pytest.raises(ValueError, match="^target: the drafter in .* was built for"):
-            load_block_drafter(folder, other)
+            drafter_weights.load(BlockDrafter, folder, other)
 
 
 def test_load_block_drafter_refuses_bad_overrides(tmp_path, deep_target, block_drafter):
-    folder = save_block_drafter(block_drafter, tmp_path / "drafter")
+    folder = drafter_weights.save(block_drafter, tmp_path / "drafter")
     with pytest.raises(ValueError, match=r"num_draft \(γ\) must be in .*\[1, 3\]"):
-        load_block_drafter(folder, deep_target, num_draft=8)
+        drafter_weights.load(BlockDrafter, folder, deep_target, num_draft=8)
     with pytest.raises(ValueError, match="mode must be one of"):
-        load_block_drafter(folder, deep_target, mode="x")
+        drafter_weights.load(BlockDrafter, folder, deep_target, mode="x")
 
 
 @pytest.mark.parametrize("what", ["missing", "empty", "notes", "model_checkpoint", "file"])
@@ -1051,14 +1048,14 @@ def test_load_block_drafter_needs_a_drafter_folder(tmp_path, deep_target, what):
     elif what == "file":
         path.write_text("x")
     with pytest.raises(FileNotFoundError, match=r"path .*drafter holds no block_drafter\.json"):
-        load_block_drafter(path, deep_target)
+        drafter_weights.load(BlockDrafter, path, deep_target)
 
 
 def test_load_block_drafter_refuses_a_foreign_config(tmp_path, deep_target, block_drafter):
-    folder = save_block_drafter(block_drafter, tmp_path / "drafter")
+    folder = drafter_weights.save(block_drafter, tmp_path / "drafter")
     (folder / "block_drafter.json").write_text(json.dumps({"format": "something-else"}))
     with pytest.raises(ValueError, match=r"block_drafter\.json is not a specjax-block-drafter"):
-        load_block_drafter(folder, deep_target)
+        drafter_weights.load(BlockDrafter, folder, deep_target)
 
 
 @pytest.mark.parametrize("what", ["notes", "model_checkpoint", "drafter_and_notes"])
@@ -1072,24 +1069,24 @@ def test_save_block_drafter_never_replaces_a_foreign_folder(
     elif what == "model_checkpoint":
         save_pretrained(deep_target, folder)
     else:  # a drafter folder the user also keeps notes in: the notes must survive
-        save_block_drafter(block_drafter, folder)
+        drafter_weights.save(block_drafter, folder)
         (folder / "notes.txt").write_text("my notes")
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     with pytest.raises(FileExistsError, match=r"path .*out holds .*delete.*overwrite=True"):
-        save_block_drafter(block_drafter, folder)
+        drafter_weights.save(block_drafter, folder)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert leftovers(tmp_path, ["out"]) == []
 
-    save_block_drafter(block_drafter, folder, overwrite=True)
+    drafter_weights.save(block_drafter, folder, overwrite=True)
     assert sorted(os.listdir(folder)) == ["block_drafter.json", "model.safetensors"]
-    assert load_block_drafter(folder, deep_target).num_draft == 3
+    assert drafter_weights.load(BlockDrafter, folder, deep_target).num_draft == 3
 
 
 def test_save_block_drafter_to_a_file_is_refused(tmp_path, block_drafter):
     path = tmp_path / "drafter.bin"
     path.write_text("not a folder")
     with pytest.raises(ValueError, match=r"path .*drafter\.bin is a file"):
-        save_block_drafter(block_drafter, path, overwrite=True)
+        drafter_weights.save(block_drafter, path, overwrite=True)
     assert path.read_text() == "not a folder"
 
 
@@ -1111,11 +1108,11 @@ def test_train_block_drafter_refuses_bad_arguments(tmp_path, block_drafter):
     tokens = np.arange(200) % V
     config = train.BlockTrainConfig(steps=1, batch_size=1, seq_len=8, progress=False)
     with pytest.raises(TypeError, match="config must be a BlockTrainConfig"):
-        train.train_block_drafter(
+        train.train_drafter(
             block_drafter, tokens, train.TrainConfig(steps=1, batch_size=1, seq_len=8)
         )
     with pytest.raises(ValueError, match=r"tokens holds 64, outside"):
-        train.train_block_drafter(block_drafter, np.arange(200) % (V + 1), config)
+        train.train_drafter(block_drafter, np.arange(200) % (V + 1), config)
     with pytest.raises(ValueError, match="teacher must be the BlockDrafter's own target"):
         train.train(block_drafter, tokens, config, teacher=tiny_model(seed=9, vocab_size=V))
     assert os.listdir(tmp_path) == []

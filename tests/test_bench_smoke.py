@@ -1,4 +1,5 @@
-"""scripts/bench_e2e.py: the quick run works end to end, and wrong outputs fail loudly."""
+"""The scripts under scripts/: bench_e2e.py's quick run works end to end and wrong outputs
+fail loudly; the other benchmarks' and the training recipes' quick runs and helpers."""
 
 import importlib.util
 import json
@@ -14,13 +15,18 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_e2e.py"
+BENCHMARKS = Path(__file__).resolve().parent.parent / "scripts" / "benchmarks"
+TRAINING = BENCHMARKS.parent / "training"
+SCRIPT = BENCHMARKS / "bench_e2e.py"
+# The benchmarks import their harness (scripts/benchmarks/harness/) from their own
+# folder, which a script run as a file has on its path; loaded here, it needs this.
+sys.path.insert(0, str(BENCHMARKS))
 
 
-def _load_script(name: str = "bench_e2e"):
-    """``scripts/<name>.py`` as a module, loaded once."""
+def _load_script(name: str = "bench_e2e", folder: Path = BENCHMARKS):
+    """``folder/<name>.py`` as a module, loaded once."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
@@ -142,7 +148,7 @@ def test_quick_run_on_smollm2(smollm2_path, tmp_path):
 
 @pytest.mark.slow
 def test_profile_script_quick_run_prints_ops_and_breakdown():
-    out = _run_script(SCRIPT.parent / "profile_decode.py", "--quick", "--top", "5")
+    out = _run_script(BENCHMARKS / "profile_decode.py", "--quick", "--top", "5")
     assert "draft decoding, batch 1" in out and "ms/step median" in out
     assert "per-op profile" in out and "cost breakdown" in out
     assert "loop machinery (trivial models, min)" in out
@@ -151,7 +157,7 @@ def test_profile_script_quick_run_prints_ops_and_breakdown():
 @pytest.mark.slow
 def test_profile_script_profiles_the_forward_at_both_widths():
     out = _run_script(
-        SCRIPT.parent / "profile_decode.py", "--quick", "--method", "forward", "--top", "3"
+        BENCHMARKS / "profile_decode.py", "--quick", "--method", "forward", "--top", "3"
     )
     assert "forward of T=1 " in out and "forward of T=5 " in out
     assert out.count("per-op profile") == 2 and "T=5 / T=1: " in out
@@ -161,20 +167,21 @@ def test_profile_script_profiles_the_forward_at_both_widths():
 def test_train_block_drafter_script_quick_run(tmp_path):
     """The script that made the shipped drafters runs every stage (bundled target)."""
     out_dir = tmp_path / "block"
-    _run_script(SCRIPT.parent / "train_block_drafter.py", "--quick", "--no-progress",
+    _run_script(TRAINING / "train_block_drafter.py", "--quick", "--no-progress",
                 "--out", str(out_dir))  # fmt: skip
     report = json.loads((out_dir / "train_report.json").read_text())
     assert report["target"] == "bundled" and report["steps"] == 20
     assert {"T0_gamma1", "T1_gamma3"} <= set(report["evaluation"])
     import specjax
-    from specjax.drafters.block import load_block_drafter
+    from specjax.drafters.block import BlockDrafter
+    from specjax.io import drafter_weights
 
-    drafter = load_block_drafter(out_dir, specjax.default_pair()[0])
+    drafter = drafter_weights.load(BlockDrafter, out_dir, specjax.default_pair()[0])
     assert drafter.num_draft == 7
 
 
 def test_instruction_prompts_for_chat_targets():
-    module = _load_script("train_block_drafter")
+    module = _load_script("train_block_drafter", TRAINING)
     doc = "import os\n\ndef f(x):\n    # twice\n    return 2 * x\n\nX = 1\ndef g():\n    pass\n"
     assert module.code_snippets([doc]) == ["def f(x):\n    # twice\n    return 2 * x"]
     prompts = module.instruction_prompts(module.code_snippets([doc]), 8, np.random.default_rng(0))
@@ -183,22 +190,11 @@ def test_instruction_prompts_for_chat_targets():
 
 
 @pytest.mark.slow
-def test_reproducible_script_quick_run(tmp_path):
-    out = _run_script(
-        SCRIPT.parent / "bench_reproducible.py", "--quick", "--json", str(tmp_path / "r.json")
-    )
-    assert "loop  plain" in out and "noise V=" in out and "coupled == plain: True" in out
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert all(r["coupled_equals_plain"] for r in report["coupled"])
-    assert {r["decoder"] for r in report["loop"]} == {"plain", "speculative"}
-
-
-@pytest.mark.slow
 def test_throughput_script_quick_run(tmp_path):
     """bench_throughput.py --quick (about 12 small compiles, ~1 min): every system's
     greedy output is checked against plain greedy inside the script, which exits 1 on
     any difference; here its tables and the adaptive table it derives are checked."""
-    out = _run_script(SCRIPT.parent / "bench_throughput.py", "--quick", "--out", str(tmp_path))
+    out = _run_script(BENCHMARKS / "bench_throughput.py", "--quick", "--out", str(tmp_path))
     assert "adaptive table" in out
     report = json.loads((tmp_path / "throughput.json").read_text())
     systems = {(r["system"], r["slots"]) for r in report["slots"]}
@@ -273,7 +269,7 @@ def test_costs_of_a_feature_drafter():
     import jax
 
     import specjax
-    from specjax.benchmarking import draft_cost, interleaved_cost
+    from harness import draft_cost, interleaved_cost
 
     target = specjax.testing.tiny_model(seed=0)
     drafter = specjax.BlockDrafter.random(target, key=jax.random.key(0), num_draft=2)
@@ -342,7 +338,7 @@ def test_tree_script_quick_run(tmp_path):
     """bench_tree.py --quick (about 10 small compiles, ~1 min): every system's greedy
     output is checked against plain greedy inside the script, which exits 1 on any
     difference; here the chain/tree rows and the summary are checked."""
-    out = _run_script(SCRIPT.parent / "bench_tree.py", "--quick", "--out", str(tmp_path))
+    out = _run_script(BENCHMARKS / "bench_tree.py", "--quick", "--out", str(tmp_path))
     assert "tree / chain" in out
     report = json.loads((tmp_path / "tree.json").read_text())
     systems = {(r["batch"], r["drafter"], r["system"]) for r in report["results"]}

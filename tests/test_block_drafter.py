@@ -3,7 +3,7 @@
 The main target is tiny (V = 8, 4 layers, ``init_scale = 8``); the drafters share one
 architecture (1 draft layer, blocks of up to 9, so γ ∈ {1, 4, 8} via ``with_draft``): a
 random one, which accepts almost nothing (about 1%), and one trained for 120 steps with
-`train_block_drafter` on text the target generated (a module fixture, also the reference
+`train_drafter` on text the target generated (a module fixture, also the reference
 run of the training tests), which accepts a lot (greedy, batch 8: about 0.74 / 0.49 /
 0.40 at γ = 1 / 4 / 8, with whole blocks accepted). The main target's greedy output soon
 settles on a repeated token, which is what makes it easy to draft, so the greedy tests
@@ -36,8 +36,8 @@ are traced; γ, the mode and the architecture are static).
    one-hot would be no control: rejection sampling with a one-hot q is exact whatever
    the tokens.
 4. Training: the loss falls, resume from a checkpoint is bit-identical (losses and
-   weights), and `save_block_drafter` / `load_block_drafter` round-trip the weights and
-   the output; a file in the old ``kernel [in, out]`` layout loads to the same logits.
+   weights), and `specjax.io.drafter_weights` ``save`` / ``load`` round-trip the weights
+   and the output.
 5. The features contract: the whole decoder, traced through a counting wrapper, runs
    exactly two target forwards (the prefill and the loop body's verify forward), both
    asking for the drafter's layers; a `Model` called with ``feature_layers`` returns the
@@ -58,10 +58,11 @@ from flax import nnx, struct
 
 import specjax
 from specjax import training as train
-from specjax.drafters import Proposal, TargetFeatures
-from specjax.drafters.block import BlockDrafter, load_block_drafter, save_block_drafter
-from specjax.model_contract import check_before_compiling
-from specjax.models.llama import rope_inv_freq
+from specjax.drafters import Proposal
+from specjax.drafters.block import BlockDrafter
+from specjax.io import drafter_weights
+from specjax.models.attention import rope_inv_freq
+from specjax.models.contract import check_before_compiling
 from specjax.sampling import greedy_tokens, probs_from_logits
 from specjax.testing import chi_square_pvalue, exact_sequence_probs, sequence_counts, tiny_model
 
@@ -161,7 +162,7 @@ def corpus(target):
 def training(target, random_drafter, corpus, tmp_path_factory):
     """The reference run: TRAIN_CONFIG, with checkpoints every 40 steps."""
     ckpt = tmp_path_factory.mktemp("block_drafter_run")
-    result = train.train_block_drafter(random_drafter, corpus, TRAIN_CONFIG, checkpoint_dir=ckpt)
+    result = train.train_drafter(random_drafter, corpus, TRAIN_CONFIG, checkpoint_dir=ckpt)
     return result, ckpt
 
 
@@ -464,7 +465,7 @@ def test_resume_is_bit_identical(target, random_drafter, corpus, training, tmp_p
     assert names == ["step_00000040", "step_00000080", "step_00000120"]
     shutil.rmtree(ckpt_copy / names[-1])  # the newest is lost: resume from step 80
 
-    resumed = train.train_block_drafter(
+    resumed = train.train_drafter(
         random_drafter, corpus, TRAIN_CONFIG, checkpoint_dir=ckpt_copy, resume=True
     )
     assert resumed.start_step == 80 and resumed.steps == TRAIN_CONFIG.steps
@@ -477,8 +478,8 @@ def test_resume_is_bit_identical(target, random_drafter, corpus, training, tmp_p
 
 def test_save_load_round_trip(target, trained, tmp_path):
     drafter = trained.with_draft(num_draft=4, mode="argmax")
-    folder = save_block_drafter(drafter, tmp_path / "drafter")
-    loaded = load_block_drafter(folder, target)
+    folder = drafter_weights.save(drafter, tmp_path / "drafter")
+    loaded = drafter_weights.load(BlockDrafter, folder, target)
     for field in ("config", "target_layers", "block_size", "num_draft", "mode"):
         assert getattr(loaded, field) == getattr(drafter, field), field
     want, got = jax.tree.leaves(drafter.params), jax.tree.leaves(loaded.params)
@@ -495,50 +496,11 @@ def test_save_load_round_trip(target, trained, tmp_path):
     _assert_same_output(b, a)
     np.testing.assert_array_equal(np.asarray(b.from_draft), np.asarray(a.from_draft))
 
-    other = load_block_drafter(folder, target, num_draft=8, mode="sample")
+    other = drafter_weights.load(BlockDrafter, folder, target, num_draft=8, mode="sample")
     assert (other.num_draft, other.mode) == (8, "sample")
     # Saving over a saved drafter replaces it.
-    save_block_drafter(drafter.with_draft(num_draft=1), folder)
-    assert load_block_drafter(folder, target).num_draft == 1
-
-
-def _block_logits(drafter, tokens_BT):
-    """The drafter's block logits after the target has scored ``tokens`` (all rows full)."""
-    b, t = tokens_BT.shape
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    target = drafter.target
-    _, _, hidden = target(tokens_BT, positions, None, feature_layers=drafter.target_layers)
-    lengths = jnp.full((b,), t, jnp.int32)
-    state = drafter.init(tokens_BT, lengths, 32, TargetFeatures(hidden, positions))
-    return drafter.block_logits(state, tokens_BT, lengths)
-
-
-# Slow tier: 7 s; backward compatibility of one file layout. The save/load round trip
-# (test_save_load_round_trip) stays in the fast tier.
-@pytest.mark.slow
-def test_loads_a_file_in_the_old_kernel_layout(target, trained, tmp_path):
-    """Drafters saved before the [out, in] layout (the shipped one, runs under way) hold
-    nnx.Linear kernels: ``...['kernel'].value`` ``[in, out]``. They load to the same
-    weights and logits."""
-    from safetensors.numpy import save_file
-
-    from specjax.drafters.weights import WEIGHTS_FILE
-    from specjax.drafters.weights import flat_params as _flat_params
-
-    folder = save_block_drafter(trained, tmp_path / "drafter")
-    # In a block drafter the 2-D leaves are exactly the Dense weights (norms are 1-D).
-    old = {}
-    for name, a in _flat_params(trained.params).items():
-        if a.ndim == 2:
-            name, a = name.replace("['weight']", "['kernel']"), a.T
-        old[name] = np.ascontiguousarray(a)
-    assert "['fc']['kernel'].value" in old
-    save_file(old, str(folder / WEIGHTS_FILE))
-    loaded = load_block_drafter(folder, target)
-    for x, y in zip(jax.tree.leaves(trained.params), jax.tree.leaves(loaded.params), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, V, (2, 6)), jnp.int32)
-    np.testing.assert_array_equal(_block_logits(loaded, tokens), _block_logits(trained, tokens))
+    drafter_weights.save(drafter.with_draft(num_draft=1), folder)
+    assert drafter_weights.load(BlockDrafter, folder, target).num_draft == 1
 
 
 # --------------------------------------------------------------------------------------
@@ -648,10 +610,10 @@ def test_feature_layers_are_the_residual_stream(target):
     @jax.jit
     def through_the_model(model):
         cache = model.init_cache(2, 16)
-        plain_logits, _ = model(tokens, positions, cache)
-        _, _, hidden = model(tokens, positions, None, return_hidden=True)
+        plain_logits = model(tokens, positions, cache).logits
+        hidden = model(tokens, positions, None).hidden
         calls = [model(tokens, positions, cache, feature_layers=ls) for ls in FEATURE_CASES]
-        return plain_logits, hidden, [(logits, f) for logits, _, f in calls]
+        return plain_logits, hidden, [(out.logits, out.features) for out in calls]
 
     streams, final = manual(target)
     plain_logits, hidden, calls = through_the_model(target)

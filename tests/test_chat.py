@@ -29,9 +29,9 @@ from tokenizers import models as tokenizer_models
 
 import specjax
 from specjax import cli
-from specjax.chat import END_OF_TURN_TOKENS, apply_chat_template, end_of_turn_ids
+from specjax.io.chat import END_OF_TURN_TOKENS, apply_chat_template, end_of_turn_ids
 from specjax.models import Model, ModelConfig
-from specjax.tokenizer import train_tokenizer
+from specjax.training.tokenizer import train_tokenizer
 
 CHATML = (
     "{% for message in messages %}"

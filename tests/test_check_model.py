@@ -47,7 +47,8 @@ class Bigram:
         return LengthsOnly(lengths=jnp.zeros((batch_size,), jnp.int32))
 
     def __call__(self, tokens_BT, positions_BT, cache):
-        return self.table[tokens_BT].astype(jnp.float32), cache.rollback(positions_BT[:, -1] + 1)
+        logits = self.table[tokens_BT].astype(jnp.float32)
+        return specjax.ModelOutput(logits, cache.rollback(positions_BT[:, -1] + 1))
 
 
 class NotAPytree:
@@ -67,8 +68,8 @@ class NotAPytree:
 @struct.dataclass
 class LastLogitsOnly(Bigram):
     def __call__(self, tokens_BT, positions_BT, cache):
-        logits, cache = super().__call__(tokens_BT, positions_BT, cache)
-        return logits[:, -1], cache  # [B, V]
+        out = super().__call__(tokens_BT, positions_BT, cache)
+        return out.replace(logits=out.logits[:, -1])  # [B, V]
 
 
 @struct.dataclass
@@ -77,7 +78,7 @@ class CacheWithoutRollback(Bigram):
         return NoRollback(lengths=jnp.zeros((batch_size,), jnp.int32))
 
     def __call__(self, tokens_BT, positions_BT, cache):
-        return self.table[tokens_BT], NoRollback(lengths=positions_BT[:, -1] + 1)
+        return specjax.ModelOutput(self.table[tokens_BT], NoRollback(positions_BT[:, -1] + 1))
 
 
 @struct.dataclass
@@ -133,7 +134,7 @@ class OneHeadAttention:
         weights = jax.nn.softmax(jnp.where(visible_BTS, scores, -1e30), axis=-1)
         out_BTD = jnp.einsum("bts,bsd->btd", weights, values)
         logits = out_BTD @ self.embed.T
-        return logits, AttentionCache(keys, values, positions_BT[:, -1] + 1)
+        return specjax.ModelOutput(logits, AttentionCache(keys, values, positions_BT[:, -1] + 1))
 
 
 def _table(seed=0):

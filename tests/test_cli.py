@@ -16,7 +16,7 @@ import pytest
 
 from specjax.io import save_pretrained
 from specjax.models import Model, ModelConfig
-from specjax.tokenizer import eos_id, train_tokenizer
+from specjax.training.tokenizer import eos_id, train_tokenizer
 
 
 def run_cli(*args, timeout=600):
@@ -470,11 +470,11 @@ def test_generate_with_the_eagle_head_chain_greedy_equals_plain():
 
 
 def test_a_named_pair_gets_its_preset_unless_a_flag_sets_it(capsys):
-    """--model/--draft naming a pair with a `specjax.presets` entry: its settings, said on
+    """--model/--draft naming a pair with a `specjax.io.presets` entry: its settings, said on
     stderr; a flag keeps its own value. No model is loaded."""
     from specjax.cli.generate import _apply_preset
     from specjax.cli.parser import build_parser
-    from specjax.presets import find
+    from specjax.io.presets import find
 
     preset = find("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
     parse = build_parser().parse_args
@@ -486,7 +486,7 @@ def test_a_named_pair_gets_its_preset_unless_a_flag_sets_it(capsys):
         preset.gamma,
         preset.draft_confidence,
     )
-    assert "this pair's preset (specjax.presets)" in capsys.readouterr().err
+    assert "this pair's preset (specjax.io.presets)" in capsys.readouterr().err
     args = parse(["generate", "hi", "--model", preset.target, "--draft", preset.draft,
                   "--gamma", "5", "--quantize", "int8-weights"])  # fmt: skip
     _apply_preset(args)

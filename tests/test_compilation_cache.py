@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specjax import compilation_cache
+from specjax.core import compilation_cache
 
 WORKER = Path(__file__).with_name("cache_worker.py")
 READ_ERROR = "Error reading persistent compilation cache entry"

@@ -1,6 +1,6 @@
 """Constrained decoding: regex and JSON-schema automata, exact under speculation.
 
-The reference is independent of `specjax.constraints` and of outlines-core: which ids
+The reference is independent of `specjax.sampling.constraints` and of outlines-core: which ids
 may follow a text is decided by the ``regex`` module's partial matching over the bytes
 (an id is allowed when the text plus its bytes can still become a match; EOS when the
 text is a whole match; a row ends when it is a whole match that nothing extends), and
@@ -41,8 +41,9 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.constraints import AutomatonCursor, ConstraintTable
-from specjax.decoding import api, loop
+from specjax.decoding import api
+from specjax.decoding.features import constraint as loop
+from specjax.sampling.constraints import AutomatonCursor, ConstraintTable
 from specjax.testing import (
     chi_square_power,
     chi_square_pvalue,
@@ -486,7 +487,7 @@ def test_every_one_of_1000_json_rows_validates():
     """1,000 sampled rows of the bundled pair under a JSON schema (draft model, γ = 3), in
     one batch (35 s; through 250 slots it took 82 s)."""
     jsonschema = pytest.importorskip("jsonschema")
-    target, draft, tokenizer = specjax.pretrained.default_pair()
+    target, draft, tokenizer = specjax.io.pretrained.default_pair()
     schema = {
         "type": "object",
         "properties": {

@@ -96,7 +96,7 @@ def test_plain_greedy_matches_manual_argmax_loop(target):
     out = specjax.generate(jax.random.key(0), target, [prompt], max_new_tokens=8, sampling=GREEDY)
     width = len(prompt) + 8
     # One full forward over a fixed width; causality makes the padding irrelevant.
-    forward = jax.jit(lambda m, s: m(s, jnp.arange(width)[None], m.init_cache(1, width))[0])
+    forward = jax.jit(lambda m, s: m(s, jnp.arange(width)[None], m.init_cache(1, width)).logits)
     seq = list(prompt)
     for _ in range(8):
         padded = jnp.asarray([seq + [0] * (width - len(seq))])

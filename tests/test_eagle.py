@@ -1,14 +1,14 @@
 """`specjax.EagleDrafter`: exact, its offsets right, trainable, and the shipped head works.
 
 The tiny target has V = 8, 4 layers and ``init_scale = 8``. Its heads: a random one, which
-accepts almost nothing, and one trained with `train_eagle` for 60 steps on text the
+accepts almost nothing, and one trained with `train_drafter` for 60 steps on text the
 target generated (a module fixture, also the reference run of the training tests),
 which accepts a lot (greedy, batch 8: about 0.8 / 0.6 at γ = 1 / 4). That target's
 greedy output soon settles on a repeated token, which is what makes it easy to draft,
 so the greedy tests also run a random head on a second target of the same shape (seed
 1) whose output keeps changing; both share every compiled decode program. The bundled
 pair's target gets the shipped head (``default_drafter("eagle")``, trained by
-``scripts/train_eagle.py``) and a random head of the same shape.
+``scripts/training/train_eagle.py``) and a random head of the same shape.
 
 1. Offsets, directly: the q each draft is sampled from equals the training-time test's
    step-i distribution (`ttt_step_logits`, a separate code path without a cache) at
@@ -39,7 +39,7 @@ pair's target gets the shipped head (``default_drafter("eagle")``, trained by
    (numpy soft cross-entropies of decode-path `step_logits` chains); a short run
    lowers it; resume is bit-identical.
 6. Save/load round-trips bit for bit; bad inputs raise ValueErrors naming the argument;
-   ``scripts/train_eagle.py --quick`` runs end to end (slow).
+   ``scripts/training/train_eagle.py --quick`` runs end to end (slow).
 
 Compiles dominate the run time (about 4 s per tiny decode program, 8 to 12 s per bundled
 one on a 2-core CPU); the whole file takes about 3 minutes, the script run (slow) 30 s.
@@ -63,21 +63,17 @@ from flax import struct
 import specjax
 from specjax import training as train
 from specjax.drafters import prefill, score
-from specjax.drafters.eagle import (
-    EagleDrafter,
-    eagle_ttt_loss,
-    load_eagle_drafter,
-    save_eagle_drafter,
-    ttt_step_logits,
-)
+from specjax.drafters.eagle import EagleDrafter
+from specjax.io import drafter_weights
 from specjax.sampling import greedy_tokens
 from specjax.testing import chi_square_pvalue, exact_sequence_probs, sequence_counts, tiny_model
+from specjax.training.eagle import eagle_ttt_loss, ttt_step_logits
 
 V = 8
 GREEDY = specjax.SamplingConfig.greedy()
 MAX_NEW = 13
 ROW_BUDGETS = np.asarray([13, 1, 7, 11, 3, 17, 19, 23], np.int32)
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "train_eagle.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "training" / "train_eagle.py"
 
 TRAIN_CONFIG = train.EagleTrainConfig(
     steps=60, batch_size=8, seq_len=32, ttt_steps=4, learning_rate=1e-2, warmup_steps=6,
@@ -153,7 +149,7 @@ def corpus(target):
 @pytest.fixture(scope="module")
 def training(random_head, corpus, tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("eagle_run")
-    return train.train_eagle(random_head, corpus, TRAIN_CONFIG, checkpoint_dir=ckpt), ckpt
+    return train.train_drafter(random_head, corpus, TRAIN_CONFIG, checkpoint_dir=ckpt), ckpt
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +165,7 @@ def trained(training):
 def _ttt_probs_jit(drafter, tokens_1T, num_steps):
     positions = jnp.arange(tokens_1T.shape[1], dtype=jnp.int32)[None]
     layers = drafter.target_layers
-    _, _, features = drafter.target(tokens_1T, positions, None, feature_layers=layers)
+    features = drafter.target(tokens_1T, positions, None, feature_layers=layers).features
     steps = ttt_step_logits(drafter, drafter.params, tokens_1T, features, num_steps)
     return jnp.stack([jax.nn.softmax(s[0], axis=-1) for s in steps])
 
@@ -504,7 +500,8 @@ def test_loss_is_the_weighted_soft_cross_entropy_of_decode_chains(trained, corpu
     k = 3
     target = trained.target
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits_p, _, features = target(tokens, positions, None, feature_layers=trained.target_layers)
+    out = target(tokens, positions, None, feature_layers=trained.target_layers)
+    logits_p, features = out.logits, out.features
     p = np.asarray(jax.nn.softmax(logits_p, axis=-1), np.float64)
     fused = trained.net.fc(features)
     prev = jnp.pad(fused, ((0, 0), (1, 0), (0, 0)))[:, :t]  # position j is fed u_{j-1}
@@ -548,7 +545,9 @@ def test_resume_is_bit_identical(random_head, corpus, training, tmp_path):
     names = [p.name for p in train.list_checkpoints(copy)]
     assert names == ["step_00000020", "step_00000040", "step_00000060"]
     shutil.rmtree(copy / names[-1])
-    resumed = train.train_eagle(random_head, corpus, TRAIN_CONFIG, checkpoint_dir=copy, resume=True)
+    resumed = train.train_drafter(
+        random_head, corpus, TRAIN_CONFIG, checkpoint_dir=copy, resume=True
+    )
     assert resumed.start_step == 40 and resumed.losses == reference.losses
     for x, y in zip(jax.tree.leaves(reference.model.params), jax.tree.leaves(resumed.model.params),
                     strict=True):  # fmt: skip
@@ -561,9 +560,9 @@ def test_resume_is_bit_identical(random_head, corpus, training, tmp_path):
 
 def test_save_load_round_trip(target, trained, tmp_path):
     drafter = trained.with_draft(num_draft=3, mode="sample")
-    folder = save_eagle_drafter(drafter, tmp_path / "head")
+    folder = drafter_weights.save(drafter, tmp_path / "head")
     assert sorted(p.name for p in folder.iterdir()) == ["eagle_drafter.json", "model.safetensors"]
-    loaded = load_eagle_drafter(folder, target)
+    loaded = drafter_weights.load(EagleDrafter, folder, target)
     for field in ("config", "target_layers", "num_draft", "mode", "graphdef"):
         assert getattr(loaded, field) == getattr(drafter, field), field
     want, got = jax.tree.leaves(drafter.params), jax.tree.leaves(loaded.params)
@@ -571,17 +570,17 @@ def test_save_load_round_trip(target, trained, tmp_path):
     for x, y in zip(want, got, strict=True):
         assert x.dtype == y.dtype
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-    other = load_eagle_drafter(folder, target, num_draft=1, mode="argmax")
+    other = drafter_weights.load(EagleDrafter, folder, target, num_draft=1, mode="argmax")
     assert (other.num_draft, other.mode) == (1, "argmax")
     # bf16 on disk, the target's float32 in memory: the bf16-rounded weights.
-    save_eagle_drafter(drafter, folder, dtype=jnp.bfloat16)
-    half = load_eagle_drafter(folder, target)
+    drafter_weights.save(drafter, folder, dtype=jnp.bfloat16)
+    half = drafter_weights.load(EagleDrafter, folder, target)
     for x, y in zip(want, jax.tree.leaves(half.params), strict=True):
         assert y.dtype == jnp.float32
         np.testing.assert_array_equal(np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32)), y)
     (folder / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="overwrite"):
-        save_eagle_drafter(drafter, folder)
+        drafter_weights.save(drafter, folder)
 
 
 def test_bad_inputs_name_the_argument(target, random_head, corpus, tmp_path):
@@ -597,11 +596,11 @@ def test_bad_inputs_name_the_argument(target, random_head, corpus, tmp_path):
             EagleDrafter.random(target, key=key, num_draft=2, target_layers=layers)
     with pytest.raises(ValueError, match="mode"):
         random_head.with_draft(mode="beam")
-    folder = save_eagle_drafter(random_head, tmp_path / "head")
+    folder = drafter_weights.save(random_head, tmp_path / "head")
     with pytest.raises(ValueError, match="target"):
-        load_eagle_drafter(folder, tiny_model(seed=0, vocab_size=V, num_layers=2))
+        drafter_weights.load(EagleDrafter, folder, tiny_model(seed=0, vocab_size=V, num_layers=2))
     with pytest.raises(FileNotFoundError, match="eagle_drafter.json"):
-        load_eagle_drafter(tmp_path, target)
+        drafter_weights.load(EagleDrafter, tmp_path, target)
     with pytest.raises(ValueError, match="ttt_steps"):
         train.EagleTrainConfig(ttt_steps=0)
     with pytest.raises(ValueError, match="ttt_steps"):
@@ -609,14 +608,14 @@ def test_bad_inputs_name_the_argument(target, random_head, corpus, tmp_path):
     with pytest.raises(ValueError, match="step_weight"):
         train.EagleTrainConfig(step_weight=0.0)
     with pytest.raises(TypeError, match="EagleTrainConfig"):
-        train.train_eagle(random_head, corpus, train.TrainConfig(steps=1, progress=False))
+        train.train_drafter(random_head, corpus, train.TrainConfig(steps=1, progress=False))
     with pytest.raises(ValueError, match="num_steps"):
         eagle_ttt_loss(random_head.params, random_head, _batch(corpus, t=4), num_steps=4)
 
 
 @pytest.mark.slow
 def test_quick_script_runs_end_to_end(tmp_path):
-    """``scripts/train_eagle.py --quick``: data, 12 training steps, the bf16 head and its
+    """``scripts/training/train_eagle.py --quick``: data, 12 training steps, the bf16 head and its
     report. Slow: about 40 s (generation, training and two decode compiles)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     out = tmp_path / "head"
@@ -630,7 +629,7 @@ def test_quick_script_runs_end_to_end(tmp_path):
     assert report["steps"] == 12 and len(report["loss_curve"]["mean_loss"]) == 12
     assert set(report["evaluation"]) == {"eagle_T0_gamma2", "random_head_T0_gamma2"}
     target = specjax.default_pair()[0]
-    head = load_eagle_drafter(out, target)
+    head = drafter_weights.load(EagleDrafter, out, target)
     assert head.num_draft == 4 and head.target_layers == (1, 3, 5)
 
 

@@ -292,7 +292,7 @@ def _hf_tokenizer(path):
 def _logits(model, tokens):
     tokens = np.asarray(tokens, np.int32)[None]
     positions = np.arange(tokens.shape[1], dtype=np.int32)[None]
-    logits, _ = model(tokens, positions, model.init_cache(1, tokens.shape[1]))
+    logits = model(tokens, positions, model.init_cache(1, tokens.shape[1])).logits
     return np.asarray(logits[0])
 
 
@@ -720,7 +720,7 @@ def test_smollm2_logits_match_transformers(smollm2):
     for b, ids in enumerate(prompts):
         tokens[b, : len(ids)] = ids
     positions = np.broadcast_to(np.arange(width, dtype=np.int32), tokens.shape)
-    logits, _ = model(tokens, positions, model.init_cache(len(prompts), width))
+    logits = model(tokens, positions, model.init_cache(len(prompts), width)).logits
     for b, ids in enumerate(prompts):
         diff = np.abs(np.asarray(logits[b, : len(ids)]) - _hf_logits(hf_model, ids)).max()
         assert diff <= SMOLLM2_ATOL, f"max |logit diff| {diff:.2e} on {SMOLLM2_PROMPTS[b]!r}"

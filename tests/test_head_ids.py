@@ -3,7 +3,7 @@
 Restricting the head changes what the draft proposes, never what the decoders emit:
 the draft samples from (or takes the argmax among) the kept ids, and its q is zero
 elsewhere. Checked here: the restricted logits against the full model's, the picks
-of `specjax.vocab.frequent_ids`, greedy speculative == plain at the same forward
+of `specjax.sampling.vocab.frequent_ids`, greedy speculative == plain at the same forward
 width (including rows whose
 next target token the draft can never propose, and B = 3 = γ+1), bad input, and in
 the slow tier the sampled law.
@@ -28,6 +28,7 @@ import pytest
 from flax import struct
 
 import specjax
+from specjax.sampling.vocab import frequent_ids
 from specjax.testing import (
     chi_square_pvalue,
     exact_sequence_probs,
@@ -36,7 +37,6 @@ from specjax.testing import (
     tiny_model,
     tiny_tokenizer,
 )
-from specjax.vocab import frequent_ids
 
 V = 8
 KEPT = [0, 2, 5]
@@ -58,8 +58,8 @@ def test_kept_ids_score_as_in_the_whole_head_and_others_are_minus_inf(pair):
     _, draft, restricted = pair
     tokens = jnp.asarray([[1, 2, 3, 4, 6]])
     positions = jnp.arange(5)[None]
-    full, _ = jax.jit(lambda m: m(tokens, positions, m.init_cache(1, 8)))(draft)
-    part, _ = jax.jit(lambda m: m(tokens, positions, m.init_cache(1, 8)))(restricted)
+    full = jax.jit(lambda m: m(tokens, positions, m.init_cache(1, 8)).logits)(draft)
+    part = jax.jit(lambda m: m(tokens, positions, m.init_cache(1, 8)).logits)(restricted)
     assert part.shape == full.shape == (1, 5, V)
     np.testing.assert_allclose(part[..., KEPT], full[..., KEPT], rtol=1e-5, atol=1e-5)
     others = np.setdiff1d(np.arange(V), KEPT)
@@ -74,7 +74,7 @@ def test_restriction_survives_quantization_and_layer_layout(pair):
     _, _, restricted = pair
     for model in (quantize(restricted, "int8"), restricted.with_scan_layers(False)):
         np.testing.assert_array_equal(model.head_ids, KEPT)
-        logits, _ = model(jnp.asarray([[1, 2]]), jnp.arange(2)[None], model.init_cache(1, 4))
+        logits = model(jnp.asarray([[1, 2]]), jnp.arange(2)[None], model.init_cache(1, 4)).logits
         assert np.isinf(np.asarray(logits)).sum() == 2 * (V - len(KEPT))
     again = restricted.with_head_ids([1, 7])  # restricting again starts from the whole head
     np.testing.assert_array_equal(again.head_ids, [1, 7])
@@ -154,7 +154,7 @@ def test_greedy_speculative_equals_plain(pair, greedy_draft):
 class PrefixPaddedQ(specjax.DraftModel):
     """Broken on purpose: reports the kept ids' probabilities at ids 0..K-1, as if the
     restricted head were a smaller vocabulary zero-padded at the end
-    (`specjax.vocab.pad_to_vocab`), instead of at the kept ids themselves.
+    (`specjax.sampling.vocab.pad_to_vocab`), instead of at the kept ids themselves.
 
     (Dropping q altogether, a one-hot claim, would not do as a control: verifying a
     draft as if it were certain is exact for any proposal; see `DraftModel`.)

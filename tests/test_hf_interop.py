@@ -138,7 +138,8 @@ def checkpoint(tmp_path_factory):
 
 @jax.jit
 def _forward(model, tokens, positions, cache):
-    return model(tokens, positions, cache)
+    out = model(tokens, positions, cache)
+    return out.logits, out.cache
 
 
 def _hf_logits(hf_model, tokens):

@@ -49,7 +49,8 @@ def _model(name) -> Model:
 
 @jax.jit
 def _forward(model, tokens, positions, cache):
-    return model(tokens, positions, cache)
+    out = model(tokens, positions, cache)
+    return out.logits, out.cache
 
 
 def _tokens(shape, vocab=61, seed=0):
@@ -312,7 +313,7 @@ def test_scanned_layers_compute_what_the_unrolled_layers_compute(name):
     @jax.jit
     def run(model, cache):
         layers = (unrolled.config.num_layers - 1, 0)  # out of order on purpose
-        return model(tokens, positions, cache, return_hidden=True, feature_layers=layers)
+        return model(tokens, positions, cache, feature_layers=layers)
 
     for cache in (unrolled.init_cache(2, 12), None):  # decoding, and scoring without a cache
         want, got = run(unrolled, cache), run(scanned, cache)

@@ -21,7 +21,7 @@ CELL_TIMEOUT_S = 300
 
 def _bundled_pair_available() -> bool:
     try:
-        from specjax.pretrained import default_pair_path
+        from specjax.io.pretrained import default_pair_path
     except ImportError:
         return False
     root = default_pair_path()

@@ -145,9 +145,12 @@ def _head_rows(vocab: int, **decode_kw) -> set[int]:
 
     target = tiny_model(seed=0, vocab_size=vocab, num_layers=1)
     traced, static, _ = checks._prepare(
-        jax.random.key(0), target, NoDraft(), [[1, 2, 3]] * 3, 8, None, None, None, None,
-        "rejection", **decode_kw,
-    )  # fmt: skip
+        jax.random.key(0),
+        target,
+        NoDraft(),
+        [[1, 2, 3]] * 3,
+        checks.DecodeOptions(max_new_tokens=8, **decode_kw),
+    )
     hlo = api._decode_jit.lower(*traced, **static).compile().as_text()
     shapes = re.findall(r"= \w+\[(\d+),(\d+)\]\{[^}]*\} dot\(", hlo)
     return {int(a if int(b) == vocab else b) for a, b in shapes if vocab in (int(a), int(b))}

@@ -1,6 +1,6 @@
 """Penalties, logit bias and forbidden ids, exact under speculation.
 
-The reference here is written independently of `specjax.penalties`, in numpy float64:
+The reference here is written independently of `specjax.sampling.penalties`, in numpy float64:
 for every continuation of a short prompt, each position's logits come from one full
 forward of the whole sequence, and the transforms follow their published semantics
 (transformers' repetition penalty over prompt + generated tokens; OpenAI's presence
@@ -41,8 +41,8 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.decoding import loop
-from specjax.penalties import TokenCounts, apply_logit_transforms, token_counts
+from specjax.decoding.features import penalties as loop
+from specjax.sampling.penalties import TokenCounts, apply_logit_transforms, token_counts
 from specjax.testing import (
     chi_square_power,
     chi_square_pvalue,

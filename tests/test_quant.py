@@ -28,7 +28,7 @@ def tied():
 def _logits(model, tokens_BT):
     b, t = tokens_BT.shape
     positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-    return jax.jit(lambda m, x: m(x, positions, m.init_cache(b, t))[0])(model, tokens_BT)
+    return jax.jit(lambda m, x: m(x, positions, m.init_cache(b, t)).logits)(model, tokens_BT)
 
 
 def _tokens(b, t, seed=0):

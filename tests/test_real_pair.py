@@ -192,7 +192,7 @@ def plain_greedy_at_5(target, prompts):
 def test_target_logits_match_transformers(target, prompts, reference):
     for ids, ref in zip(prompts, reference[0], strict=True):
         positions = np.arange(len(ids), dtype=np.int32)[None]
-        logits, _ = jax.jit(lambda m, t, p: m(t, p, m.init_cache(1, t.shape[1])))(
+        logits = jax.jit(lambda m, t, p: m(t, p, m.init_cache(1, t.shape[1])).logits)(
             target, np.asarray([ids], np.int32), positions
         )
         diff = float(np.abs(np.asarray(logits[0]) - ref).max())

@@ -1,7 +1,7 @@
 """Reproducible for every key: batch invariance, coupled verification, the open loop.
 
 Every draw for row b at position t comes from ``fold_in(fold_in(key, seeds[b]), t)``
-(`specjax.noise`), so a row's tokens depend on its key, seed and prompt only. These
+(`specjax.sampling.noise`), so a row's tokens depend on its key, seed and prompt only. These
 tests compare exact token sequences, not distributions: there is no false-alarm rate.
 
 Float rounding: a row's logits are computed in batches of different shapes (alone,
@@ -208,7 +208,7 @@ def test_logprobs_are_the_targets_processed_log_probabilities(pair, name):
     out = _run(target, _drafter(name, draft, 3), prompts, None, sampling=sampling)
     for b, (prompt, tokens) in enumerate(zip(prompts, out.to_lists(), strict=True)):
         seq = jnp.asarray([prompt + tokens])
-        logits, _ = target(seq, jnp.arange(seq.shape[1])[None], None)
+        logits = target(seq, jnp.arange(seq.shape[1])[None], None).logits
         row_config = specjax.SamplingConfig(
             temperature=sampling.temperature[b], top_k=sampling.top_k[b]
         )

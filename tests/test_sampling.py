@@ -427,7 +427,7 @@ def test_tail_control_the_gumbel_sampler_is_rejected(tail_counts):
 
 
 def test_noise_uniform_range_and_resolution():
-    from specjax import noise
+    from specjax.sampling import noise
 
     u = np.asarray(noise.uniform(jax.random.key(0), (2_000_000,)), np.float64)
     assert (u > 0).all() and (u <= 1).all()

@@ -20,7 +20,7 @@ import pytest
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
-from specjax import sharding
+from specjax.models import sharding
 from specjax.testing import tiny_model
 
 WORKER = Path(__file__).with_name("sharding_worker.py")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.stops import StopStrings, token_bytes, trim_at_stop
+from specjax.sampling.stops import StopStrings, token_bytes, trim_at_stop
 from specjax.testing import tiny_model, tiny_tokenizer
 
 NEW = 40

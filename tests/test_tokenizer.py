@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specjax import data
-from specjax import tokenizer as tokenizer_lib
+from specjax.training import data
+from specjax.training import tokenizer as tokenizer_lib
 
 VOCAB = 400
 

@@ -36,7 +36,7 @@ def _reference(target, out, raw=False):
     for b, prompt in enumerate(PROMPTS):
         seq = np.asarray(prompt + tokens[b, : lengths[b]].tolist(), np.int32)[None]
         positions = np.arange(seq.shape[1], dtype=np.int32)[None]
-        logits, _ = target(seq, positions, target.init_cache(1, seq.shape[1]))
+        logits = target(seq, positions, target.init_cache(1, seq.shape[1])).logits
         logits = np.asarray(logits[0, len(prompt) - 1 : -1], np.float64)  # [n, V]
         if raw:
             shifted = logits - logits.max(-1, keepdims=True)

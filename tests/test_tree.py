@@ -1,4 +1,4 @@
-"""Tree drafting and exact tree verification (`specjax.tree`).
+"""Tree drafting and exact tree verification (`specjax.verification.tree`).
 
 1. `Tree`: the tables of a static tree (parents, depths, ranks, children, ancestors,
    levels), checked against hand-written ones, and bad trees refused.
@@ -35,7 +35,7 @@ import specjax
 from specjax import decoding
 from specjax.models.cache import KVCache, TreeMask
 from specjax.testing import tiny_model
-from specjax.tree import Tree, tree_verify
+from specjax.verification.tree import Tree, tree_verify
 
 GREEDY = specjax.SamplingConfig(temperature=0.0)
 
@@ -106,7 +106,7 @@ def test_bad_tree_text_is_refused():
 def _tree_logits(model, prompt_BP, nodes_BN, tree, cache_len=32):
     b, p = prompt_BP.shape
     cache = model.init_cache(b, cache_len)
-    _, cache = model(prompt_BP[:, :-1], jnp.broadcast_to(jnp.arange(p - 1), (b, p - 1)), cache)
+    cache = model(prompt_BP[:, :-1], jnp.broadcast_to(jnp.arange(p - 1), (b, p - 1)), cache).cache
     start = jnp.full((b,), p - 1, jnp.int32)
     tokens = jnp.concatenate([prompt_BP[:, -1:], nodes_BN], axis=1)
     mask = TreeMask(
@@ -114,7 +114,8 @@ def _tree_logits(model, prompt_BP, nodes_BN, tree, cache_len=32):
         visible=jnp.asarray(tree.ancestors),
     )  # fmt: skip
     positions = start[:, None] + jnp.asarray(tree.depths)[None]
-    return model(tokens, positions, cache, tree=mask), cache
+    out = model(tokens, positions, cache, tree=mask)
+    return (out.logits, out.cache), cache
 
 
 @pytest.mark.parametrize(
@@ -134,7 +135,7 @@ def test_tree_forward_equals_a_full_forward_of_each_path(overrides):
     for j in range(tree.num_nodes + 1):
         path = [i - 1 for i in np.flatnonzero(tree.ancestors[j]) if i > 0]
         seq = jnp.concatenate([prompt, nodes[:, path]], axis=1)
-        full, _ = model(seq, jnp.broadcast_to(jnp.arange(seq.shape[1]), seq.shape), None)
+        full = model(seq, jnp.broadcast_to(jnp.arange(seq.shape[1]), seq.shape), None).logits
         np.testing.assert_allclose(logits[:, j], full[:, -1], atol=2e-5, rtol=1e-5)
 
 
@@ -152,7 +153,7 @@ def test_tree_forward_at_the_cache_end_writes_nothing_out_of_bounds():
     assert new_cache.k.shape == cache.k.shape
     assert bool(jnp.all(jnp.isfinite(logits)))
     seq = jnp.concatenate([prompt, nodes[:, :1]], axis=1)
-    full, _ = model(seq, jnp.arange(7)[None], None)
+    full = model(seq, jnp.arange(7)[None], None).logits
     np.testing.assert_allclose(logits[:, 1], full[:, -1], atol=2e-5, rtol=1e-5)
 
 
@@ -189,7 +190,7 @@ def _assert_cache_is_prefill_of(model, cache, seq_BS, lengths_B):
     for b in range(seq_BS.shape[0]):
         n = int(lengths_B[b]) - 1
         fresh = model.init_cache(1, cache.max_len)
-        _, fresh = model(seq_BS[b : b + 1, :n], jnp.arange(n)[None], fresh)
+        fresh = model(seq_BS[b : b + 1, :n], jnp.arange(n)[None], fresh).cache
         assert int(cache.lengths[b]) == n
         np.testing.assert_allclose(cache.k[:, b, ..., :n], fresh.k[:, 0, ..., :n], atol=1e-5)
         np.testing.assert_allclose(cache.v[:, b, :, :n], fresh.v[:, 0, :, :n], atol=1e-5)
@@ -216,7 +217,7 @@ def test_cache_after_tree_steps_equals_a_prefill_of_the_committed_tokens(pair, b
     for b in range(len(PROMPTS)):
         n = int(dc.lengths[b])
         fresh = draft.init_cache(1, dc.max_len)
-        _, fresh = draft(state.seq[b : b + 1, :n], jnp.arange(n)[None], fresh)
+        fresh = draft(state.seq[b : b + 1, :n], jnp.arange(n)[None], fresh).cache
         np.testing.assert_allclose(dc.k[:, b, ..., :n], fresh.k[:, 0, ..., :n], atol=1e-5)
         np.testing.assert_allclose(dc.v[:, b, :, :n], fresh.v[:, 0, :, :n], atol=1e-5)
 
@@ -486,5 +487,5 @@ class _OwnCacheLayout:
         return _CacheWithoutCompaction(self.model.init_cache(batch_size, max_len))
 
     def __call__(self, tokens_BT, positions_BT, cache, **kwargs):
-        logits, inner = self.model(tokens_BT, positions_BT, cache.inner, **kwargs)
-        return logits, _CacheWithoutCompaction(inner)
+        out = self.model(tokens_BT, positions_BT, cache.inner, **kwargs)
+        return out.replace(cache=_CacheWithoutCompaction(out.cache))

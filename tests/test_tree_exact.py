@@ -39,7 +39,7 @@ from specjax.testing import (
     sequence_counts,
     tiny_model,
 )
-from specjax.tree import Tree, tree_verify
+from specjax.verification.tree import Tree, tree_verify
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ import pytest
 from flax import struct
 
 import specjax
-from specjax.typed_jit import dataclass_types, typed_jit
+from specjax.core.typed_jit import dataclass_types, typed_jit
 
 # Same-field classes per test. Plain jax.jit gave 7-9 wrong results of 60 in each of five
 # fresh processes (9-19 of 100, 47 of 300), so a run of 64 with none wrong under plain
@@ -88,7 +88,9 @@ class ConstantModel:
     def __call__(self, tokens_BT, positions_BT, cache):
         logits = jnp.where(jnp.arange(self.vocab_size) == self.favourite(), 10.0, 0.0)
         logits_BTV = jnp.broadcast_to(logits + 0 * self.table, tokens_BT.shape + logits.shape)
-        return logits_BTV.astype(jnp.float32), cache.rollback(positions_BT[:, -1] + 1)
+        return specjax.ModelOutput(
+            logits_BTV.astype(jnp.float32), cache.rollback(positions_BT[:, -1] + 1)
+        )
 
 
 @struct.dataclass
@@ -110,10 +112,10 @@ def test_generate_runs_each_model_class_of_the_same_fields():
 
 
 def test_lower_is_keyed_like_the_call():
-    """`.lower` (used by scripts/profile_decode.py) lowers the program the call runs."""
+    """`.lower` (used by scripts/benchmarks/profile_decode.py) lowers the program the call runs."""
     import jax.numpy as jnp
 
-    from specjax.typed_jit import typed_jit
+    from specjax.core.typed_jit import typed_jit
 
     double = typed_jit(lambda x: 2 * x)
     x = jnp.arange(3.0)

@@ -1,4 +1,4 @@
-"""Tests for specjax.verify: greedy verification and exact speculative rejection sampling.
+"""Tests for specjax.verification.chain: greedy verification and exact rejection sampling.
 
 Statistical tests draw N samples in one vmapped, jitted call with a fixed key and compare
 them against the exact target distribution. Every statistical check uses the same
@@ -22,10 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from specjax import noise
 from specjax.decoding.loop import _confident_drafts
-from specjax.sampling import SamplingConfig, probs_from_logits, sample
-from specjax.verify import (
+from specjax.sampling import SamplingConfig, noise, probs_from_logits, sample
+from specjax.verification.chain import (
     _rejection_core,
     _sequence_keys,
     coupled_verify_single,

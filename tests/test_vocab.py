@@ -45,6 +45,7 @@ from flax import nnx, struct
 
 import specjax
 from specjax import decoding
+from specjax.sampling.vocab import default_vocab_limit
 from specjax.testing import (
     chi_square_pvalue,
     exact_sequence_probs,
@@ -52,7 +53,6 @@ from specjax.testing import (
     tiny_model,
     tiny_tokenizer,
 )
-from specjax.vocab import default_vocab_limit
 
 V, V_REAL = 64, 60
 PROMPT = [1, 2, 3, 1, 2]

@@ -41,7 +41,7 @@ def load_folder(path, flag):
 
 
 def check_flag(flag, check, value, **bounds):
-    """``check`` (a :mod:`specjax.validation` helper) with the error naming ``flag``."""
+    """``check`` (a :mod:`specjax.core.validation` helper) with the error naming ``flag``."""
     try:
         return check(flag, value, **bounds)
     except (TypeError, ValueError) as e:

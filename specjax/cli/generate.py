@@ -15,7 +15,7 @@ GREEN, RESET = "\033[32m", "\033[0m"
 
 
 # What `--drafter auto` picks for the bundled pair: the fastest drafter measured by
-# scripts/bench_e2e.py (BENCHMARKS.md, "The block drafter"). The bundled block drafter
+# scripts/benchmarks/bench_e2e.py (BENCHMARKS.md, "The block drafter"). The bundled block drafter
 # measured slower than the draft model at T=0 and at T=1 on this CPU.
 FASTEST_BUNDLED_DRAFTER = "model"
 
@@ -43,7 +43,7 @@ def _constraint(args, tokenizer, vocab_size: int):
 def _load_models(args):
     """``(target, drafter, tokenizer)``: the drafter of --drafter at its own γ (None: none)."""
     import specjax
-    from specjax.pretrained import default_pair
+    from specjax.io.pretrained import default_pair
 
     if args.model:
         target = load_folder(args.model, "--model")
@@ -81,7 +81,7 @@ def _load_models(args):
         # A smaller draft of a padded family is fine when the two share their ids.
         draft = specjax.DraftModel(draft)
         try:
-            specjax.vocab.check_drafter_vocab(target, draft)
+            specjax.sampling.vocab.check_drafter_vocab(target, draft)
         except ValueError as e:
             raise UserError(f"--draft {args.draft}: {e}") from None
     if args.drafter == "block":
@@ -116,7 +116,7 @@ def _quantized(args, target, draft):
     if args.draft_head is not None:
         if not (args.drafter == "model" and draft is not None):
             raise UserError("--draft-head needs a draft model (--drafter model --draft PATH)")
-        from specjax.vocab import frequent_ids
+        from specjax.sampling.vocab import frequent_ids
 
         if not 1 <= args.draft_head <= draft.vocab_size:
             raise UserError(
@@ -134,7 +134,7 @@ def _quantized(args, target, draft):
 def _registered_drafter(args):
     """Any other drafter of `specjax.drafters.registry`, as `specjax.default_drafter` builds it."""
     from specjax.drafters import registry
-    from specjax.pretrained import default_drafter
+    from specjax.io.pretrained import default_drafter
 
     entry = registry.get(args.drafter)
     if not entry.has_weights:
@@ -161,7 +161,7 @@ def _parse_tree(args):
     if args.tree is None:
         return None
     from specjax.drafters import registry
-    from specjax.tree import Tree
+    from specjax.verification.tree import Tree
 
     try:
         tree = Tree.parse(args.tree)
@@ -200,13 +200,14 @@ def _resolve_drafter_path(args) -> None:
 def _load_block_drafter(args, target):
     """The bundled block drafter, or the one of --block-drafter, at --gamma (or its own γ)."""
     from specjax.drafters import registry
-    from specjax.pretrained import default_pair_path
+    from specjax.io import drafter_weights
+    from specjax.io.pretrained import default_pair_path
 
     entry = registry.get("block")
     path = args.block_drafter or default_pair_path() / entry.asset
     flag = "--block-drafter" if args.block_drafter else "bundled block drafter"
     try:
-        drafter = entry.load(path, target)
+        drafter = drafter_weights.load(entry.cls, path, target)
         # Sampling: verify against the drafter's own marginals ("sample"), which measured
         # better than argmax drafts at T=1 (BENCHMARKS.md); at T=0 the two are the same.
         return drafter.with_draft(args.gamma, mode=args.block_mode)
@@ -216,9 +217,9 @@ def _load_block_drafter(args, target):
 
 
 def _apply_preset(args):
-    """For a named pair with a `specjax.presets.Preset`, its settings where no flag set
+    """For a named pair with a `specjax.io.presets.Preset`, its settings where no flag set
     them; says what it chose on stderr. Returns the preset, or None."""
-    from specjax.presets import find
+    from specjax.io.presets import find
 
     if not (args.model and args.draft) or args.drafter not in ("auto", "model"):
         return None
@@ -239,7 +240,7 @@ def _apply_preset(args):
     if chosen:
         print(
             f"specjax: {args.model} with {args.draft}: this pair's preset "
-            f"(specjax.presets): {' '.join(chosen)} ({preset.measured}); flags "
+            f"(specjax.io.presets): {' '.join(chosen)} ({preset.measured}); flags "
             "override each",
             file=sys.stderr,
         )
@@ -260,7 +261,7 @@ def _forward_width(args, verify_width: int) -> int:
 
 
 def _eos_id(tokenizer, model):
-    from specjax.tokenizer import EOS_TOKEN
+    from specjax.training.tokenizer import EOS_TOKEN
 
     eos = tokenizer.token_to_id(EOS_TOKEN)
     return eos if eos is not None else model.config.eos_token_id
@@ -268,7 +269,7 @@ def _eos_id(tokenizer, model):
 
 def _chat_prompt(args, target):
     """``(prompt text, ids, end-of-turn ids)`` of --chat (and --system) in the template."""
-    from specjax.chat import apply_chat_template, end_of_turn_ids
+    from specjax.io.chat import apply_chat_template, end_of_turn_ids
 
     if target.chat_template is None:
         where = f"--model {args.model}" if args.model else "the bundled model"
@@ -341,7 +342,7 @@ def cmd_generate(args) -> int:
     import numpy as np
 
     import specjax
-    from specjax.benchmarking.timer import time_call, time_interleaved
+    from specjax.core.timing import time_call, time_interleaved
     from specjax.decoding import CACHE_BUCKET
 
     if args.chat is not None:
@@ -358,7 +359,7 @@ def cmd_generate(args) -> int:
     for name in ("max_new_tokens", "gamma", "batch", "ngram", "repeats", "forward_width"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    from specjax.validation import check_int
+    from specjax.core.validation import check_int
 
     # jax.random.key keeps 32 bits without x64: larger seeds collide or overflow.
     check_flag("--seed", check_int, args.seed)
@@ -443,7 +444,7 @@ def cmd_generate(args) -> int:
             )
         spec_kw["draft_confidence"] = args.draft_confidence
     try:  # e.g. a draft smaller than the target's tokenizer (a padded family)
-        specjax.vocab.resolve_vocab_limit(sampling, target, drafter)
+        specjax.sampling.vocab.resolve_vocab_limit(sampling, target, drafter)
     except ValueError as e:
         raise UserError(str(e)) from None
 
@@ -465,7 +466,8 @@ def cmd_generate(args) -> int:
         def show(state, new):
             if new[0]:
                 end = len(ids) + int(state.num_generated[0])
-                flags = np.asarray(state.from_draft[0, end - len(new[0]) : end]).tolist()
+                from_draft = state.feature_state("draft_flags")["from_draft"]
+                flags = np.asarray(from_draft[0, end - len(new[0]) : end]).tolist()
                 print(text.feed(new[0], flags), end="", flush=True)
 
         compile_s, _ = time_call(run, drafter, show)

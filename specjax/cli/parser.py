@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--draft-head", type=int, default=None, metavar="K",
         help="the draft model's LM head scores only K ids, its tokenizer's added tokens "
-        "and then the lowest ids (specjax.vocab.frequent_ids); exact whatever K, cheaper "
+        "and then the lowest ids (specjax.sampling.vocab.frequent_ids); exact whatever K, cheaper "
         "drafts, lower acceptance when the next token is outside them",
     )  # fmt: skip
     g.add_argument(
@@ -258,13 +258,13 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a bad option (2), already printed
         return e.code if isinstance(e.code, int) else 2
-    from specjax import compilation_cache
+    from specjax.core import compilation_cache
 
     if getattr(args, "no_compilation_cache", False):  # fetch compiles nothing
         compilation_cache.disable()
     else:
         # The command keeps its compiled programs between runs; the library leaves
-        # jax's settings to its user (`specjax.compilation_cache.enable`).
+        # jax's settings to its user (`specjax.core.compilation_cache.enable`).
         compilation_cache.enable_from_environment()
     try:
         # An unreadable cache entry costs a compile and a warning, never the run; the

@@ -47,7 +47,7 @@ _CHECKPOINTS = "checkpoints"
 
 def _check_train_args(args, distill: bool) -> None:
     """Option checks that need nothing but the command line."""
-    from specjax.validation import check_float, check_int
+    from specjax.core.validation import check_float, check_int
 
     for flag, lo in (("--steps", 1), ("--batch-size", 1), ("--seq-len", 1),
                      ("--checkpoint-every", 0)):  # fmt: skip
@@ -147,11 +147,11 @@ def _train_common(args, out, teacher=None):
 
     import numpy as np
 
-    from specjax import tokenizer as tok_lib
-    from specjax.data import tokenize_documents
     from specjax.io.hf import save_pretrained
     from specjax.models import Model, ModelConfig
     from specjax.training import TrainConfig, train
+    from specjax.training import tokenizer as tok_lib
+    from specjax.training.data import tokenize_documents
 
     docs = _read_corpus(args.data)
     if teacher is not None:
@@ -249,11 +249,12 @@ def cmd_train_drafter(args) -> int:
     import jax
     import numpy as np
 
-    from specjax.data import tokenize_documents
-    from specjax.drafters.block import BlockDrafter, save_block_drafter
-    from specjax.pretrained import default_pair
-    from specjax.training import BlockTrainConfig, list_checkpoints, train_block_drafter
-    from specjax.validation import check_int
+    from specjax.core.validation import check_int
+    from specjax.drafters.block import BlockDrafter
+    from specjax.io import drafter_weights
+    from specjax.io.pretrained import default_pair
+    from specjax.training import BlockTrainConfig, list_checkpoints, train_drafter
+    from specjax.training.data import tokenize_documents
 
     _check_train_args(args, distill=True)
     for flag in ("--layers", "--features", "--anchors"):
@@ -264,7 +265,8 @@ def cmd_train_drafter(args) -> int:
         raise UserError(f"--out {out} is a file; pass a folder to hold the drafter")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         if not args.resume:
-            what = "a block drafter" if (out / BlockDrafter.config_file).exists() else "files"
+            saved = (out / drafter_weights.config_file(BlockDrafter)).exists()
+            what = "a block drafter" if saved else "files"
             raise UserError(
                 f"--out {out} already holds {what}; pass --overwrite to replace it, "
                 "or --resume to continue its training"
@@ -301,11 +303,11 @@ def cmd_train_drafter(args) -> int:
     except (TypeError, ValueError) as e:
         raise UserError(str(e)) from None
     result = _train_in_out(
-        args, out, lambda checkpoint_dir, resume: train_block_drafter(
+        args, out, lambda checkpoint_dir, resume: train_drafter(
             drafter, np.asarray(tokens), config, checkpoint_dir=checkpoint_dir, resume=resume
         ),
     )  # fmt: skip
-    save_block_drafter(result.model, out, overwrite=True, keep=(_CHECKPOINTS,))
+    drafter_weights.save(result.model, out, overwrite=True, keep=(_CHECKPOINTS,))
     print(
         f"saved {out} after {result.steps} steps; final loss {result.losses[-1]:.3f}; "
         f"{result.tokens_per_second:.0f} tokens/s; use it with specjax generate "

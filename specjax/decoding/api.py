@@ -8,60 +8,58 @@ pieces as separate jitted programs, with the loop state donated between chunks.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.decoding.checks import _output_width, _prepare
+from specjax.core.typed_jit import typed_jit
+from specjax.core.validation import check_int, is_concrete
+from specjax.decoding.checks import DecodeOptions, _output_width, _prepare
 from specjax.decoding.loop import _run
 from specjax.decoding.refill import _hand_on, _init_state
 from specjax.decoding.state import DecodeState, GenerationResult
 from specjax.drafters.base import Drafter, NoDraft
 from specjax.sampling import SamplingConfig
-from specjax.typed_jit import typed_jit
-from specjax.validation import check_int, is_concrete
+
+_RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationResult))
 
 
 def _result(state: DecodeState) -> GenerationResult:
     """Every prompt's output in prompt order: those handed on, plus those still in a slot.
 
-    ``tokens`` etc. are ``[N, S]`` (padded with -1); `_output_width` says how much of
-    the width to keep.
+    ``tokens`` and the per-position outputs are ``[N, S, ...]`` (padded); `_output_width`
+    says how much of the width to keep. Each feature's result fills the
+    `GenerationResult` fields it names, the rest go to ``extras`` under their keys.
     """
     out = _hand_on(state, jnp.arange(state.seq.shape[0]))
+    fields, extras = {}, {}
+    features = zip(state.decoder.features, state.features, out.features, strict=True)
+    for feature, feature_state, feature_out in features:
+        for name, value in feature.result(feature_state, feature_out).items():
+            (fields if name in _RESULT_FIELDS else extras)[name] = value
     return GenerationResult(
         tokens=out.tokens,
         lengths=out.lengths,
-        from_draft=out.from_draft,
-        logprobs=out.logprobs,
-        top_ids=out.top_ids,
-        top_logprobs=out.top_logprobs,
         truncated=out.truncated,
         invalid=out.invalid,
-        stats=state.stats.replace(
-            row_target_calls=out.row_target_calls, drafted=out.drafted, accepted=out.accepted
-        ),
+        extras=extras,
+        **fields,
     )
 
 
 def _trim(out: GenerationResult, width: int) -> GenerationResult:
-    return out.replace(
-        tokens=out.tokens[:, :width],
-        from_draft=out.from_draft[:, :width],
-        logprobs=out.logprobs[:, :width],
-        top_ids=out.top_ids[:, :width],
-        top_logprobs=out.top_logprobs[:, :width],
-    )
+    """``out`` with every per-position output (``[N, S, ...]``) cut to ``width`` columns."""
+    full = out.tokens.shape[1]
+    cut = lambda x: x[:, :width] if x.ndim >= 2 and x.shape[1] == full else x  # noqa: E731
+    return jax.tree.map(cut, out)
 
 
-_STATIC = (
-    "cache_len", "verification", "num_slots", "gamma_table", "top_logprobs", "raw_logprobs",
-    "forward_width",
-)  # fmt: skip
+_STATIC = ("cache_len", "num_slots")
 # typed_jit, not jax.jit: models of different classes with the same fields must not
-# share a compiled program (see specjax/typed_jit.py).
+# share a compiled program (see specjax/core/typed_jit.py).
 _decode_jit = typed_jit(
     lambda *a, **k: _result(_run(_init_state(*a, **k))), static_argnames=_STATIC
 )
@@ -69,19 +67,19 @@ _init_jit = typed_jit(_init_state, static_argnames=_STATIC)
 _result_jit = typed_jit(_result)
 
 
-def _decode(traced, static, width: int) -> GenerationResult:
+def _decode(key, target, drafter, prompts, options: DecodeOptions) -> GenerationResult:
+    traced, static, width = _prepare(key, target, drafter, prompts, options)
     return _trim(_decode_jit(*traced, **static), width)
 
 
-def _step_loop(models, loop_state: DecodeState, num_steps) -> DecodeState:
-    target, drafter = models
-    out = _run(loop_state.replace(target=target, drafter=drafter), num_steps)
-    return out.replace(target=None, drafter=None)
+def _step_loop(decoder, loop_state: DecodeState, num_steps) -> DecodeState:
+    out = _run(loop_state.replace(decoder=decoder), num_steps)
+    return out.replace(decoder=None)
 
 
 # The loop state is donated (its caches and buffers are updated in place, so a chunk
-# needs no second copy of them: without donation peak memory doubles); the models are
-# not, since the caller still holds them.
+# needs no second copy of them: without donation peak memory doubles); the decoder
+# (models and tables) is not, since the caller still holds it.
 _step_jit = typed_jit(_step_loop, donate_argnums=(1,))
 
 
@@ -109,13 +107,12 @@ def init(
     stop=None,
     constraint=None,
     forward_width: int | None = None,
+    features: Sequence = (),
 ) -> DecodeState:
     """Prefills the prompts and returns the `DecodeState` that `step` advances.
 
-    Takes the arguments of `speculative_generate` (``drafter=None`` decodes plainly),
-    ``forward_width`` included, and validates them the same way, before anything
-    compiles; ``sampling``'s
-    ``vocab_limit`` is resolved as there and travels (traced) in the state.
+    Takes the arguments of `speculative_generate` (``drafter=None`` decodes plainly)
+    and validates them the same way, before anything compiles.
 
     Example:
         >>> import jax, specjax
@@ -126,13 +123,9 @@ def init(
         >>> specjax.decoding.result(state).tokens.shape
         (1, 8)
     """
+    options = DecodeOptions.of_call(locals())
     drafter = NoDraft() if drafter is None else drafter
-    traced, static, width = _prepare(
-        key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
-        verification, num_slots, gamma_by_active_rows, draft_confidence,
-        top_logprobs=top_logprobs, raw_logprobs=raw_logprobs, stop=stop,
-        constraint=constraint, forward_width=forward_width,
-    )  # fmt: skip
+    traced, static, _ = _prepare(key, target, drafter, prompts, options)
     return _init_jit(*traced, **static)
 
 
@@ -157,9 +150,9 @@ def step(state: DecodeState, num_steps=1) -> DecodeState:
         )
     if is_concrete(num_steps):
         num_steps = check_int("num_steps", num_steps, lo=0)
-    models = (state.target, state.drafter)
-    out = _step_jit(models, state.replace(target=None, drafter=None), jnp.int32(num_steps))
-    return out.replace(target=state.target, drafter=state.drafter)
+    decoder = state.decoder
+    out = _step_jit(decoder, state.replace(decoder=None), jnp.int32(num_steps))
+    return out.replace(decoder=decoder)
 
 
 def result(state: DecodeState) -> GenerationResult:
@@ -234,61 +227,26 @@ def generate(
     stop=None,
     constraint=None,
     forward_width: int | None = None,
+    features: Sequence = (),
 ) -> GenerationResult:
     """Plain autoregressive decoding: prefill, then one ``lax.while_loop``.
 
-    The baseline speculative decoding must match. It is the same loop as
-    `speculative_generate` with the null drafter (γ = 0): each step emits the
-    target's sample at the row's next position t, drawn with
-    ``fold_in(fold_in(key, seeds[b]), t)``. A row's tokens therefore depend on its
-    key, seed and prompt only, not on the rest of the batch, and coupled speculative
-    decoding reproduces them token for token.
-
-    Compiles once per (model, batch size, prompt width bucket of 16, ``cache_len``):
-    temperature, top-k/p, min-p (scalars or per row), ``max_new_tokens`` (within one
-    cache bucket), ``eos_id`` (up to 8 ids), seeds and the prompt contents are traced.
+    The same loop as `speculative_generate` with the null drafter (γ = 0): each step
+    emits the target's sample at the row's next position t, drawn with
+    ``fold_in(fold_in(key, seeds[b]), t)``, so a row's tokens depend on its key, seed
+    and prompt only, and coupled speculative decoding reproduces them token for token.
+    Compiles once per (model, batch size, prompt width bucket of 16, ``cache_len``);
+    the settings, budgets, EOS ids, seeds and prompt contents are traced.
 
     Args:
         key: one PRNG key (unused at temperature 0, but always required).
         model: a model following the contract (e.g. :class:`specjax.Model`).
         prompts: ``int[B, P]`` or a list of token-id lists (ragged).
-        max_new_tokens: tokens to generate per row (>= 1), EOS included: an int, or
-            ``int[B]`` for one budget per row.
-        sampling: :class:`SamplingConfig`, each setting a scalar or ``[B]``; default
-            samples at temperature 1. Its ``vocab_limit`` (ids ``>=`` it are never
-            emitted; an int in ``[1, V]``, scalar or ``[B]``, traced) defaults to the
-            model's real vocabulary: its tokenizer's size where that is smaller than
-            V (padded embedding rows), else V.
-        eos_id: optional id, or ``[K]`` ids, that end a row (it is emitted).
-        seeds: optional ``int[B]`` per-row seeds (default: the row index).
-        cache_len: static cache length S; default ``P + max_new_tokens + 1``
-            rounded up to a multiple of 64.
-        num_slots: rows decoded at once, B (default: one per prompt). With fewer
-            slots than prompts, a finished row's slot is prefilled with the next prompt
-            inside the same on-device loop (continuous batching), serving the longest
-            budgets first so that the shortest fill the tail; settings, seeds and
-            budgets follow the prompt, and outputs come back in prompt order.
-        top_logprobs: k >= 0 (static): also return the k most probable ids at each
-            emitted position and their log-probabilities (``GenerationResult.top_ids``,
-            ``.top_logprobs``), from the processed distribution the token was drawn
-            from.
-        raw_logprobs: static: ``top_logprobs`` from the raw logits' log-softmax
-            (before the vocabulary limit, penalties, temperature and filters).
-        stop: stop strings: a list of strings (every prompt) or one list per prompt,
-            spelled with ``model.tokenizer``, or a `specjax.StopStrings`. A row ends
-            with the token that completes one of its stop strings in the generated
-            text (split across tokens too); that token is kept (`specjax.stops`).
-        constraint: a `specjax.Constraint` (a regex or a JSON schema compiled for the
-            model's tokenizer) for every prompt, or a list with one Constraint or None
-            per prompt. A constrained row only ever emits text of its language: ids
-            the automaton does not allow next get ``-inf`` before the other
-            transforms (p masked and renormalised), the EOS ids only where the text is
-            complete, and the row ends with the token that completes it when nothing
-            can follow (`specjax.constraints`).
-        forward_width: static W: every step scores its token at column 0 of a W-wide
-            forward (W - 1 padding columns after it), so that the output equals
-            speculative decoding's at the same W token for token, in any precision
-            (`specjax.decoding.numerics`). Default 1 (``None``), the fastest.
+        max_new_tokens, sampling, eos_id, seeds, cache_len, num_slots, top_logprobs,
+            raw_logprobs, stop, constraint, forward_width, features: as in
+            `speculative_generate`. ``forward_width`` W makes every step score its
+            token at column 0 of a W-wide forward, so that the output equals
+            speculative decoding's at the same W token for token, in any precision.
 
     Returns:
         :class:`GenerationResult` with ``tokens int32[N, max(max_new_tokens)]``.
@@ -301,12 +259,8 @@ def generate(
         >>> out.tokens.shape
         (1, 5)
     """
-    traced, static, width = _prepare(
-        key, model, NoDraft(), prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
-        "rejection", num_slots, top_logprobs=top_logprobs, raw_logprobs=raw_logprobs, stop=stop,
-        constraint=constraint, forward_width=forward_width,
-    )  # fmt: skip
-    return _decode(traced, static, width)
+    options = DecodeOptions.of_call(locals())
+    return _decode(key, model, NoDraft(), prompts, options)
 
 
 def speculative_generate(
@@ -329,106 +283,43 @@ def speculative_generate(
     stop=None,
     constraint=None,
     forward_width: int | None = None,
+    features: Sequence = (),
 ) -> GenerationResult:
     """Speculative decoding in one jitted ``lax.while_loop``, exact in distribution.
 
-    Every step the drafter proposes γ tokens per row, the target scores the
-    row's pending token and the γ drafts in one forward, and the verifier keeps a
-    prefix per row plus one target token. Rows accept different numbers of tokens
-    and stop independently; the loop ends when every row is done. There is no host
-    round trip inside.
-
-    Verification:
-
-    * ``"rejection"`` (default): speculative rejection sampling, accepting a draft
-      with probability ``min(1, p/q)``; the acceptance rate is ``1 - TV(p, q)``, the
-      most any exact verifier gets. The output has exactly the distribution of
-      :func:`generate` (token for token at temperature 0), but not the same sample
-      for one key: the drafter and γ decide how each position's randomness is used.
-    * ``"coupled"``: the drafter draws with the same noise the target samples each
-      position with, and a draft is accepted iff it equals the target's sample. The
-      output then *equals* :func:`generate`'s for the same key and seeds, token for
-      token, at any sampling setting and with any drafter; acceptance falls to the
-      coupling probability (at least ``(1 - TV) / (1 + TV)`` for a flat race).
+    Each step the drafter proposes γ tokens per row, the target scores them in one
+    forward, and the verifier keeps a prefix per row plus one target token.
+    ``verification="rejection"`` accepts a draft with probability ``min(1, p/q)``: the
+    output has exactly `generate`'s distribution. ``"coupled"`` draws drafts with the
+    target's noise and accepts a draft iff it equals the target's sample: the output
+    equals `generate`'s for the same key and seeds. `specjax.decoding` describes every
+    argument in full.
 
     Args:
         key: one PRNG key.
         target: the target model (model contract).
-        drafter: a :class:`~specjax.drafters.Drafter` (e.g. ``DraftModel``,
-            ``PromptLookup``) sharing the target's ids: its vocabulary size ``V_d`` is
-            at most the target's V (its q is zero-padded, which is exact), and where
-            both have tokenizers they agree on the ids below ``V_d``
-            (`specjax.vocab`).
+        drafter: a :class:`~specjax.drafters.Drafter` sharing the target's ids.
         prompts: ``int[B, P]`` or a list of token-id lists (ragged).
-        max_new_tokens: tokens to generate per row (>= 1), EOS included: an int or
-            ``int[B]``.
-        sampling: :class:`SamplingConfig` applied identically to target and draft,
-            each setting a scalar or ``[B]``. Its ``vocab_limit`` masks ids ``>=`` it
-            in the target's and the draft's distributions alike (an int in ``[1, V]``,
-            traced); default: the target's tokenizer size where that is smaller than
-            V, else V. With a drafter of a smaller vocabulary ``V_d`` it must be at
-            most ``V_d``.
-        eos_id: optional id, or ``[K]`` ids, that end a row; drafts after it are
-            discarded.
+        max_new_tokens: tokens per row (>= 1), EOS included: an int or ``int[B]``.
+        sampling: :class:`SamplingConfig`, each setting a scalar or ``[B]``.
+        eos_id: optional id, or ``[K]`` ids, that end a row (it is emitted).
         seeds: optional ``int[B]`` per-row seeds (default: the row index).
-        cache_len: static cache length S; default ``P + max_new_tokens + γ + 1``
-            rounded up to a multiple of 64. A row that would overflow it stops
-            and is flagged in ``truncated``.
+        cache_len: static cache length S (default: the longest row's need, rounded up).
         verification: ``"rejection"`` or ``"coupled"``.
-        num_slots: rows decoded at once, B (default: one per prompt). With fewer
-            slots than prompts, a finished row's slot is prefilled with the next prompt
-            inside the same on-device loop (continuous batching), serving the longest
-            budgets first so that the shortest fill the tail; settings, seeds and
-            budgets follow the prompt, and outputs come back in prompt order.
-        gamma_by_active_rows: optional table choosing each step's γ by the number of
-            active rows, a dict ``{max_active_rows: γ}`` or ``(max_active_rows, γ)``
-            pairs, each γ in ``[0, drafter.num_draft]``: a step with ``a`` active rows
-            drafts the γ of the smallest ``max_active_rows >= a`` (the largest entry's
-            beyond it), e.g. ``{1: 4, 8: 2, 64: 0}``; γ = 0 is a plain step, for batches
-            where verifying costs more than speculation saves. Each entry is its own
-            ``while_loop`` with its own γ, run in turn on device as rows finish (the
-            active count never grows). Exact; with rejection verification a row's
-            sample then depends on how many rows are active.
+        num_slots: rows decoded at once (default: one per prompt); fewer slots than
+            prompts refill finished slots on device (continuous batching).
+        gamma_by_active_rows: optional ``{max_active_rows: γ}`` table of each step's γ.
         draft_confidence: optional τ in ``[0, 1]``: a row stops proposing after its
-            first draft whose own probability ``q(x)`` is below τ (that draft is
-            still verified), and the verify forward covers only as many positions as
-            the longest active row proposed. Exact: whether a position is proposed
-            depends only on the drafts before it, and the drafts not proposed are
-            never accepted. Needs a drafter that returns q.
-        top_logprobs: k (static): the k most probable ids and their log-probabilities
-            at each emitted position, as in `generate`; the same for accepted drafts
-            and target tokens (the target's processed distribution at that position).
-        raw_logprobs: static: from the raw logits instead, as in `generate`.
-        stop: stop strings, as in `generate`; no token past a stop is ever emitted.
-        constraint: a `specjax.Constraint` or one (or None) per prompt, as in
-            `generate`; the same mask applies to the target's p and to a draft model's
-            q at every drafted position, and drafts outside the language are always
-            rejected, so the output is exactly constrained plain decoding's (with a
-            tree, each node on the accepted path is masked after the path's tokens).
-        forward_width: static W >= γ + 1 (a tree: its nodes + 1): every target forward
-            of the loop scores exactly W columns, padded after the drafts, and never
-            a narrower one (``gamma_by_active_rows`` and ``draft_confidence`` keep
-            their logic, not their width). Then greedy rows, and with coupled
-            verification every row, are plain decoding's tokens at the same W in any
-            precision (`specjax.decoding.numerics`). ``None`` (default): each forward
-            is as wide as its step's verify.
+            first draft whose own probability is below τ.
+        top_logprobs: static k: the k most probable ids at each emitted position.
+        raw_logprobs: static: those from the raw logits' log-softmax.
+        stop: stop strings (one list, or one per prompt), or a `specjax.StopStrings`.
+        constraint: a `specjax.Constraint`, or one (or None) per prompt.
+        forward_width: static W: every target forward scores exactly W columns.
+        features: extra `~specjax.decoding.features.RowFeature` parts.
 
     Returns:
         :class:`GenerationResult` with ``tokens int32[N, max(max_new_tokens)]``.
-
-    Example:
-        >>> import jax, specjax
-        >>> target = specjax.testing.tiny_model(seed=0)
-        >>> drafter = specjax.DraftModel(specjax.testing.tiny_model(seed=1), num_draft=3)
-        >>> out = specjax.speculative_generate(jax.random.key(0), target, drafter, [[1, 2, 3]],
-        ...                                    max_new_tokens=6)
-        >>> out.tokens.shape
-        (1, 6)
     """
-    traced, static, width = _prepare(
-        key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
-        verification, num_slots, gamma_by_active_rows, draft_confidence,
-        top_logprobs=top_logprobs, raw_logprobs=raw_logprobs, stop=stop,
-        constraint=constraint, forward_width=forward_width,
-    )  # fmt: skip
-    return _decode(traced, static, width)
+    options = DecodeOptions.of_call(locals())
+    return _decode(key, target, drafter, prompts, options)

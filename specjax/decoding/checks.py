@@ -10,6 +10,7 @@ is therefore refused here with a message naming it, never by a trace-time error.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Sequence
 
@@ -17,15 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.constraints import Constraint, ConstraintTable
-from specjax.decoding.numerics import check_forward_width
-from specjax.decoding.state import CACHE_BUCKET, EOS_BUCKET, PROMPT_BUCKET, VERIFICATIONS
-from specjax.drafters.base import Drafter, cache_bytes, step_slots
-from specjax.model_contract import check_before_compiling
-from specjax.sampling import PENALTY_OFF, SamplingConfig, check_sampling_config, per_row
-from specjax.stops import StopStrings
-from specjax.tree import Tree
-from specjax.validation import (
+from specjax.core.validation import (
     INT32_MAX,
     as_prng_key,
     check_fits_memory,
@@ -33,7 +26,32 @@ from specjax.validation import (
     check_int_array,
     is_concrete,
 )
-from specjax.vocab import check_drafter_vocab, resolve_vocab_limit
+from specjax.decoding.features import (
+    Constrain,
+    DraftFlags,
+    Logprobs,
+    Penalize,
+    RowFeature,
+    Statistics,
+    StopAtStrings,
+    TopLogprobs,
+)
+from specjax.decoding.numerics import check_forward_width
+from specjax.decoding.state import (
+    CACHE_BUCKET,
+    EOS_BUCKET,
+    PROMPT_BUCKET,
+    VERIFICATIONS,
+    Decoder,
+)
+from specjax.drafters.base import Drafter, cache_bytes, step_slots
+from specjax.models.contract import check_before_compiling
+from specjax.sampling import PENALTY_OFF, SamplingConfig, check_sampling_config, per_row
+from specjax.sampling.constraints import Constraint, ConstraintTable
+from specjax.sampling.penalties import penalties_in_program
+from specjax.sampling.stops import StopStrings
+from specjax.sampling.vocab import check_drafter_vocab, resolve_vocab_limit
+from specjax.verification.tree import Tree
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -304,7 +322,9 @@ def _check_tree(target, drafter: Drafter) -> None:
     """A tree drafter needs models that take ``tree=`` and a tree that fits them."""
     tree, name = drafter.tree, type(drafter).__name__
     if not isinstance(tree, Tree):
-        raise TypeError(f"drafter.tree must be a specjax.tree.Tree, got {type(tree).__name__}")
+        raise TypeError(
+            f"drafter.tree must be a specjax.verification.tree.Tree, got {type(tree).__name__}"
+        )
     if drafter.num_draft != tree.depth:
         raise ValueError(
             f"drafter.num_draft (γ) must be the tree's depth {tree.depth}, got "
@@ -374,34 +394,58 @@ def _check_features(target, drafter: Drafter) -> None:
         )
 
 
-def _prepare(
-    key, target, drafter, prompts, max_new_tokens, sampling, eos_id, seeds, cache_len,
-    verification, num_slots=None, gamma_by_active_rows=None, draft_confidence=None, *,
-    top_logprobs=0, raw_logprobs=False, stop=None, constraint=None, forward_width=None,
-):  # fmt: skip
-    """Validates a decoder's inputs on the host, before anything compiles.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecodeOptions:
+    """A decoder call's options, as `specjax.speculative_generate` documents them."""
 
-    Returns:
-        ``(traced, static, width)``: the traced arguments of
-        `~specjax.decoding.refill._init_state`, its static keyword arguments, and the
-        output width N.
-    """
-    key = as_prng_key("key", key)
+    max_new_tokens: object
+    sampling: SamplingConfig | None = None
+    eos_id: object = None
+    seeds: object = None
+    cache_len: int | None = None
+    verification: str = "rejection"
+    num_slots: int | None = None
+    gamma_by_active_rows: object = None
+    draft_confidence: float | None = None
+    top_logprobs: int = 0
+    raw_logprobs: bool = False
+    stop: object = None
+    constraint: object = None
+    forward_width: int | None = None
+    features: Sequence = ()
+
+    @classmethod
+    def of_call(cls, arguments: dict) -> DecodeOptions:
+        """The options among a decoder call's ``arguments`` (its ``locals()`` on entry:
+        every keyword-only parameter of the public decoders is a field here)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in arguments.items() if name in names})
+
+
+def _check_pair(target, drafter: Drafter, options: DecodeOptions) -> int:
+    """Checks the models, the drafter and the options that depend on them; returns V."""
     vocab = _check_model("target", target)
     check_drafter(target, drafter)
     check_before_compiling(target, "target")
     if drafter.tree is not None and (
-        gamma_by_active_rows is not None or draft_confidence is not None
+        options.gamma_by_active_rows is not None or options.draft_confidence is not None
     ):
         raise ValueError(
             "gamma_by_active_rows and draft_confidence adapt a chain's γ; they cannot be "
             f"used with a tree drafter ({drafter.tree!r})"
         )
-    if verification not in VERIFICATIONS:
-        raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
-    sampling = SamplingConfig() if sampling is None else sampling
+    if options.verification not in VERIFICATIONS:
+        raise ValueError(
+            f"verification must be one of {VERIFICATIONS}, got {options.verification!r}"
+        )
+    return vocab
+
+
+def _check_prompts(prompts, target, drafter: Drafter, vocab: int):
+    """``(int32[B, P], int32[B])``: the prompts, checked against both vocabularies and
+    the target's context."""
     prompts_BP, lengths_B = pad_prompts(prompts)
-    b, p = prompts_BP.shape
+    p = prompts_BP.shape[1]
     _check_tokens_in_vocab(prompts_BP, lengths_B, vocab)
     if drafter.vocab_size is not None and drafter.vocab_size < vocab:
         _check_tokens_in_vocab(prompts_BP, lengths_B, drafter.vocab_size, "drafter's")
@@ -411,45 +455,119 @@ def _prepare(
             f"prompts: the longest prompt has {p} tokens, beyond the target's context of "
             f"{context} (config.max_position_embeddings)"
         )
-    max_new_B = _check_max_new_tokens(max_new_tokens, b)
-    check_sampling_config(sampling, b)
+    return prompts_BP, lengths_B
+
+
+def _check_sampling(options: DecodeOptions, target, drafter: Drafter, vocab: int, n: int):
+    """The sampling settings with ``[N]`` leaves and ``vocab_limit`` resolved."""
+    sampling = SamplingConfig() if options.sampling is None else options.sampling
+    check_sampling_config(sampling, n)
     _check_logit_transforms(sampling, vocab, drafter)
-    sampling_B = per_row(resolve_vocab_limit(sampling, target, drafter), b)
-    num_prompts = b
-    b = _check_num_slots(num_slots, num_prompts)
-    forward_width = check_forward_width(forward_width, drafter)
-    resolved = resolve_cache_len(cache_len, p, max_new_B, step_slots(drafter, forward_width))
+    return per_row(resolve_vocab_limit(sampling, target, drafter), n)
+
+
+def _resolve_cache(options, target, drafter, prompt_width: int, max_new_N, num_slots, n):
+    """The static cache length S, checked to fit int32 positions and the memory."""
+    lookahead = step_slots(drafter, options.forward_width)
+    resolved = resolve_cache_len(options.cache_len, prompt_width, max_new_N, lookahead)
     name = (
-        "cache_len" if cache_len is not None else "max_new_tokens (through the default cache_len)"
+        "cache_len"
+        if options.cache_len is not None
+        else "max_new_tokens (through the default cache_len)"
     )
     if resolved > INT32_MAX // 2:
         raise ValueError(f"{name}: a cache of {resolved} slots does not fit int32 positions")
-    top_logprobs = _check_top_logprobs(top_logprobs, vocab)
     # + seq, logprobs and flags per slot (and k top ids and log-probabilities), and the
     # same per prompt for the outputs.
-    per_slot = 9 + 8 * top_logprobs
-    nbytes = cache_bytes(target, b, resolved) + (b + num_prompts) * resolved * per_slot
-    nbytes += drafter.state_bytes(b, resolved)
-    check_fits_memory(name, nbytes, f"caches of {resolved} slots for {b} rows")
-    # Bucket the prompt width like the cache, capped by the cache itself.
-    width = min(_round_up(p, PROMPT_BUCKET), resolved)
-    prompts_BP = jnp.pad(prompts_BP, [(0, 0), (0, width - p)])
-    traced = (
-        key, target, drafter, prompts_BP, lengths_B, jnp.asarray(max_new_B), sampling_B,
-        _eos_array(eos_id, vocab), _check_seeds(seeds, num_prompts),
-        _check_confidence(draft_confidence), _stop_strings(stop, target, vocab, num_prompts),
-        _constraint_table(constraint, vocab, num_prompts),
-    )  # fmt: skip
-    static = dict(
-        cache_len=resolved, verification=verification, num_slots=b,
-        gamma_table=_check_gamma_table(gamma_by_active_rows, drafter.num_draft),
-        top_logprobs=top_logprobs,
-        raw_logprobs=_check_bool("raw_logprobs", raw_logprobs),
+    per_slot = 9 + 8 * options.top_logprobs
+    nbytes = cache_bytes(target, num_slots, resolved) + (num_slots + n) * resolved * per_slot
+    nbytes += drafter.state_bytes(num_slots, resolved)
+    check_fits_memory(name, nbytes, f"caches of {resolved} slots for {num_slots} rows")
+    return resolved
+
+
+def _features(options: DecodeOptions, target, drafter, sampling_N, vocab: int, n: int):
+    """The decoder's features: the built-in ones the options ask for, then the user's."""
+    features = [
+        Statistics(),
+        DraftFlags(),
+        Logprobs(),
+        TopLogprobs(k=options.top_logprobs, raw=options.raw_logprobs),
+    ]
+    # A tree's penalties are checked off (`_check_logit_transforms`): nothing to count.
+    if penalties_in_program(sampling_N) and drafter.tree is None:
+        features.append(Penalize(vocab_size=vocab))
+    stop = _stop_strings(options.stop, target, vocab, n)
+    if stop is not None:
+        features.append(StopAtStrings(table=stop))
+    constraint = _constraint_table(options.constraint, vocab, n)
+    if constraint is not None:
+        features.append(Constrain(table=constraint))
+    return tuple(features) + _check_user_features(options.features, features)
+
+
+def _check_user_features(user, builtin) -> tuple:
+    """A user's features: `RowFeature` instances whose names are their own."""
+    if isinstance(user, RowFeature) or not isinstance(user, Sequence):
+        raise TypeError(
+            "features must be a list of specjax.decoding.features.RowFeature instances, "
+            f"got {type(user).__name__}"
+        )
+    names = {f.name for f in builtin}
+    for i, feature in enumerate(user):
+        if not isinstance(feature, RowFeature):
+            raise TypeError(
+                f"features[{i}] must be a specjax.decoding.features.RowFeature, got "
+                f"{type(feature).__name__}"
+            )
+        if not feature.name or feature.name in names:
+            raise ValueError(
+                f"features[{i}] ({type(feature).__name__}) needs a name of its own, got "
+                f"{feature.name!r}: set the class attribute name = '...'"
+            )
+        names.add(feature.name)
+    return tuple(user)
+
+
+def _prepare(key, target, drafter: Drafter, prompts, options: DecodeOptions):
+    """Validates a decoder's inputs on the host, before anything compiles.
+
+    Returns:
+        ``(traced, static, width)``: the traced arguments of
+        `~specjax.decoding.refill._init_state` (the key, the `Decoder` and the prompts'
+        arrays), its static keyword arguments, and the output width.
+    """
+    key = as_prng_key("key", key)
+    vocab = _check_pair(target, drafter, options)
+    prompts_NP, lengths_N = _check_prompts(prompts, target, drafter, vocab)
+    n, p = prompts_NP.shape
+    max_new_N = _check_max_new_tokens(options.max_new_tokens, n)
+    sampling_N = _check_sampling(options, target, drafter, vocab, n)
+    num_slots = _check_num_slots(options.num_slots, n)
+    forward_width = check_forward_width(options.forward_width, drafter)
+    top_logprobs = _check_top_logprobs(options.top_logprobs, vocab)
+    options = dataclasses.replace(options, forward_width=forward_width, top_logprobs=top_logprobs)
+    cache_len = _resolve_cache(options, target, drafter, p, max_new_N, num_slots, n)
+    decoder = Decoder(
+        target=target,
+        drafter=drafter,
+        features=_features(options, target, drafter, sampling_N, vocab, n),
+        eos_ids=_eos_array(options.eos_id, vocab),
+        draft_confidence=_check_confidence(options.draft_confidence),
+        verification=options.verification,
+        gamma_table=_check_gamma_table(options.gamma_by_active_rows, drafter.num_draft),
         forward_width=forward_width,
-    )  # fmt: skip
+    )
+    _check_bool("raw_logprobs", options.raw_logprobs)
+    # Bucket the prompt width like the cache, capped by the cache itself.
+    width = min(_round_up(p, PROMPT_BUCKET), cache_len)
+    prompts_NP = jnp.pad(prompts_NP, [(0, 0), (0, width - p)])
+    seeds_N = _check_seeds(options.seeds, n)
+    traced = (key, decoder, prompts_NP, lengths_N, jnp.asarray(max_new_N), sampling_N, seeds_N)
+    static = dict(cache_len=cache_len, num_slots=num_slots)
     # From host values (inside a user's jit the arrays above are already traced).
-    host_lengths = np.asarray(lengths_B) if is_concrete(lengths_B) else np.full((num_prompts,), p)
-    return traced, static, _output_width(max_new_B, host_lengths, resolved)
+    host_lengths = np.asarray(lengths_N) if is_concrete(lengths_N) else np.full((n,), p)
+    return traced, static, _output_width(max_new_N, host_lengths, cache_len)
 
 
 def _stop_strings(stop, target, vocab: int, num_prompts: int):

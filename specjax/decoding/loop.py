@@ -2,7 +2,8 @@
 
 A step (`_decode_step`) drafts γ tokens per row (or the drafter's tree), scores the
 pending token and the drafts in one target call, verifies them exactly
-(`_verify_chain`, `_verify_tree`) and commits the emitted tokens (`_commit`). `_run`
+(`_verify_chain`, `_verify_tree`) and commits the emitted tokens
+(`specjax.decoding.commit`). `_run`
 repeats it, with a refill of finished slots (`specjax.decoding.refill`) after every
 step, until every row is done or a step budget runs out.
 """
@@ -14,20 +15,17 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
-from specjax import noise
-from specjax.constraints import AutomatonCursor
+from specjax.decoding.commit import Verified, commit, num_leading_true
 from specjax.decoding.refill import _refill
 from specjax.decoding.state import DecodeState
 from specjax.drafters.base import score
 from specjax.models.cache import TreeMask
-from specjax.penalties import along_drafts, constrain, prefix_counts
-from specjax.sampling import mask_vocab, probs_from_logits
-from specjax.stops import first_stop
-from specjax.tree import path_nodes_with_root, tree_verify
-from specjax.verify import coupled_verify, rejection_sample, rejection_sample_onehot
-from specjax.vocab import pad_to_vocab
+from specjax.sampling import SamplingConfig, mask_vocab, noise, probs_from_logits
+from specjax.sampling.penalties import constrain
+from specjax.sampling.vocab import pad_to_vocab
+from specjax.verification.chain import coupled_verify, rejection_sample, rejection_sample_onehot
+from specjax.verification.tree import path_nodes_with_root, tree_verify
 
 
 def _draft_probs(proposal, drafter, batch: int, gamma: int, vocab: int):
@@ -35,7 +33,7 @@ def _draft_probs(proposal, drafter, batch: int, gamma: int, vocab: int):
 
     A clear error, not a RoPE one, for a drafter with the wrong shapes. The q of a
     drafter with a smaller vocabulary (``[B, γ, V_d]``) is zero-padded to the target's
-    V, which is exact (`specjax.vocab`).
+    V, which is exact (`specjax.sampling.vocab`).
     """
     tokens = proposal.tokens
     if tuple(tokens.shape) != (batch, gamma) or not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -55,24 +53,6 @@ def _draft_probs(proposal, drafter, batch: int, gamma: int, vocab: int):
     return pad_to_vocab(proposal.probs, vocab)
 
 
-def _write(buffer_BS, values_BT, start_B, count_B):
-    """``buffer[b, start[b] + t] = values[b, t]`` for ``t < count[b]``; nothing else changes.
-
-    ``buffer`` is ``[B, S, ...]`` and ``values`` ``[B, T, ...]`` (the same trailing axes).
-    """
-    b, t = values_BT.shape[:2]
-    rows = jnp.arange(b)[:, None]
-    slots = start_B[:, None] + jnp.arange(t)[None]
-    keep = (jnp.arange(t)[None] < count_B[:, None]).reshape((b, t) + (1,) * (values_BT.ndim - 2))
-    old = buffer_BS[rows, jnp.minimum(slots, buffer_BS.shape[1] - 1)]
-    # mode="drop": a slot past the end of the buffer is never written (or clamped).
-    return buffer_BS.at[rows, slots].set(jnp.where(keep, values_BT, old), mode="drop")
-
-
-def _num_leading_true(flags_BT):
-    return jnp.sum(jnp.cumprod(flags_BT.astype(jnp.int32), axis=1), axis=1, dtype=jnp.int32)
-
-
 def _body(state: DecodeState, gamma: int) -> DecodeState:
     """One loop iteration: a decode step with ``gamma`` drafts, then refills."""
     return _refill(_decode_step(state, gamma))
@@ -80,7 +60,7 @@ def _body(state: DecodeState, gamma: int) -> DecodeState:
 
 def _table_index(state: DecodeState) -> jax.Array:
     """The ``gamma_table`` entry for the number of active rows now."""
-    table = state.gamma_table
+    table = state.decoder.gamma_table
     max_rows = jnp.asarray([rows for rows, _ in table], jnp.int32)
     active = jnp.sum(~state.done, dtype=jnp.int32)
     return jnp.minimum(jnp.searchsorted(max_rows, active), len(table) - 1)
@@ -98,7 +78,7 @@ def _confident_drafts(draft_tokens_BG, draft_probs_BGV, threshold):
     """
     gamma = draft_tokens_BG.shape[1]
     q_at_BG = jnp.take_along_axis(draft_probs_BGV, draft_tokens_BG[..., None], axis=-1)[..., 0]
-    return jnp.minimum(_num_leading_true(q_at_BG >= threshold) + 1, gamma)
+    return jnp.minimum(num_leading_true(q_at_BG >= threshold) + 1, gamma)
 
 
 def _score_drafted(target, drafter, tokens_BG1, positions_BG1, cache, width_index):
@@ -113,9 +93,12 @@ def _score_drafted(target, drafter, tokens_BG1, positions_BG1, cache, width_inde
     def forward(width):
         def run(cache):
             logits, cache, features = score(
-                target, tokens_BG1[:, :width], positions_BG1[:, :width], cache,
+                target,
+                tokens_BG1[:, :width],
+                positions_BG1[:, :width],
+                cache,
                 drafter.target_layers,
-            )  # fmt: skip
+            )
             pad = [(0, 0), (0, g1 - width), (0, 0)]
             if features is not None:
                 # Positions stay real, so padded features land only in stale slots.
@@ -129,36 +112,6 @@ def _score_drafted(target, drafter, tokens_BG1, positions_BG1, cache, width_inde
     return jax.lax.switch(width_index, [forward(w) for w in range(1, g1 + 1)], cache)
 
 
-@struct.dataclass
-class _Verified:
-    """What one step's verification decided, before it is committed (`_commit`).
-
-    Attributes:
-        drafter: the drafter as it ran this step (γ may differ from the state's).
-        drafter_state: the proposal's drafter state.
-        block: ``int32[B, G]`` the chain layout: accepted drafts, the target's token, -1.
-        num_accepted: ``int32[B]``.
-        num_drafted: ``int32[B]`` drafts the row proposed (the statistics' count).
-        probs: ``float32[B, G, V]`` the target's p that decided each emitted position.
-        usable: ``bool[B, G]`` that p is a distribution (not NaN / all masked).
-        target_cache: the target's cache, slot == position for the emitted positions.
-        features: the drafter's `TargetFeatures` at the G emitted positions, or None.
-        logits: ``[B, G, V]`` the target's raw logits at the emitted positions (read
-            only for raw top log-probabilities).
-    """
-
-    drafter: object
-    drafter_state: object
-    block: jax.Array
-    num_accepted: jax.Array
-    num_drafted: jax.Array
-    probs: jax.Array
-    usable: jax.Array
-    target_cache: object
-    features: object
-    logits: jax.Array
-
-
 def _usable(logits_BTV, sampling) -> jax.Array:
     """``bool[B, T]``: the logits give a distribution (not NaN or all -inf below the limit,
     and some id the row's constraint allows there, when ``sampling.automaton`` is set).
@@ -168,28 +121,33 @@ def _usable(logits_BTV, sampling) -> jax.Array:
     return jnp.max(constrain(mask_vocab(logits_BTV, sampling.vocab_limit), sampling), -1) > -jnp.inf
 
 
-def _cursor(state: DecodeState):
-    """The rows' `AutomatonCursor` after their committed tokens, or None (no constraint)."""
-    if state.constraint is None:
-        return None
-    return AutomatonCursor(state.constraint, state.automaton_state, state.eos_ids)
+def _history(state: DecodeState) -> dict:
+    """The features' sampling settings at the committed prefix (penalty counts, the
+    constraint's cursor), as `SamplingConfig` field replacements."""
+    history = {}
+    for feature, feature_state in zip(state.decoder.features, state.features, strict=True):
+        history.update(feature.history(state, feature_state))
+    return history
+
+
+def _along(state: DecodeState, history: dict, chain_BG) -> SamplingConfig:
+    """The rows' sampling settings at each scored position of the step: position i is
+    after the committed tokens and drafts ``0..i-1`` of ``chain_BG``."""
+    fields = {}
+    for feature in state.decoder.features:
+        fields.update(feature.along(history, chain_BG, state.sampling))
+    return state.sampling.replace(**fields)
 
 
 def _step_keys(state: DecodeState, width: int):
     """``(positions_BW, keys_BW)``: input i scores position ``length + i`` with its keys."""
     positions_BW = (state.seq_lengths - 1)[:, None] + jnp.arange(width)[None]
-    return positions_BW, noise.position_keys(state.row_keys, positions_BW + 1)
-
-
-def _cursor_along(cursor_B, drafts_BG):
-    """The ``[B, G+1]`` cursor the verifier masks p with (position i: after drafts
-    0..i-1), or None without a constraint."""
-    return None if cursor_B is None else cursor_B.along(drafts_BG)
+    return positions_BW, noise.position_keys(state.settings.keys, positions_BW + 1)
 
 
 def _draft_keys(state: DecodeState, keys_BG1, gamma: int):
-    draft_stream = noise.SAMPLE if state.verification == "coupled" else noise.DRAFT
-    return noise.stream(keys_BG1[:, :gamma], draft_stream)
+    coupled = state.decoder.verification == "coupled"
+    return noise.stream(keys_BG1[:, :gamma], noise.SAMPLE if coupled else noise.DRAFT)
 
 
 def _pad_columns(x_BT, width: int, value):
@@ -219,121 +177,134 @@ def _score_fixed(target, drafter, tokens_BW, positions_BW, cache, num_features: 
     return logits_BWV, cache, features
 
 
-def _verify_chain(state: DecodeState, gamma: int) -> _Verified:
+def _chain_drafter(state: DecodeState, gamma: int):
+    """The drafter as this step runs it: ``gamma`` drafts, under the decoder's τ."""
+    drafter = state.drafter
+    if gamma != drafter.num_draft:
+        drafter = drafter.replace(num_draft=gamma)
+    if state.decoder.draft_confidence is not None:
+        drafter = drafter.with_confidence(state.decoder.draft_confidence)
+    return drafter
+
+
+def _num_drafted(state: DecodeState, drafter, proposal, draft_probs, gamma: int):
+    """``int32[B]`` drafts each row proposes: γ, or fewer under ``draft_confidence``."""
+    b = proposal.tokens.shape[0]
+    confidence = state.decoder.draft_confidence
+    if confidence is None or gamma == 0:
+        return jnp.full((b,), gamma, jnp.int32)
+    if proposal.num_drafted is not None:  # the drafter stopped its rows itself
+        return proposal.num_drafted.astype(jnp.int32)
+    if draft_probs is None:
+        raise ValueError(
+            f"draft_confidence needs a drafter that returns its q, and the "
+            f"{type(drafter).__name__} proposes one-hot drafts (probs=None): use a "
+            "drafter that samples its drafts and returns their q (Proposal.probs)"
+        )
+    return _confident_drafts(proposal.tokens.astype(jnp.int32), draft_probs, confidence)
+
+
+def _propose_chain(state: DecodeState, drafter, keys_BW, history: dict, gamma: int):
+    """``(proposal, q [B, γ, V] or None, num_drafted [B], chain [B, W-1])``.
+
+    The chain holds the proposed drafts, then -1: a draft that was not proposed reads
+    as out of vocabulary, which every verifier rejects with q := 0, so the row's next
+    token comes from p itself, exactly.
+    """
+    b, vocab = state.seq.shape[0], state.target.vocab_size
+    proposal = drafter.propose(
+        _draft_keys(state, keys_BW, gamma),
+        state.drafter_state,
+        state.seq,
+        state.seq_lengths,
+        state.sampling.replace(**history),
+    )
+    draft_probs = _draft_probs(proposal, drafter, b, gamma, vocab)
+    num_drafted = _num_drafted(state, drafter, proposal, draft_probs, gamma)
+    proposed_BG = jnp.arange(gamma)[None] < num_drafted[:, None]
+    chain_BG = jnp.where(proposed_BG, proposal.tokens.astype(jnp.int32), -1)
+    return proposal, draft_probs, num_drafted, _pad_columns(chain_BG, keys_BW.shape[1] - 1, -1)
+
+
+def _score_chain(state: DecodeState, drafter, chain_BW1, positions_BW, num_drafted, gamma: int):
+    """Scores the pending token and the chain in one target call: ``(logits, cache,
+    features)``; a drafter's features come out of this same forward."""
+    pending_B = state.seq[jnp.arange(state.seq.shape[0]), state.seq_lengths - 1]
+    tokens_BW = jnp.concatenate([pending_B[:, None], jnp.maximum(chain_BW1, 0)], axis=1)
+    decoder = state.decoder
+    if decoder.forward_width is None and decoder.draft_confidence is not None and gamma > 0:
+        width_index = jnp.max(jnp.where(~state.done, num_drafted, 0))
+        return _score_drafted(
+            state.target, drafter, tokens_BW, positions_BW, state.target_cache, width_index
+        )
+    return _score_fixed(
+        state.target, drafter, tokens_BW, positions_BW, state.target_cache, gamma + 1
+    )
+
+
+def _verify_block(state: DecodeState, drafter, keys_BW, chain_BW1, draft_probs, target_probs):
+    """``(block [B, W], num_accepted [B])`` by the decoder's verification."""
+    if state.decoder.verification == "coupled" or drafter.null_drafter:
+        return coupled_verify(keys_BW, chain_BW1, target_probs)
+    if draft_probs is None:
+        return rejection_sample_onehot(keys_BW, chain_BW1, target_probs)
+    width = keys_BW.shape[1]
+    q_BW1V = _pad_columns(draft_probs, width - 1, 0.0)
+    return rejection_sample(keys_BW, chain_BW1, q_BW1V, target_probs)
+
+
+def _verify_chain(state: DecodeState, gamma: int) -> Verified:
     """Drafts a chain of ``gamma`` tokens, scores it in one target call, verifies it.
 
-    The target scores ``W = γ + 1`` columns, or the state's fixed forward width: then
+    The target scores ``W = γ + 1`` columns, or the decoder's fixed forward width: then
     the chain is padded with drafts that were not proposed (-1, fed to the target as
     id 0 at the following positions), which every verifier rejects, so the step is
     the same verification over W columns. Plain decoding (the null drafter) is coupled
     verification of such a chain: its token at each position is the target's sample
     there, drawn exactly as coupled speculative decoding draws it.
     """
-    target = state.target
-    drafter = state.drafter
-    if gamma != drafter.num_draft:
-        drafter = drafter.replace(num_draft=gamma)
-    if state.draft_confidence is not None and drafter.stops_early:
-        drafter = drafter.replace(stop_below=state.draft_confidence)
-    b = state.seq.shape[0]
-    rows = jnp.arange(b)
-    lengths = state.seq_lengths
-    g1 = gamma + 1
-    width = g1 if state.forward_width is None else state.forward_width
+    drafter = _chain_drafter(state, gamma)
+    width = gamma + 1 if state.decoder.forward_width is None else state.decoder.forward_width
     positions_BW, keys_BW = _step_keys(state, width)
-    counts_BV = prefix_counts(state, target.vocab_size)
-    cursor_B = _cursor(state)
-    proposal = drafter.propose(
-        _draft_keys(state, keys_BW, gamma), state.drafter_state, state.seq, lengths,
-        state.sampling.replace(counts=counts_BV, automaton=cursor_B),
-    )  # fmt: skip
-    draft_probs = _draft_probs(proposal, drafter, b, gamma, target.vocab_size)
-    draft_tokens_BG = proposal.tokens.astype(jnp.int32)
-    active = ~state.done
-
-    stopped_itself = proposal.num_drafted is not None
-    if (
-        state.draft_confidence is not None
-        and draft_probs is None
-        and not stopped_itself
-        and gamma > 0
-    ):
-        raise ValueError(
-            f"draft_confidence needs a drafter that returns its q, and the "
-            f"{type(drafter).__name__} proposes one-hot drafts (probs=None): use a "
-            "drafter that samples its drafts and returns their q (Proposal.probs)"
-        )
-    if state.draft_confidence is None or gamma == 0:
-        num_drafted = jnp.full((b,), gamma, jnp.int32)
-    else:
-        num_drafted = (
-            proposal.num_drafted.astype(jnp.int32)
-            if stopped_itself
-            else _confident_drafts(draft_tokens_BG, draft_probs, state.draft_confidence)
-        )
-    # A draft that was not proposed reads as out of vocabulary (-1): every verifier
-    # rejects it with q := 0, so the row's next token comes from p itself, exactly.
-    chain_BW1 = _pad_columns(
-        jnp.where(jnp.arange(gamma)[None] < num_drafted[:, None], draft_tokens_BG, -1),
-        width - 1, -1,
-    )  # fmt: skip
-    # Score the pending token and the chain in one target call; a drafter's features
-    # come out of this same forward (no second target call).
-    pending_B = state.seq[rows, lengths - 1]
-    tokens_in = jnp.concatenate([pending_B[:, None], jnp.maximum(chain_BW1, 0)], axis=1)
-    if state.forward_width is None and state.draft_confidence is not None and gamma > 0:
-        width_index = jnp.max(jnp.where(active, num_drafted, 0))
-        logits_BWV, target_cache, features = _score_drafted(
-            target, drafter, tokens_in, positions_BW, state.target_cache, width_index
-        )
-    else:
-        logits_BWV, target_cache, features = _score_fixed(
-            target, drafter, tokens_in, positions_BW, state.target_cache, g1
-        )
-    # Position i's penalties count the prefix and drafts 0..i-1 (`specjax.penalties`);
-    # its constraint mask is the automaton's state after them (`specjax.constraints`).
-    counts_BWV = along_drafts(state.sampling, counts_BV, chain_BW1)
-    scored = state.sampling.replace(counts=counts_BWV, automaton=_cursor_along(cursor_B, chain_BW1))
+    history = _history(state)
+    proposal, draft_probs, num_drafted, chain_BW1 = _propose_chain(
+        state, drafter, keys_BW, history, gamma
+    )
+    logits_BWV, target_cache, features = _score_chain(
+        state, drafter, chain_BW1, positions_BW, num_drafted, gamma
+    )
+    # Position i's penalties count the prefix and drafts 0..i-1 (`specjax.sampling.penalties`);
+    # its constraint mask is the automaton's state after them (`specjax.sampling.constraints`).
+    scored = _along(state, history, chain_BW1)
     target_probs = probs_from_logits(logits_BWV, scored)
-    if state.verification == "coupled" or drafter.null_drafter:
-        block_BW, num_accepted = coupled_verify(keys_BW, chain_BW1, target_probs)
-    elif draft_probs is None:
-        block_BW, num_accepted = rejection_sample_onehot(keys_BW, chain_BW1, target_probs)
-    else:
-        block_BW, num_accepted = rejection_sample(
-            keys_BW, chain_BW1, _pad_columns(draft_probs, width - 1, 0.0), target_probs
-        )
-    return _Verified(
-        drafter=drafter, drafter_state=proposal.state, block=block_BW,
-        num_accepted=num_accepted, num_drafted=num_drafted, probs=target_probs,
-        usable=_usable(logits_BWV, scored), target_cache=target_cache,
-        features=features, logits=logits_BWV,
-    )  # fmt: skip
+    block_BW, num_accepted = _verify_block(
+        state, drafter, keys_BW, chain_BW1, draft_probs, target_probs
+    )
+    return Verified(
+        drafter=drafter,
+        drafter_state=proposal.state,
+        block=block_BW,
+        num_accepted=num_accepted,
+        num_drafted=num_drafted,
+        probs=target_probs,
+        usable=_usable(logits_BWV, scored),
+        target_cache=target_cache,
+        features=features,
+        logits=logits_BWV,
+    )
 
 
-def _verify_tree(state: DecodeState) -> _Verified:
-    """Drafts the drafter's tree, scores all N + 1 nodes in one target call, verifies it.
-
-    The root (the pending token) is at slot ``last`` and node j at slot ``last + j``,
-    each at position ``last + depth``, attending to its ancestors only. At a fixed
-    forward width W the nodes are followed by ``W - N - 1`` padding columns at later
-    slots and positions, each seeing only itself, and p and the target's samples are
-    computed at every column (`specjax.tree.tree_verify`'s ``every_node``). After the
-    exact walk the accepted path is moved to consecutive slots, and the path's
-    probabilities and features are what the commit reads.
-    """
-    target, drafter = state.target, state.drafter
-    tree = drafter.tree
-    b = state.seq.shape[0]
-    rows = jnp.arange(b)
-    last = state.seq_lengths - 1
-    depth, n1 = tree.depth, tree.num_nodes + 1
-    width = n1 if state.forward_width is None else state.forward_width
-    _, keys_BD1 = _step_keys(state, depth + 1)
+def _propose_tree(state: DecodeState, keys_BD1):
+    """``(proposal, node tokens int32[B, N])`` after a trace-time check of the shapes."""
+    drafter = state.drafter
+    tree, b = drafter.tree, state.seq.shape[0]
     proposal = drafter.propose(
-        _draft_keys(state, keys_BD1, depth), state.drafter_state, state.seq,
-        state.seq_lengths, state.sampling,
-    )  # fmt: skip
+        _draft_keys(state, keys_BD1, tree.depth),
+        state.drafter_state,
+        state.seq,
+        state.seq_lengths,
+        state.sampling,
+    )
     node_tokens = proposal.tokens
     if tuple(node_tokens.shape) != (b, tree.num_nodes) or proposal.probs is not None:
         raise ValueError(
@@ -341,181 +312,97 @@ def _verify_tree(state: DecodeState) -> _Verified:
             f"and probs=None; got tokens{list(node_tokens.shape)}, probs "
             f"{None if proposal.probs is None else list(proposal.probs.shape)}"
         )
-    node_tokens = node_tokens.astype(jnp.int32)
-    tokens_in = _pad_columns(
-        jnp.concatenate([state.seq[rows, last][:, None], node_tokens], axis=1), width, 0
-    )
-    # Padding sees only itself, and no node sees it (its slots follow the tree region).
+    return proposal, node_tokens.astype(jnp.int32)
+
+
+def _score_tree(state: DecodeState, node_tokens_BN, width: int):
+    """Scores the root (the pending token) and every node in one target call.
+
+    The root is at slot ``last`` and node j at slot ``last + j``, each at position
+    ``last + depth``, attending to its ancestors only. At a fixed forward width W the
+    nodes are followed by ``W - N - 1`` padding columns at later slots and positions,
+    each seeing only itself (and no node sees them: their slots follow the tree's).
+    """
+    tree = state.drafter.tree
+    last = state.seq_lengths - 1
+    n1 = tree.num_nodes + 1
+    pending_B = state.seq[jnp.arange(state.seq.shape[0]), last]
+    nodes_BN1 = jnp.concatenate([pending_B[:, None], node_tokens_BN], axis=1)
+    tokens_BW = _pad_columns(nodes_BN1, width, 0)
     visible = np.eye(width, dtype=bool)
     visible[:n1, :n1] = tree.ancestors
-    depth_W = np.concatenate([tree.depths, depth + np.arange(1, width - n1 + 1)])
-    mask = TreeMask(
-        start=last, slots=last[:, None] + jnp.arange(width)[None], visible=jnp.asarray(visible)
-    )
+    depth_W = np.concatenate([tree.depths, tree.depth + np.arange(1, width - n1 + 1)])
+    slots_BW = last[:, None] + jnp.arange(width)[None]
+    mask = TreeMask(start=last, slots=slots_BW, visible=jnp.asarray(visible))
+    positions_BW = last[:, None] + jnp.asarray(depth_W)[None]
     logits_BWV, target_cache, features = score(
-        target, tokens_in, last[:, None] + jnp.asarray(depth_W)[None], state.target_cache,
-        drafter.target_layers, tree=mask,
-    )  # fmt: skip
-    fixed = state.forward_width is not None
-    if fixed:  # as in `_score_fixed`: every product stays W rows wide
-        logits_BWV, features = jax.lax.optimization_barrier((logits_BWV, features))
-    # Logits in: only the D + 1 nodes on the path become distributions (all W at a fixed
-    # width).
-    cursor_B = _cursor(state)
-    block_BD1, num_accepted, path_BD, probs_BD1V = tree_verify(
-        keys_BD1, node_tokens, logits_BWV if fixed else logits_BWV[:, :n1], tree,
-        state.sampling.replace(automaton=cursor_B), every_node=fixed,
-    )  # fmt: skip
-    nodes_BD1 = path_nodes_with_root(path_BD)
-    along = lambda x_BN1: jnp.take_along_axis(  # noqa: E731
-        x_BN1, nodes_BD1.reshape(b, depth + 1, *([1] * (x_BN1.ndim - 2))), axis=1
+        state.target,
+        tokens_BW,
+        positions_BW,
+        state.target_cache,
+        state.drafter.target_layers,
+        tree=mask,
     )
+    if state.decoder.forward_width is not None:  # as in `_score_fixed`
+        logits_BWV, features = jax.lax.optimization_barrier((logits_BWV, features))
+    return logits_BWV, target_cache, features
+
+
+def _verify_tree(state: DecodeState) -> Verified:
+    """Drafts the drafter's tree, scores all N + 1 nodes in one target call, verifies it.
+
+    Every node's p and the target's samples are computed only on the D + 1 nodes of
+    the path (all W columns at a fixed forward width: `specjax.verification.tree.tree_verify`'s
+    ``every_node``). After the exact walk the accepted path is moved to consecutive
+    slots, and the path's probabilities and features are what the commit reads.
+    """
+    drafter, tree = state.drafter, state.drafter.tree
+    b, depth, n1 = state.seq.shape[0], tree.depth, tree.num_nodes + 1
+    last = state.seq_lengths - 1
+    fixed = state.decoder.forward_width is not None
+    _, keys_BD1 = _step_keys(state, depth + 1)
+    proposal, node_tokens = _propose_tree(state, keys_BD1)
+    logits_BWV, target_cache, features = _score_tree(
+        state, node_tokens, state.decoder.forward_width if fixed else n1
+    )
+    history = _history(state)
+    block_BD1, num_accepted, path_BD, probs_BD1V = tree_verify(
+        keys_BD1,
+        node_tokens,
+        logits_BWV if fixed else logits_BWV[:, :n1],
+        tree,
+        state.sampling.replace(**history),
+        every_node=fixed,
+    )
+    nodes_BD1 = path_nodes_with_root(path_BD)
+
+    def along_path(x_BN1):
+        index = nodes_BD1.reshape(b, depth + 1, *([1] * (x_BN1.ndim - 2)))
+        return jnp.take_along_axis(x_BN1, index, axis=1)
+
     if features is not None:
-        features = features.replace(
-            hidden=along(features.hidden), positions=last[:, None] + jnp.arange(depth + 1)[None]
-        )
-    return _Verified(
-        drafter=drafter, drafter_state=drafter.keep_path(proposal.state, last, path_BD),
-        block=block_BD1, num_accepted=num_accepted,
+        positions_BD1 = last[:, None] + jnp.arange(depth + 1)[None]
+        features = features.replace(hidden=along_path(features.hidden), positions=positions_BD1)
+    path_logits = along_path(logits_BWV)
+    return Verified(
+        drafter=drafter,
+        drafter_state=drafter.keep_path(proposal.state, last, path_BD),
+        block=block_BD1,
+        num_accepted=num_accepted,
         num_drafted=jnp.full((b,), depth, jnp.int32),
         probs=probs_BD1V,
-        usable=_usable(
-            along(logits_BWV),
-            state.sampling.replace(automaton=_cursor_along(cursor_B, block_BD1[:, :depth])),
-        ),
-        target_cache=target_cache.compact_path(last, path_BD), features=features,
-        logits=along(logits_BWV),
-    )  # fmt: skip
+        usable=_usable(path_logits, _along(state, history, block_BD1[:, :depth])),
+        target_cache=target_cache.compact_path(last, path_BD),
+        features=features,
+        logits=path_logits,
+    )
 
 
 def _decode_step(state: DecodeState, gamma: int) -> DecodeState:
     """One decode step with γ = ``gamma`` drafts (at most the drafter's own γ), or a tree."""
     if state.drafter.tree is not None:
-        return _commit(state, _verify_tree(state))
-    return _commit(state, _verify_chain(state, gamma))
-
-
-def _top_logprobs(state: DecodeState, verified: _Verified):
-    """``(int32[B, G, k], float32[B, G, k])``: the k most probable ids at each emitted
-    position and their log-probabilities, most probable first (ties: lowest id).
-
-    From the processed distribution that decided the position (the one ``logprobs``
-    reads), or from the raw logits' log-softmax when the state asks for raw ones. k is
-    static: with k = 0 nothing is computed.
-    """
-    k = state.top_ids.shape[-1]
-    b, g1 = verified.block.shape
-    if k == 0:
-        return jnp.zeros((b, g1, 0), jnp.int32), jnp.zeros((b, g1, 0), jnp.float32)
-    if state.raw_logprobs:
-        logits = verified.logits.astype(jnp.float32)
-        log_dist = jax.nn.log_softmax(jnp.where(jnp.isnan(logits), -jnp.inf, logits), axis=-1)
-    else:
-        log_dist = jnp.log(verified.probs)
-    values, ids = jax.lax.top_k(log_dist, k)
-    return ids.astype(jnp.int32), values
-
-
-def _commit(state: DecodeState, verified: _Verified) -> DecodeState:
-    """Emits the verified tokens, cut at EOS and budgets, and advances every row."""
-    max_gamma = state.drafter.num_draft
-    block_BG1, num_accepted = verified.block, verified.num_accepted
-    offsets = jnp.arange(block_BG1.shape[1])
-    lengths = state.seq_lengths
-    active = ~state.done
-    # A position with no distribution (NaN or all -inf logits): emit nothing from it on,
-    # and flag the row when it is the next position.
-    num_usable = _num_leading_true(verified.usable)
-
-    # Emit accepted drafts + the correction/bonus token, cut after EOS and
-    # at the row's token budget; finished rows emit nothing.
-    is_eos_BG1 = jnp.any(block_BG1[..., None] == state.eos_ids[None, None], axis=-1)
-    is_eos_BG1 &= offsets[None] <= num_accepted[:, None]
-    eos_cut = jnp.where(
-        jnp.any(is_eos_BG1, axis=1), jnp.argmax(is_eos_BG1, axis=1) + 1, block_BG1.shape[1]
-    )
-    budget = state.max_new_tokens - state.num_generated
-    num_emit = jnp.minimum(jnp.minimum(num_accepted + 1, eos_cut), jnp.minimum(budget, num_usable))
-    if state.stop is not None:  # cut after the token that completes a stop string
-        stop_cut, stop_hit = first_stop(
-            state.stop, state.stop.active[state.queue.slot_prompt], state.seq,
-            state.prompt_lengths, lengths, jnp.maximum(block_BG1, 0),
-        )  # fmt: skip
-        stopped = stop_hit & (stop_cut <= num_emit)
-        num_emit = jnp.minimum(num_emit, stop_cut)
-    else:
-        stopped = jnp.zeros_like(active)
-    if state.constraint is not None:
-        # The automaton along the block; a row ends with the token that completes its
-        # language (nothing can follow), as with a stop string.
-        states_BG1 = _cursor(state).along(block_BG1).states[:, 1:]
-        complete_BG1 = state.constraint.complete[states_BG1]
-        complete_cut = jnp.where(
-            jnp.any(complete_BG1, axis=1), jnp.argmax(complete_BG1, axis=1) + 1, block_BG1.shape[1]
-        )
-        stopped |= jnp.any(complete_BG1, axis=1) & (complete_cut <= num_emit)
-        num_emit = jnp.minimum(num_emit, complete_cut)
-    num_emit = jnp.where(active, jnp.maximum(num_emit, 0), 0)
-    block_BG1 = jnp.maximum(block_BG1, 0)
-    logprobs_BG1 = jnp.log(jnp.take_along_axis(verified.probs, block_BG1[..., None], -1)[..., 0])
-    top_ids_BG1K, top_logprobs_BG1K = _top_logprobs(state, verified)
-
-    new_lengths = lengths + num_emit
-    active_i = active.astype(jnp.int32)
-    accepted_one_hot = jax.nn.one_hot(num_accepted, max_gamma + 1, dtype=jnp.int32)
-    accepted_one_hot *= active_i[:, None]
-    # Per draft position i (the tree's depth i): proposed, judged (drafts 0..i-1 all
-    # accepted) and accepted, over active rows.
-    draft_positions = jnp.arange(max_gamma)[None]
-    drafted_BG = (draft_positions < verified.num_drafted[:, None]) & active[:, None]
-    reached_BG = drafted_BG & (draft_positions <= num_accepted[:, None])
-    accepted_BG = drafted_BG & (draft_positions < num_accepted[:, None])
-    count = lambda mask_BG: jnp.sum(mask_BG, axis=0, dtype=jnp.int32)  # noqa: E731
-    stats = state.stats
-    if state.constraint is not None:
-        before_B1 = state.automaton_state[:, None]
-        states_BG2 = jnp.concatenate([before_B1, states_BG1], axis=1)
-        state = state.replace(
-            automaton_state=jnp.take_along_axis(states_BG2, num_emit[:, None], axis=1)[:, 0]
-        )
-    state = state.replace(
-        seq=_write(state.seq, block_BG1, lengths, num_emit),
-        from_draft=_write(
-            state.from_draft, offsets[None] < num_accepted[:, None], lengths, num_emit
-        ),
-        logprobs=_write(state.logprobs, logprobs_BG1, lengths, num_emit),
-        top_ids=_write(state.top_ids, top_ids_BG1K, lengths, num_emit),
-        top_logprobs=_write(state.top_logprobs, top_logprobs_BG1K, lengths, num_emit),
-        seq_lengths=new_lengths,
-        target_cache=verified.target_cache.rollback(new_lengths - 1),
-        drafter_state=verified.drafter.update(
-            verified.drafter_state, new_lengths, verified.features
-        ),
-        stats=stats.replace(
-            target_calls=stats.target_calls + 1,
-            row_target_calls=stats.row_target_calls + active_i,
-            drafted=stats.drafted + verified.num_drafted * active_i,
-            accepted=stats.accepted + num_accepted * active_i,
-            accepted_hist=stats.accepted_hist + jnp.sum(accepted_one_hot, axis=0),
-            position_drafted=stats.position_drafted + count(drafted_BG),
-            position_reached=stats.position_reached + count(reached_BG),
-            position_accepted=stats.position_accepted + count(accepted_BG),
-        ),
-    )
-
-    emitted_BG1 = offsets[None] < num_emit[:, None]
-    hit_eos = jnp.any(emitted_BG1 & is_eos_BG1, axis=1)
-    finished = hit_eos | (active & stopped) | (state.num_generated >= state.max_new_tokens)
-    invalid = active & (num_usable == 0)
-    # Judged by the largest step, so that whether a row is truncated never depends on
-    # which γ variant ran.
-    cache_full = new_lengths + state.lookahead > state.seq.shape[1]
-    state = state.replace(
-        done=state.done | (active & (finished | cache_full | invalid)),
-        truncated=state.truncated | (active & cache_full & ~finished & ~invalid),
-        invalid=state.invalid | invalid,
-    )
-    return state
+        return commit(state, _verify_tree(state))
+    return commit(state, _verify_chain(state, gamma))
 
 
 def _run(state: DecodeState, num_steps=None) -> DecodeState:
@@ -533,7 +420,7 @@ def _run(state: DecodeState, num_steps=None) -> DecodeState:
     else:
         limit = state.stats.target_calls + jnp.maximum(jnp.asarray(num_steps, jnp.int32), 0)
         running = lambda s: ~jnp.all(s.done) & (s.stats.target_calls < limit)  # noqa: E731
-    table = state.gamma_table
+    table = state.decoder.gamma_table
     if not table:
         return jax.lax.while_loop(running, partial(_body, gamma=state.drafter.num_draft), state)
     for index in reversed(range(len(table))):

@@ -1,7 +1,7 @@
 """One numerics for plain and speculative decoding: the forward width.
 
 **Why it is needed.** Speculative decoding is exact in distribution whatever the
-numerics (`specjax.verify`). Emitting plain decoding's very tokens asks more: the
+numerics (`specjax.verification.chain`). Emitting plain decoding's very tokens asks more: the
 logits that decide a position must be the same bits in both decoders. A plain step
 scores one token per row and a verify γ + 1, and XLA picks its kernels by shape (on a
 CPU a one-row product is a matrix–vector kernel; on a TPU under the default precision
@@ -35,7 +35,7 @@ W columns:
 Column j of a W-wide forward is then computed by the same kernels as column 0 of
 another, and its bits depend only on the row's own tokens: padding next to it, other
 rows' prompts or which column it sits in change nothing (measured bit for bit on
-XLA:CPU in float32, bfloat16 and both int8 modes; ``scripts/accelerator_check.py``
+XLA:CPU in float32, bfloat16 and both int8 modes; ``scripts/benchmarks/accelerator_check.py``
 checks a GPU or TPU).
 
 **The guarantee.** For one target (float32, bfloat16, int8 weights, or int8 weights
@@ -74,8 +74,8 @@ activations; bfloat16 rows were equal at every batch size measured.
 
 from __future__ import annotations
 
+from specjax.core.validation import check_int
 from specjax.drafters.base import Drafter, lookahead
-from specjax.validation import check_int
 
 
 def check_forward_width(forward_width, drafter: Drafter) -> int | None:

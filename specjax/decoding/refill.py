@@ -1,10 +1,11 @@
 """Filling the slots, on device: the first prefill, then refills as rows finish.
 
 `_init_state` prefills the first ``num_slots`` prompts (in serving order) into the
-slots and builds the `DecodeState`. With more prompts than slots, `_refill` runs
-inside the decode loop after every step: a finished slot hands its output on to the
-per-prompt buffers (`_hand_on`) and `_load` prefills the next waiting prompt into
-it. The containers this moves data between are `specjax.decoding.slots`.
+slots and builds the `DecodeState`, with each feature's first state. With more
+prompts than slots, `_refill` runs inside the decode loop after every step: a
+finished slot hands its output on to the per-prompt buffers (`_hand_on`) and `_load`
+prefills the next waiting prompt into it. The containers this moves data between are
+`specjax.decoding.slots`.
 """
 
 from __future__ import annotations
@@ -12,80 +13,57 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specjax import noise
 from specjax.decoding.slots import PromptOutputs, PromptQueue, insert_row, serving_order
-from specjax.decoding.state import DecodeState, GenerationStats
-from specjax.drafters.base import prefill, step_slots
+from specjax.decoding.state import Decoder, DecodeState, RowSettings, RowStatus
+from specjax.drafters.base import prefill
+from specjax.sampling import noise
 
 
 def _init_state(
-    key, target, drafter, prompts_NP, prompt_lengths_N, max_new_N, sampling_N, eos_K, seeds_N,
-    draft_confidence, stop=None, constraint=None, *, cache_len, verification, num_slots,
-    gamma_table, top_logprobs=0, raw_logprobs=False, forward_width=None,
-) -> DecodeState:  # fmt: skip
+    key,
+    decoder: Decoder,
+    prompts_NP,
+    prompt_lengths_N,
+    max_new_N,
+    sampling_N,
+    seeds_N,
+    *,
+    cache_len: int,
+    num_slots: int,
+) -> DecodeState:
     """Prefills the first ``num_slots`` prompts into the slots (one batched forward)."""
-    b = num_slots
     num_prompts, p = prompts_NP.shape
-    order_N = serving_order(max_new_N, b)
-    first = lambda x: x[order_N[:b]]  # noqa: E731
-    prompts_BP, prompt_lengths_B, max_new_B = map(first, (prompts_NP, prompt_lengths_N, max_new_N))
-    row_keys_N = noise.row_keys(key, seeds_N)
-    _, target_cache, features = prefill(
-        target, prompts_BP, prompt_lengths_B, cache_len, drafter.target_layers
+    order_N = serving_order(max_new_N, num_slots)
+    first_B = order_N[:num_slots]
+    settings_N = RowSettings(
+        keys=noise.row_keys(key, seeds_N), sampling=sampling_N, max_new_tokens=max_new_N
     )
-    drafter_state = drafter.init(prompts_BP, prompt_lengths_B, cache_len, features)
-    zeros = jnp.zeros((b,), jnp.int32)
+    prompts_BP, prompt_lengths_B = prompts_NP[first_B], prompt_lengths_N[first_B]
+    _, target_cache, features = prefill(
+        decoder.target, prompts_BP, prompt_lengths_B, cache_len, decoder.drafter.target_layers
+    )
     done, truncated = _starts_done(
-        prompt_lengths_B, max_new_B, step_slots(drafter, forward_width), cache_len
+        prompt_lengths_B, max_new_N[first_B], decoder.lookahead, cache_len
     )
     state = DecodeState(
-        target=target,
-        drafter=drafter,
-        verification=verification,
-        seq=jnp.zeros((b, cache_len), jnp.int32).at[:, :p].set(prompts_BP[:, :cache_len]),
+        decoder=decoder,
+        seq=jnp.zeros((num_slots, cache_len), jnp.int32).at[:, :p].set(prompts_BP[:, :cache_len]),
         seq_lengths=prompt_lengths_B,
         prompt_lengths=prompt_lengths_B,
-        from_draft=jnp.zeros((b, cache_len), bool),
-        logprobs=jnp.zeros((b, cache_len), jnp.float32),
-        top_ids=jnp.full((b, cache_len, top_logprobs), -1, jnp.int32),
-        top_logprobs=jnp.zeros((b, cache_len, top_logprobs), jnp.float32),
-        raw_logprobs=raw_logprobs,
-        stop=stop,
-        constraint=constraint,
-        automaton_state=None if constraint is None else first(constraint.initial),
-        done=done,
-        truncated=truncated,
-        invalid=jnp.zeros((b,), bool),
+        status=RowStatus.starting(done, truncated),
+        settings=jax.tree.map(lambda x_N: x_N[first_B], settings_N),
         target_cache=target_cache,
-        drafter_state=drafter_state,
-        row_keys=first(row_keys_N),
-        sampling=jax.tree.map(first, sampling_N),
-        max_new_tokens=max_new_B,
-        eos_ids=eos_K,
-        stats=GenerationStats(
-            target_calls=jnp.zeros((), jnp.int32),
-            row_target_calls=zeros,
-            drafted=zeros,
-            accepted=zeros,
-            accepted_hist=jnp.zeros((drafter.num_draft + 1,), jnp.int32),
-            position_drafted=jnp.zeros((drafter.num_draft,), jnp.int32),
-            position_reached=jnp.zeros((drafter.num_draft,), jnp.int32),
-            position_accepted=jnp.zeros((drafter.num_draft,), jnp.int32),
-        ),
+        drafter_state=decoder.drafter.init(prompts_BP, prompt_lengths_B, cache_len, features),
+        features=tuple(f.init(decoder, first_B, cache_len) for f in decoder.features),
         queue=PromptQueue(
             prompts=prompts_NP,
             prompt_lengths=prompt_lengths_N,
-            max_new_tokens=max_new_N,
-            sampling=sampling_N,
-            row_keys=row_keys_N,
+            settings=settings_N,
             order=order_N,
-            next_prompt=jnp.asarray(b, jnp.int32),
-            slot_prompt=order_N[:b],
+            next_prompt=jnp.asarray(num_slots, jnp.int32),
+            slot_prompt=first_B,
         ),
-        outputs=PromptOutputs.empty(num_prompts, cache_len, top_logprobs),
-        gamma_table=gamma_table,
-        draft_confidence=draft_confidence,
-        forward_width=forward_width,
+        outputs=PromptOutputs.empty(num_prompts, cache_len, decoder.features),
     )
     # Slots whose first prompt is done before it starts are handed on at once.
     return _refill(state)
@@ -103,34 +81,29 @@ def _starts_done(prompt_lengths, max_new_tokens, slots_per_step: int, cache_len:
 
 
 def _slot_outputs(state: DecodeState, slots_M) -> PromptOutputs:
-    """Slots ``slots_M``' generated tokens gathered to ``[M, S]`` (padded with -1), with flags.
+    """Slots ``slots_M``' generated tokens gathered to ``[M, S]`` (padded with -1), with
+    every feature's output.
 
     The full width keeps the output shape static per cache length, so that budgets of
     any size share the compiled program; `~specjax.decoding.checks._output_width` then
     says how much to keep.
     """
     width = state.seq.shape[1]
-    take = lambda x_B: x_B[slots_M]  # noqa: E731
-    lengths = take(state.num_generated)
-    idx = take(state.prompt_lengths)[:, None] + jnp.arange(width)[None]
-    valid = jnp.arange(width)[None] < lengths[:, None]
-    idx = jnp.minimum(idx, width - 1)
-    gather = lambda buffer: jnp.take_along_axis(take(buffer), idx, axis=1)  # noqa: E731
-    # [M, S, k] buffers: the same slots, every one of the k entries.
-    gather_k = lambda buffer: jnp.take_along_axis(take(buffer), idx[..., None], axis=1)  # noqa: E731
-    stats = state.stats
+    lengths_M = state.num_generated[slots_M]
+    positions_MS = state.prompt_lengths[slots_M][:, None] + jnp.arange(width)[None]
+    positions_MS = jnp.minimum(positions_MS, width - 1)
+    valid_MS = jnp.arange(width)[None] < lengths_M[:, None]
+    tokens_MS = jnp.take_along_axis(state.seq[slots_M], positions_MS, axis=1)
+    features = state.decoder.features
     return PromptOutputs(
-        tokens=jnp.where(valid, gather(state.seq), -1),
-        from_draft=valid & gather(state.from_draft),
-        logprobs=jnp.where(valid, gather(state.logprobs), 0.0),
-        top_ids=jnp.where(valid[..., None], gather_k(state.top_ids), -1),
-        top_logprobs=jnp.where(valid[..., None], gather_k(state.top_logprobs), 0.0),
-        lengths=lengths,
-        truncated=take(state.truncated),
-        invalid=take(state.invalid),
-        row_target_calls=take(stats.row_target_calls),
-        drafted=take(stats.drafted),
-        accepted=take(stats.accepted),
+        tokens=jnp.where(valid_MS, tokens_MS, -1),
+        lengths=lengths_M,
+        truncated=state.status.truncated[slots_M],
+        invalid=state.status.invalid[slots_M],
+        features=tuple(
+            f.gather(f_state, slots_M, positions_MS, valid_MS)
+            for f, f_state in zip(features, state.features, strict=True)
+        ),
     )
 
 
@@ -147,47 +120,36 @@ def _hand_on(state: DecodeState, slots_M) -> PromptOutputs:
 def _load(state: DecodeState, slot) -> DecodeState:
     """Prefills the next prompt served into slot ``slot`` (a one-row forward), resetting it.
 
-    The slot's cache lengths, drafter state, token buffer, flags, counters, budget,
-    sampling settings and row key all come from the prompt, so its output is the one
-    it would get in a slot of its own.
+    The slot's cache lengths, drafter state, token buffer, flags, budget, sampling
+    settings, row key and every feature's row all come from the prompt, so its output
+    is the one it would get in a slot of its own.
     """
-    target, drafter, q = state.target, state.drafter, state.queue
+    decoder, q = state.decoder, state.queue
     b, cache_len = state.seq.shape
     prompt = q.order[q.next_prompt]
-    take = lambda x_N: jax.lax.dynamic_index_in_dim(x_N, prompt, keepdims=False)  # noqa: E731
     prompt_1P = jax.lax.dynamic_slice_in_dim(q.prompts, prompt, 1)
     length_1 = jax.lax.dynamic_slice_in_dim(q.prompt_lengths, prompt, 1)
-    _, cache_1, features = prefill(target, prompt_1P, length_1, cache_len, drafter.target_layers)
-    drafter_1 = drafter.init(prompt_1P, length_1, cache_len, features)
-    length, max_new = length_1[0], take(q.max_new_tokens)
-    done, truncated = _starts_done(length, max_new, state.lookahead, cache_len)
+    _, cache_1, features = prefill(
+        decoder.target, prompt_1P, length_1, cache_len, decoder.drafter.target_layers
+    )
+    drafter_1 = decoder.drafter.init(prompt_1P, length_1, cache_len, features)
+    settings = jax.tree.map(lambda x_N: x_N[prompt], q.settings)
+    length = length_1[0]
+    done, truncated = _starts_done(length, settings.max_new_tokens, decoder.lookahead, cache_len)
     row = jnp.zeros((cache_len,), jnp.int32).at[: prompt_1P.shape[1]].set(prompt_1P[0, :cache_len])
     put = lambda x_B, value: x_B.at[slot].set(value)  # noqa: E731
-    stats = state.stats
-    if state.constraint is not None:
-        state = state.replace(
-            automaton_state=put(state.automaton_state, take(state.constraint.initial))
-        )
+    status = RowStatus(done=done, truncated=truncated, invalid=jnp.asarray(False))
     return state.replace(
         seq=put(state.seq, row),
         seq_lengths=put(state.seq_lengths, length),
         prompt_lengths=put(state.prompt_lengths, length),
-        from_draft=put(state.from_draft, False),
-        logprobs=put(state.logprobs, 0.0),
-        top_ids=put(state.top_ids, -1),
-        top_logprobs=put(state.top_logprobs, 0.0),
-        done=put(state.done, done),
-        truncated=put(state.truncated, truncated),
-        invalid=put(state.invalid, False),
+        status=jax.tree.map(put, state.status, status),
+        settings=jax.tree.map(put, state.settings, settings),
         target_cache=insert_row(state.target_cache, cache_1, slot, b),
         drafter_state=insert_row(state.drafter_state, drafter_1, slot, b),
-        row_keys=put(state.row_keys, take(q.row_keys)),
-        sampling=jax.tree.map(lambda x_B, x_N: put(x_B, take(x_N)), state.sampling, q.sampling),
-        max_new_tokens=put(state.max_new_tokens, max_new),
-        stats=stats.replace(
-            row_target_calls=put(stats.row_target_calls, 0),
-            drafted=put(stats.drafted, 0),
-            accepted=put(stats.accepted, 0),
+        features=tuple(
+            f.reset(f_state, slot, prompt)
+            for f, f_state in zip(decoder.features, state.features, strict=True)
         ),
         queue=q.replace(next_prompt=q.next_prompt + 1, slot_prompt=put(q.slot_prompt, prompt)),
     )

@@ -28,8 +28,6 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.sampling import SamplingConfig
-
 
 @struct.dataclass
 class PromptQueue:
@@ -38,9 +36,7 @@ class PromptQueue:
     Attributes:
         prompts: ``int32[N, P]`` right-padded prompts.
         prompt_lengths: ``int32[N]``.
-        max_new_tokens: ``int32[N]`` each prompt's token budget.
-        sampling: `SamplingConfig` with ``[N]`` leaves.
-        row_keys: ``key[N]`` each prompt's own randomness, ``fold_in(key, seed_n)``.
+        settings: each prompt's `~specjax.decoding.state.RowSettings` (``[N]`` leaves).
         order: ``int32[N]`` the prompts in the order they are served.
         next_prompt: ``int32[]`` how many prompts have been started (``N`` once all
             have); the next one is ``order[next_prompt]``.
@@ -49,12 +45,15 @@ class PromptQueue:
 
     prompts: jax.Array
     prompt_lengths: jax.Array
-    max_new_tokens: jax.Array
-    sampling: SamplingConfig
-    row_keys: jax.Array
+    settings: object
     order: jax.Array
     next_prompt: jax.Array
     slot_prompt: jax.Array
+
+    @property
+    def max_new_tokens(self) -> jax.Array:
+        """``int32[N]`` each prompt's token budget."""
+        return self.settings.max_new_tokens
 
     @property
     def num_prompts(self) -> int:
@@ -83,46 +82,28 @@ class PromptOutputs:
 
     Attributes:
         tokens: ``int32[N, S]`` generated tokens, ``-1`` after each prompt's length.
-        from_draft: ``bool[N, S]``.
-        logprobs: ``float32[N, S]``.
-        top_ids: ``int32[N, S, k]``.
-        top_logprobs: ``float32[N, S, k]``.
         lengths: ``int32[N]`` tokens generated per prompt.
         truncated: ``bool[N]``.
         invalid: ``bool[N]``.
-        row_target_calls: ``int32[N]`` loop iterations in which the prompt was active.
-        drafted: ``int32[N]``.
-        accepted: ``int32[N]``.
+        features: each feature's per-prompt output (`RowFeature.empty_output`), in
+            the decoder's feature order.
     """
 
     tokens: jax.Array
-    from_draft: jax.Array
-    logprobs: jax.Array
-    top_ids: jax.Array
-    top_logprobs: jax.Array
     lengths: jax.Array
     truncated: jax.Array
     invalid: jax.Array
-    row_target_calls: jax.Array
-    drafted: jax.Array
-    accepted: jax.Array
+    features: tuple
 
     @classmethod
-    def empty(cls, num_prompts: int, width: int, top_logprobs: int = 0) -> PromptOutputs:
-        zeros = jnp.zeros((num_prompts,), jnp.int32)
+    def empty(cls, num_prompts: int, width: int, features: tuple) -> PromptOutputs:
         flags = jnp.zeros((num_prompts,), bool)
         return cls(
             tokens=jnp.full((num_prompts, width), -1, jnp.int32),
-            from_draft=jnp.zeros((num_prompts, width), bool),
-            logprobs=jnp.zeros((num_prompts, width), jnp.float32),
-            top_ids=jnp.full((num_prompts, width, top_logprobs), -1, jnp.int32),
-            top_logprobs=jnp.zeros((num_prompts, width, top_logprobs), jnp.float32),
-            lengths=zeros,
+            lengths=jnp.zeros((num_prompts,), jnp.int32),
             truncated=flags,
             invalid=flags,
-            row_target_calls=zeros,
-            drafted=zeros,
-            accepted=zeros,
+            features=tuple(f.empty_output(num_prompts, width) for f in features),
         )
 
     def write(self, rows_M: jax.Array, values: PromptOutputs) -> PromptOutputs:

@@ -105,6 +105,8 @@ class GenerationResult:
             ``-inf`` at the next position (a broken model or input); nothing is
             emitted for that position.
         stats: :class:`GenerationStats`.
+        extras: what features plugged in with ``features=`` return, by feature name
+            (`specjax.decoding.features.RowFeature.result`); empty by default.
     """
 
     tokens: jax.Array
@@ -116,6 +118,7 @@ class GenerationResult:
     stats: GenerationStats
     top_ids: jax.Array
     top_logprobs: jax.Array
+    extras: dict = struct.field(default_factory=dict)
 
     @property
     def tokens_per_call(self) -> jax.Array:
@@ -128,52 +131,60 @@ class GenerationResult:
         return [row[:n].tolist() for row, n in zip(tokens, lengths, strict=True)]
 
 
-@struct.dataclass(kw_only=True)
-class DecodeState:
-    """Everything needed to continue decoding: the loop's carry plus its models.
+@struct.dataclass
+class RowStatus:
+    """Why rows stopped, per slot.
 
-    Build it with :func:`init`, advance it with :func:`step`, read it with
-    :func:`result`. `step` donates the state's buffers: use the state it returns,
-    not the one passed in.
+    Attributes:
+        done: ``bool[B]`` the row has stopped.
+        truncated: ``bool[B]`` it stopped on a full cache.
+        invalid: ``bool[B]`` it stopped on a NaN or empty target distribution.
+    """
+
+    done: jax.Array
+    truncated: jax.Array
+    invalid: jax.Array
+
+    @classmethod
+    def starting(cls, done_B: jax.Array, truncated_B: jax.Array) -> RowStatus:
+        return cls(done=done_B, truncated=truncated_B, invalid=jnp.zeros_like(done_B))
+
+
+@struct.dataclass
+class RowSettings:
+    """What a row takes from its prompt: its randomness, sampling settings and budget.
+
+    ``[B]`` leaves per slot (`DecodeState.settings`), ``[N]`` per prompt
+    (`~specjax.decoding.slots.PromptQueue.settings`); a refill copies one into the other.
+
+    Attributes:
+        keys: ``key[B]`` ``fold_in(key, seed)``: the row's own randomness.
+        sampling: `SamplingConfig` with ``[B]`` leaves (``vocab_limit`` resolved).
+        max_new_tokens: ``int32[B]`` the row's token budget.
+    """
+
+    keys: jax.Array
+    sampling: SamplingConfig
+    max_new_tokens: jax.Array
+
+
+@struct.dataclass(kw_only=True)
+class Decoder:
+    """What stays fixed while a batch decodes: the models, the options and the features.
 
     Attributes:
         target: the target model (model contract).
         drafter: the `Drafter`; `~specjax.drafters.NoDraft` for plain decoding.
-        verification: ``"rejection"`` or ``"coupled"`` (static).
-        seq: ``int32[B, S]`` prompt then generated tokens; slot == position.
-        seq_lengths: ``int32[B]`` valid tokens per row (prompt + generated).
-        prompt_lengths: ``int32[B]``.
-        from_draft: ``bool[B, S]`` slot holds an accepted draft token.
-        logprobs: ``float32[B, S]`` log-probability of each generated token.
-        top_ids: ``int32[B, S, k]`` the k most probable ids at each generated slot.
-        top_logprobs: ``float32[B, S, k]`` their log-probabilities.
-        raw_logprobs: static: ``top_logprobs`` from the raw logits, not the processed
-            distribution.
-        stop: the `~specjax.stops.StopStrings` (``active`` per prompt), or None.
-        constraint: the `~specjax.constraints.ConstraintTable` (``initial`` per
-            prompt), or None.
-        automaton_state: ``int32[B]`` each row's constraint state after its committed
-            tokens (0: unconstrained), or None without a constraint.
-        done: ``bool[B]`` row has stopped.
-        truncated: ``bool[B]`` row stopped on a full cache.
-        invalid: ``bool[B]`` row stopped on a NaN or empty target distribution.
-        target_cache: the target's cache.
-        drafter_state: whatever the drafter carries (e.g. its cache).
-        row_keys: ``key[B]`` ``fold_in(key, seed_b)``: each row's own randomness.
-        sampling: `SamplingConfig` with ``[B]`` leaves (``vocab_limit`` resolved).
-        max_new_tokens: ``int32[B]`` each row's token budget.
+        features: the per-row `~specjax.decoding.features.RowFeature` parts, in the
+            order they run (their tables are traced, their options static).
         eos_ids: ``int32[K]`` ids that end a row (``-1`` pads).
-        stats: :class:`GenerationStats` (per slot; finished prompts' counts are in
-            ``outputs``).
-        queue: the `~specjax.decoding.slots.PromptQueue` of all N prompts (the fields above
-            are per slot, ``[B]``).
-        outputs: the `~specjax.decoding.slots.PromptOutputs` of the prompts handed on so far.
+        draft_confidence: ``float32[]`` τ, or ``None``: a row stops proposing after
+            its first draft whose own probability is below τ.
+        verification: static ``"rejection"`` or ``"coupled"``.
         gamma_table: static ``((max_active_rows, γ), ...)`` pairs, ascending: a step
             with ``a`` active rows drafts the γ of the first pair with
             ``a <= max_active_rows`` (the last pair beyond). Empty: always the
             drafter's γ.
-        draft_confidence: ``float32[]`` τ, or ``None``: a row stops proposing after
-            its first draft whose own probability is below τ.
         forward_width: static W: every target forward of the loop scores exactly W
             columns (`specjax.decoding.numerics`), or ``None``: each scores only what
             its step needs (1 for plain decoding, the step's verify width otherwise).
@@ -181,33 +192,72 @@ class DecodeState:
 
     target: object
     drafter: object
-    verification: str = struct.field(pytree_node=False)
+    features: tuple = ()
+    eos_ids: jax.Array
+    draft_confidence: jax.Array | None = None
+    verification: str = struct.field(pytree_node=False, default="rejection")
+    gamma_table: tuple[tuple[int, int], ...] = struct.field(pytree_node=False, default=())
+    forward_width: int | None = struct.field(pytree_node=False, default=None)
+
+    @property
+    def lookahead(self) -> int:
+        """Slots one step may write past a row's length: γ + 1 (N + 1 for a tree), or
+        the forward width W when it is fixed."""
+        return step_slots(self.drafter, self.forward_width)
+
+
+@struct.dataclass(kw_only=True)
+class DecodeState:
+    """Everything needed to continue decoding: the loop's carry plus its `Decoder`.
+
+    Build it with :func:`init`, advance it with :func:`step`, read it with
+    :func:`result`. `step` donates the state's buffers: use the state it returns,
+    not the one passed in. Slots are rows being decoded, ``[B]``; prompts are the N
+    rows of the call, served by the slots in turn.
+
+    Attributes:
+        decoder: the `Decoder` (models, options, features).
+        seq: ``int32[B, S]`` prompt then generated tokens; slot == position.
+        seq_lengths: ``int32[B]`` valid tokens per row (prompt + generated).
+        prompt_lengths: ``int32[B]``.
+        status: the `RowStatus` flags (``done``, ``truncated``, ``invalid``).
+        settings: the `RowSettings` of each slot's prompt.
+        target_cache: the target's cache.
+        drafter_state: whatever the drafter carries (e.g. its cache).
+        features: each feature's per-slot state, in ``decoder.features``' order.
+        queue: the `~specjax.decoding.slots.PromptQueue` of all N prompts.
+        outputs: the `~specjax.decoding.slots.PromptOutputs` of the prompts handed on.
+    """
+
+    decoder: Decoder
     seq: jax.Array
     seq_lengths: jax.Array
     prompt_lengths: jax.Array
-    from_draft: jax.Array
-    logprobs: jax.Array
-    top_ids: jax.Array
-    top_logprobs: jax.Array
-    done: jax.Array
-    truncated: jax.Array
-    invalid: jax.Array
+    status: RowStatus
+    settings: RowSettings
     target_cache: object
     drafter_state: object
-    row_keys: jax.Array
-    sampling: SamplingConfig
-    max_new_tokens: jax.Array
-    eos_ids: jax.Array
-    stats: GenerationStats
+    features: tuple
     queue: PromptQueue
     outputs: PromptOutputs
-    gamma_table: tuple[tuple[int, int], ...] = struct.field(pytree_node=False, default=())
-    draft_confidence: jax.Array | None = None
-    raw_logprobs: bool = struct.field(pytree_node=False, default=False)
-    stop: object = None
-    constraint: object = None
-    automaton_state: jax.Array | None = None
-    forward_width: int | None = struct.field(pytree_node=False, default=None)
+
+    @property
+    def target(self):
+        return self.decoder.target
+
+    @property
+    def drafter(self):
+        return self.decoder.drafter
+
+    @property
+    def done(self) -> jax.Array:
+        """``bool[B]`` the slot's row has stopped."""
+        return self.status.done
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The slots' `SamplingConfig` (``[B]`` leaves)."""
+        return self.settings.sampling
 
     @property
     def num_generated(self) -> jax.Array:
@@ -216,6 +266,20 @@ class DecodeState:
 
     @property
     def lookahead(self) -> int:
-        """Slots one step may write past a row's length: γ + 1 (N + 1 for a tree), or
-        the forward width W when it is fixed."""
-        return step_slots(self.drafter, self.forward_width)
+        """Slots one step may write past a row's length (`Decoder.lookahead`)."""
+        return self.decoder.lookahead
+
+    @property
+    def stats(self) -> GenerationStats:
+        """The statistics of the rows in the slots (finished prompts' are in ``outputs``)."""
+        return self.feature_state("statistics")
+
+    def feature_state(self, name: str):
+        """The per-slot state of the feature called ``name``."""
+        for feature, state in zip(self.decoder.features, self.features, strict=True):
+            if feature.name == name:
+                return state
+        raise KeyError(f"no feature {name!r} in this decoder")
+
+    def with_feature_states(self, states: tuple) -> DecodeState:
+        return self.replace(features=tuple(states))

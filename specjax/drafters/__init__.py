@@ -7,9 +7,11 @@
 * `specjax.drafters.features`: `FeatureDrafter`, the shared base of the drafters that
   read the target's hidden states, `specjax.drafters.block` (`BlockDrafter`) and
   `specjax.drafters.eagle` (`EagleDrafter`);
-* `specjax.drafters.weights`: saving and loading their weights;
 * `specjax.drafters.registry`: the drafters by name (``--drafter``,
   `specjax.default_drafter`).
+
+Drafters are inference only: `specjax.io.drafter_weights` saves and loads them and
+`specjax.training` trains them.
 """
 
 from specjax.drafters.base import Drafter as Drafter

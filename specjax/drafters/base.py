@@ -18,7 +18,7 @@ token of each row has not been fed to any model yet.
 ``keys_BG`` holds one PRNG key per row and drafted position: draft ``i`` of row
 ``b`` (position ``seq_lengths_B[b] + i``) must be drawn with ``keys_BG[b, i]``,
 e.g. ``specjax.sample(keys_BG[:, i], q_BV)``, and with nothing else. The decoder
-derives them from the position (`specjax.noise`), so drafts are reproducible per
+derives them from the position (`specjax.sampling.noise`), so drafts are reproducible per
 row; in coupled verification they are the very keys the target samples that
 position with, which is what makes a good drafter's tokens match. A deterministic
 drafter ignores them. ``sampling`` has one value per row in each leaf (``[B]``).
@@ -40,19 +40,17 @@ the model contract's ``feature_layers=``) and hands them over as `TargetFeatures
 No drafter ever runs a second target forward. Drafters with an empty
 ``target_layers`` (the default) get ``features=None``.
 
-**Trees.** A drafter with a static ``tree`` (`specjax.tree.Tree`, set by
+**Trees.** A drafter with a static ``tree`` (`specjax.verification.tree.Tree`, set by
 ``with_tree``) proposes ``tokens int32[B, N]``, one per drafted node in the tree's
 order, with ``probs=None`` (children are deterministic: the top-k of its
 distribution) and ``num_draft`` = the tree's depth D; it gets ``keys_BG`` ``[B, D]``
-and may ignore them. The decoder verifies the tree exactly (`specjax.tree`), and a
+and may ignore them. The decoder verifies the tree exactly (`specjax.verification.tree`), and a
 feature-reading drafter's ``update`` gets the features of the root and of the
 accepted path, ``[B, D+1, ·]`` at consecutive positions, as for a chain.
 
-**Training.** A trainable drafter (one bound to its frozen ``target``, which is its
-teacher) also names its `specjax.training.TrainConfig` subclass
-(`Drafter.train_config_type`), its objective (`Drafter.loss`) and how its weights go
-to and come from a folder (`Drafter.write`, `Drafter.load`); `specjax.training.train`
-dispatches through those alone.
+The contract is inference only: how a drafter with weights of its own is trained
+is `specjax.training`'s (`specjax.training.objectives`), and how it is saved and loaded
+is `specjax.io.drafter_weights`'.
 
 Writing another drafter (e.g. Medusa-style heads on the target's hidden states)
 means writing one such dataclass and, to reach it by name, one line in
@@ -67,7 +65,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.penalties import constrain
+from specjax.models.contract import checked_output
 from specjax.sampling import (
     SamplingConfig,
     greedy_rows,
@@ -76,7 +74,8 @@ from specjax.sampling import (
     probs_from_logits,
     sample,
 )
-from specjax.tree import Tree
+from specjax.sampling.penalties import constrain
+from specjax.verification.tree import Tree
 
 
 @struct.dataclass
@@ -89,7 +88,7 @@ class Proposal:
             tokens were sampled from, or ``None`` for a deterministic drafter
             (q is then the one-hot of ``tokens``; no one-hots are materialised).
             A drafter whose ``vocab_size`` V_d is smaller than the target's returns
-            ``[B, γ, V_d]``; the decoder zero-pads it (`specjax.vocab`).
+            ``[B, γ, V_d]``; the decoder zero-pads it (`specjax.sampling.vocab`).
         state: the drafter's new state.
         num_drafted: ``int32[B]`` how many leading drafts each row proposes, from a
             drafter that stops early (`Drafter.stops_early`); the rest of ``tokens``
@@ -119,8 +118,8 @@ class TargetFeatures:
 class Drafter(abc.ABC):
     """Interface of a drafter. Subclasses are frozen ``flax.struct`` dataclasses.
 
-    Every member the decoders, the memory check, training, the CLI and the benchmarks
-    use is declared here, with one signature for every drafter.
+    Every member the decoders, the memory check, the CLI and the benchmarks use is
+    declared here, with one signature for every drafter.
 
     Attributes:
         num_draft: γ, tokens proposed per step (static).
@@ -128,28 +127,31 @@ class Drafter(abc.ABC):
             drafter reads (`TargetFeatures`); empty for drafters that do not.
         tree: the static `Tree` the drafter proposes (`with_tree`), or ``None`` for a
             chain of ``num_draft`` drafts.
-        target: for drafters bound to their target (the trainable ones), that model:
-            the teacher `specjax.training.train` scores each batch with.
     """
 
     num_draft: int
     target_layers: tuple[int, ...] = ()
     tree: Tree | None = None
-    target: object
     #: Whether the drafter can propose trees (`with_tree`).
     drafts_trees: bool = False
     #: Whether it is the null drafter (`specjax.NoDraft`), the only one the decoders let
     #: draft nothing (γ = 0): with it, speculative decoding is plain decoding.
     null_drafter: bool = False
     #: Whether `propose` stops a row's drafting itself under the decoders'
-    #: ``draft_confidence`` τ (then set as the drafter's ``stop_below``) and reports
+    #: ``draft_confidence`` τ (given to `with_confidence`) and reports
     #: it in `Proposal.num_drafted`, skipping forwards no row needs. Otherwise the
     #: decoder cuts the chain from the returned q after the drafter ran all γ.
     stops_early: bool = False
     #: What errors call it ("block drafter").
     noun: str = "drafter"
-    #: The file a folder of its saved weights holds (`load`); "" for a drafter without.
-    config_file: str = ""
+
+    def with_confidence(self, threshold: jax.Array) -> Drafter:
+        """The drafter the decoders run under ``draft_confidence`` τ (``float32[]``).
+
+        A drafter that stops its rows itself (`stops_early`) takes τ here; any other
+        is returned as it is, and the decoder cuts its chain from the returned q.
+        """
+        return self
 
     def with_tree(self, tree) -> Drafter:
         """The same drafter proposing ``tree`` (a `Tree`, a branching tuple or "3,2,2,1").
@@ -236,7 +238,7 @@ class Drafter(abc.ABC):
         """Returns the state after a tree step accepted ``path_BD`` (before `update`).
 
         Called by the decoders after every tree verification, with the root's slot
-        and the accepted path (`specjax.tree.tree_verify`'s ``path_BD``). A drafter
+        and the accepted path (`specjax.verification.tree.tree_verify`'s ``path_BD``). A drafter
         whose state holds entries for the tree's nodes (a draft model's cache, with
         node j at slot ``start + j``) can keep the accepted ones instead of computing
         them again next step; the default keeps nothing. Whatever it returns, the
@@ -271,41 +273,6 @@ class Drafter(abc.ABC):
         """
         del batch_size, cache_len
         return 0
-
-    # -- Training (only trainable drafters override these). --------------------------
-
-    @classmethod
-    def train_config_type(cls) -> type | None:
-        """The `specjax.training.TrainConfig` subclass that trains this drafter.
-
-        ``None`` (the default) for a drafter that is not trained; `specjax.training.train`
-        then refuses it like any object that is not a model.
-        """
-        return None
-
-    def loss(self, params, tokens_BT: jax.Array, key: jax.Array, config) -> tuple[jax.Array, dict]:
-        """The training objective on one batch, with ``self.target`` frozen.
-
-        Args:
-            params: the drafter's own weights (differentiated).
-            tokens_BT: ``int32[B, T]`` training sequences.
-            key: PRNG key of the objective's own draws (e.g. anchors).
-            config: an instance of `train_config_type`.
-
-        Returns:
-            ``(loss, metrics)``: a float32 scalar and a dict of float32 scalars
-            holding at least ``loss``.
-        """
-        raise NotImplementedError(f"{type(self).__name__} is not trainable")
-
-    def write(self, folder) -> None:
-        """Writes the drafter's own weights and config into the existing ``folder``."""
-        raise NotImplementedError(f"{type(self).__name__} has no weights of its own to write")
-
-    @classmethod
-    def load(cls, path, target, *, num_draft: int | None = None, mode: str | None = None):
-        """A drafter of this class read from ``path`` (as `write` left it) for ``target``."""
-        raise NotImplementedError(f"{cls.__name__} has no weights of its own to load")
 
 
 class StatelessDrafter(Drafter):
@@ -417,15 +384,18 @@ def score(
         ``(logits float32[B, T, V], new_cache, features)``: ``features`` are the
         `TargetFeatures` of ``feature_layers`` at ``positions_BT``, or ``None`` when
         ``feature_layers`` is empty (the plain three-argument call).
+
+    Raises:
+        ModelContractError: the model returned something other than a
+            `~specjax.models.contract.ModelOutput`.
     """
     extra = {} if tree is None else {"tree": tree}
+    if feature_layers:
+        extra["feature_layers"] = feature_layers
+    out = checked_output(model(tokens_BT, positions_BT, cache, **extra), type(model).__name__)
     if not feature_layers:
-        logits, cache = model(tokens_BT, positions_BT, cache, **extra)
-        return logits, cache, None
-    logits, cache, hidden = model(
-        tokens_BT, positions_BT, cache, feature_layers=feature_layers, **extra
-    )
-    return logits, cache, TargetFeatures(hidden=hidden, positions=positions_BT)
+        return out.logits, out.cache, None
+    return out.logits, out.cache, TargetFeatures(hidden=out.features, positions=positions_BT)
 
 
 def prefill(

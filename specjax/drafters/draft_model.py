@@ -13,10 +13,11 @@ from specjax.drafters.base import (
     draw_draft,
     own_probability,
     prefill,
+    score,
 )
 from specjax.models.cache import KVCache, TreeMask
-from specjax.penalties import after_token
-from specjax.tree import Tree, expand_top_k
+from specjax.sampling.penalties import after_token
+from specjax.verification.tree import Tree, expand_top_k
 
 
 @struct.dataclass
@@ -29,7 +30,7 @@ class DraftModel(Drafter):
     sampled from.
 
     The draft may have a smaller vocabulary than the target (a padded family, see
-    `specjax.vocab`): its ``[B, γ, V_d]`` q is zero-padded by the decoder.
+    `specjax.sampling.vocab`): its ``[B, γ, V_d]`` q is zero-padded by the decoder.
 
     With ``greedy_draft=True`` it proposes its argmax instead (below the row's
     ``vocab_limit``) and returns no q: the verifier then treats q as the one-hot of
@@ -48,8 +49,8 @@ class DraftModel(Drafter):
         model: the draft model (any object following the model contract).
         num_draft: γ, tokens proposed per step (static).
         greedy_draft: propose the draft's argmax with one-hot q (static).
-        stop_below: τ, set by the decoder from ``draft_confidence`` (``None``: every
-            row drafts γ).
+        stop_below: τ, from the decoders' ``draft_confidence`` (`with_confidence`;
+            ``None``: every row drafts γ).
     """
 
     model: object
@@ -60,18 +61,10 @@ class DraftModel(Drafter):
     drafts_trees = True
     stops_early = True
     noun = "draft model"
-    config_file = "config.json"
 
-    @classmethod
-    def load(cls, path, target, *, num_draft: int | None = None, mode: str | None = None):
-        """A draft model read from a Hugging Face folder (or ``.gguf`` file) for ``target``.
-
-        Its weights are cast to the target's dtype; ``num_draft`` defaults to 4.
-        """
-        from specjax.io.hf import load_pretrained
-
-        drafter = cls(load_pretrained(path, dtype=target.dtype))
-        return drafter.with_draft(num_draft, mode)
+    def with_confidence(self, threshold: jax.Array) -> DraftModel:
+        """The draft model stopping each row at its first draft whose q is below τ."""
+        return self.replace(stop_below=threshold)
 
     @property
     def vocab_size(self) -> int:
@@ -110,7 +103,7 @@ class DraftModel(Drafter):
 
         def draw(keys_B, logits_BV, settings):
             # The penalties and the constraint of draft i read the prefix and drafts
-            # 0..i-1, as the target's at that position do (`specjax.penalties`).
+            # 0..i-1, as the target's at that position do (`specjax.sampling.penalties`).
             return draw_draft(keys_B, logits_BV, settings, argmax=self.greedy_draft)
 
         stops = self.stop_below is not None
@@ -136,7 +129,7 @@ class DraftModel(Drafter):
             )
 
             def forward(cache):
-                logits, cache = self.model(token_B[:, None], position_B[:, None], cache)
+                logits, cache, _ = score(self.model, token_B[:, None], position_B[:, None], cache)
                 return logits[:, 0].astype(jnp.float32), cache
 
             def skip(cache):
@@ -193,7 +186,7 @@ class DraftModel(Drafter):
                 first_B = jnp.maximum(jnp.minimum(cache.lengths, last_B + 1 - width), 0)
                 positions_BW = first_B[:, None] + jnp.arange(width)[None]
                 tokens_BW = self._readable(seq_BS[rows[:, None], jnp.minimum(positions_BW, s - 1)])
-                logits_BWV, cache = self.model(tokens_BW, positions_BW, cache)
+                logits_BWV, cache, _ = score(self.model, tokens_BW, positions_BW, cache)
                 return logits_BWV[rows, last_B - first_B].astype(jnp.float32), cache
 
             return run
@@ -229,7 +222,10 @@ class DraftModel(Drafter):
                 visible=visible[first:stop],
             )  # fmt: skip
             positions_Bn = jnp.broadcast_to(last[:, None] + depth, tokens_Bn.shape)
-            return self.model(self._readable(tokens_Bn), positions_Bn, cache, tree=mask)
+            logits, cache, _ = score(
+                self.model, self._readable(tokens_Bn), positions_Bn, cache, tree=mask
+            )
+            return logits, cache
 
         tokens, cache = expand_top_k(
             tree, root_BV[:, None], sampling.vocab_limit, score_level, cache

@@ -12,23 +12,22 @@ features) differ in their network and how they draft, and share everything else:
   layers chosen by `default_target_layers` and checked by `check_layers`;
 * `FeatureDrafter.check` and `FeatureDrafter.with_draft`;
 * the draft layers' config (`layers_config`: the target's width, heads and RoPE);
-* their cache, whose size the memory check counts (`FeatureDrafter.state_bytes`);
-* one save/load of their weights (`specjax.drafters.weights`: safetensors and JSON).
+* their cache, whose size the memory check counts (`FeatureDrafter.state_bytes`).
+
+Their weights are saved and loaded by `specjax.io.drafter_weights` and trained by
+`specjax.training`.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import jax
 import numpy as np
 from flax import nnx, struct
 
-from specjax.drafters import weights
 from specjax.drafters.base import Drafter, cache_bytes
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
-from specjax.tree import Tree
+from specjax.verification.tree import Tree
 
 __all__ = ["MODES", "FeatureDrafter", "check_layers", "default_target_layers", "layers_config"]
 
@@ -58,7 +57,7 @@ def check_layers(target_layers, num_target_layers: int) -> tuple[int, ...]:
             sequence of integers, an index outside ``[0, L-1]``, no index at all or a
             repeated one (it would be fused twice).
     """
-    from specjax.validation import check_int
+    from specjax.core.validation import check_int
 
     if isinstance(target_layers, (str, bytes)) or not hasattr(target_layers, "__iter__"):
         raise ValueError(f"target_layers must be a tuple of layer indices, got {target_layers!r}")
@@ -127,12 +126,10 @@ class FeatureDrafter(Drafter):
     tree: Tree | None = struct.field(pytree_node=False, default=None)
     drafts_trees = True
 
-    # Class attributes (not fields) each subclass sets, besides `noun` and `config_file`:
+    # A class attribute (not a field) each subclass sets, besides `noun`:
     #: The NNX module of its weights, built as ``net_type(config, num_features, *,
     #: dtype, rngs)``.
     net_type = None
-    #: What its saved config file says it is (``"format"``).
-    file_format = ""
 
     @classmethod
     def build(
@@ -157,7 +154,7 @@ class FeatureDrafter(Drafter):
     @staticmethod
     def random_layers(target, target_layers, num_features: int) -> tuple[int, ...]:
         """``target_layers``, or `default_target_layers` of ``num_features``, checked."""
-        from specjax.validation import check_int
+        from specjax.core.validation import check_int
 
         if target_layers is None:
             num_features = check_int("num_features", num_features, lo=1)
@@ -166,7 +163,7 @@ class FeatureDrafter(Drafter):
 
     def check(self) -> None:
         """Raises ValueError naming the field if γ, the mode or the target layers are invalid."""
-        from specjax.validation import check_int
+        from specjax.core.validation import check_int
 
         check_int("num_draft", self.num_draft)  # the type; the range is check_num_draft's
         if self.mode not in MODES:
@@ -181,7 +178,7 @@ class FeatureDrafter(Drafter):
 
     def check_num_draft(self) -> None:
         """Raises ValueError if γ is outside the range this drafter drafts (default >= 0)."""
-        from specjax.validation import check_int
+        from specjax.core.validation import check_int
 
         check_int("num_draft", self.num_draft, lo=0)
 
@@ -215,30 +212,3 @@ class FeatureDrafter(Drafter):
         return KVCache.zeros(
             c.num_layers, batch_size, cache_len, c.num_kv_heads, c.head_dim, self.target.dtype
         )
-
-    # -- Saving and loading (`specjax.drafters.weights`). -------------------------------
-
-    def file_fields(self) -> dict:
-        """Fields of the subclass saved in its config file besides the shared ones."""
-        return {}
-
-    @classmethod
-    def fields_from_file(cls, meta: dict) -> dict:
-        """The dataclass fields `file_fields` saved, read back from the config file."""
-        del meta
-        return {}
-
-    def write(self, folder) -> None:
-        """`specjax.drafters.weights.write`: the config file and ``model.safetensors``."""
-        weights.write(self, folder)
-
-    def save(self, path, *, overwrite: bool = False, dtype=None, keep=()) -> Path:
-        """`specjax.drafters.weights.save` of this drafter."""
-        return weights.save(self, path, overwrite=overwrite, dtype=dtype, keep=keep)
-
-    @classmethod
-    def load(
-        cls, path, target, *, num_draft: int | None = None, mode: str | None = None
-    ) -> FeatureDrafter:
-        """`specjax.drafters.weights.load` of this class: one saved by `save` for ``target``."""
-        return weights.load(cls, path, target, num_draft=num_draft, mode=mode)

@@ -29,7 +29,7 @@ class PromptLookup(StatelessDrafter):
     def __post_init__(self):
         # ngram < 1 would match nothing and silently propose the last token forever.
         # num_draft is left to the decoder's drafter check, which names it.
-        from specjax.validation import check_int
+        from specjax.core.validation import check_int
 
         check_int("PromptLookup.ngram", self.ngram, lo=1)
 

@@ -1,10 +1,10 @@
 """The drafters by name: ``specjax generate --drafter NAME``, `specjax.default_drafter`.
 
-Each `Entry` names a drafter class, how one is loaded from a folder for a target (its
-``load``, the class's own `~specjax.drafters.base.Drafter.load`) and the folder of the
-bundled pair holding the default one (its ``asset``). The CLI, `specjax.default_drafter`,
-the training scripts and the benchmarks look drafters up here instead of switching on
-their names, so a new drafter is one file and one `register` line below.
+Each `Entry` names a drafter class and the folder of the bundled pair holding the
+default one (its ``asset``), which `specjax.io.drafter_weights.load` reads for a
+target. The CLI, `specjax.default_drafter`, the training scripts and the benchmarks look
+drafters up here instead of switching on their names, so a new drafter is one file and
+one `register` line below.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Entry:
     Attributes:
         name: what ``--drafter`` and `specjax.default_drafter` call it.
         cls: the `~specjax.drafters.base.Drafter` subclass.
-        asset: the folder under `specjax.pretrained.default_pair_path` holding the
+        asset: the folder under `specjax.io.pretrained.default_pair_path` holding the
             bundled one for the bundled target, or ``None`` for a drafter without
             weights (built as ``cls(num_draft=...)``).
     """
@@ -35,11 +35,6 @@ class Entry:
     name: str
     cls: type[Drafter]
     asset: str | None = None
-
-    @property
-    def load(self):
-        """``load(path, target, *, num_draft=None, mode=None)``: one read from a folder."""
-        return self.cls.load
 
     @property
     def has_weights(self) -> bool:

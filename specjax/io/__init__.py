@@ -10,6 +10,8 @@
   is loaded (the reader needs the optional ``gguf`` package);
 * :mod:`specjax.io.converted`: a GGUF file's converted weights, kept once as a
   Hugging Face folder, so the next load takes seconds;
+* :mod:`specjax.io.drafter_weights`: drafters saved to and loaded from folders (a
+  block drafter's or EAGLE head's own weights, a draft model's folder);
 * :mod:`specjax.io.atomic`: folder writes a reader sees whole or not at all;
 * :mod:`specjax.io.fetch`: models by name (`specjax.fetch`), fetched once into the cache.
 """

@@ -46,7 +46,7 @@ __all__ = ["CONVERSION_VERSION", "ENV_VAR", "cache_dir", "entry_for", "load_gguf
 
 def cache_dir() -> Path | None:
     """The folder of converted weights, or ``None`` when ``SPECJAX_WEIGHT_CACHE`` is off."""
-    from specjax.io.fetch import cache_root
+    from specjax.core.paths import cache_root
 
     value = os.environ.get(ENV_VAR)
     if value is None:

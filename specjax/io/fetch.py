@@ -30,6 +30,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from specjax.core.paths import cache_root
+
 __all__ = ["FetchError", "Remote", "cache_root", "fetch", "names", "remote", "smollm2_gguf"]
 
 
@@ -178,14 +180,6 @@ def fetch(name: str, cache_dir: str | os.PathLike | None = None, *, log=_stderr)
         return target
     _fetch_remote(model, cache_root(cache_dir) / model.entry, log or (lambda msg: None))
     return target
-
-
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The cache folder: ``cache_dir``, else ``$SPECJAX_CACHE``, else ``~/.cache/specjax``."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("SPECJAX_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "specjax"
 
 
 def smollm2_gguf(cache_dir: str | os.PathLike | None = None) -> Path:

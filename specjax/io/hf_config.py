@@ -16,8 +16,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.core.validation import check_int
 from specjax.models.config import GEMMA_MODEL_TYPES, SUPPORTED_MODEL_TYPES, ModelConfig
-from specjax.validation import check_int
 
 __all__ = ["config_from_hf", "config_to_hf"]
 

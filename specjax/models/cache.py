@@ -21,8 +21,8 @@ class KVCache:
     Layout: heads come before slots, and keys are stored transposed (slots
     minor), so that both attention products are plain batched matmuls over
     ``(B, K)``: ``q [G·T, D] @ k [D, S]`` and ``weights [G·T, S] @ v [S, D]``.
-    With slots before heads, XLA:CPU copied (transposed) every layer's keys and
-    values on every forward, which cost more than the attention itself (see
+    With slots before heads, XLA:CPU copies (transposes) every layer's keys and
+    values on every forward, which costs more than the attention itself (see
     BENCHMARKS.md, "Profiling the decode step").
 
     Attributes:
@@ -70,7 +70,7 @@ class KVCache:
 
         Args:
             start_B: ``int32[B]`` the root's slot.
-            path_BD: ``int32[B, D]`` node indices (from `specjax.tree.tree_verify`).
+            path_BD: ``int32[B, D]`` node indices (from `specjax.verification.tree.tree_verify`).
 
         Returns:
             The cache with moved entries; ``lengths`` unchanged.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from specjax.validation import check_float, check_int
+from specjax.core.validation import check_float, check_int
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
 

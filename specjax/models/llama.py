@@ -8,7 +8,11 @@ soft-capped attention scores and logits).
 The modules are ordinary NNX modules, but the library only ever uses them
 functionally: :class:`Model` holds the split ``(graphdef, params)`` and its
 ``__call__`` merges them inside whatever ``jax.jit`` the caller uses. The KV
-cache is never module state; it goes in and comes out explicitly.
+cache is never module state; it goes in and comes out explicitly, in the
+`~specjax.models.contract.ModelOutput` every call returns.
+
+Attention is `specjax.models.attention` (shared with the drafters' layers); norms,
+linear maps and the MLP are `specjax.models.layers`.
 """
 
 from __future__ import annotations
@@ -22,259 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax.models.attention import Attention, rope_inv_freq, softcap
 from specjax.models.cache import KVCache, TreeMask
 from specjax.models.config import ModelConfig
-from specjax.models.matmul import einsum_f32, matmul
-
-
-class RMSNorm(nnx.Module):
-    """RMSNorm computed in float32 and cast back, as Hugging Face does.
-
-    With ``plus_one`` (Gemma) the scale is ``1 + weight`` and is applied in
-    float32 before the cast (Llama casts first, then scales); the weight starts
-    at zero, so a fresh norm is the identity scale either way.
-    """
-
-    def __init__(self, dim: int, eps: float, dtype, plus_one: bool = False):
-        self.weight = nnx.Param((jnp.zeros if plus_one else jnp.ones)((dim,), dtype))
-        self.eps = eps
-        self.plus_one = plus_one
-
-    def __call__(self, x):
-        x32 = x.astype(jnp.float32)
-        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        weight = self.weight[...].reshape((1,) * (x.ndim - 1) + (-1,))
-        if self.plus_one:
-            return (x32 * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
-        return weight * x32.astype(x.dtype)
-
-
-def _norm(config: ModelConfig, dim: int, dtype) -> RMSNorm:
-    return RMSNorm(dim, config.rms_norm_eps, dtype, plus_one=config.is_gemma)
-
-
-def softcap(x, cap: float | None):
-    """``cap · tanh(x / cap)`` (Gemma's soft-capping), or ``x`` when ``cap`` is None."""
-    return x if cap is None else cap * jnp.tanh(x / cap)
-
-
-class Dense(nnx.Module):
-    """``x · weightᵀ + bias`` with ``weight`` stored ``[out, in]``, as ``torch.nn.Linear``.
-
-    Not ``nnx.Linear``'s ``[in, out]``: on XLA:CPU a T-token matmul (T > 1, as
-    in a verify forward) that contracts the last axis of both operands costs
-    20 to 40% less than ``x @ kernel``, and T = 1 no more
-    (``scripts/probe_matmul_layouts.py``); `specjax.models.matmul` then runs 2 to
-    16 rows weight-first, near the one-row cost. It is also Hugging Face's layout,
-    so checkpoints map without a transpose. It computes in the parameter dtype.
-
-    The weight is drawn ``[in, out]`` and transposed, and the zero bias takes
-    a key, as in ``nnx.Linear``: a seed then gives the same model as before the
-    layout changed.
-    """
-
-    def __init__(self, din: int, dout: int, bias: bool, dtype, rngs: nnx.Rngs):
-        init = nnx.initializers.normal(0.02)
-        self.weight = nnx.Param(init(rngs.params(), (din, dout), dtype).T)
-        zeros = nnx.initializers.zeros
-        self.bias = nnx.Param(zeros(rngs.params(), (dout,), dtype)) if bias else None
-
-    def __call__(self, x):
-        y = matmul(x, self.weight[...])
-        if self.bias is None:
-            return y
-        return y + self.bias[...].reshape((1,) * (y.ndim - 1) + (-1,))
-
-
-def upgrade_legacy_layout(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Arrays saved by parameter path in the layout before :class:`Dense`, in today's.
-
-    specjax's own checkpoints (block drafters, optimizer states) name arrays by
-    ``jax.tree_util.keystr`` of their parameter path. They used to hold
-    ``nnx.Linear`` kernels, ``...['kernel']`` ``[(L,) in, out]``, and a tied
-    embedding as the head's kernel ``['embed_tokens']['kernel']`` ``[E, V]``;
-    those become ``...['weight']`` ``[(L,) out, in]`` and
-    ``['embed_tokens']['embedding']`` ``[V, E]``. Other names pass unchanged, so
-    a checkpoint in today's layout comes back as it was.
-    """
-    out = {}
-    for name, array in arrays.items():
-        if "['kernel']" in name:
-            name = name.replace("['embed_tokens']['kernel']", "['embed_tokens']['embedding']")
-            name = name.replace("['kernel']", "['weight']")
-            array = np.swapaxes(array, -1, -2)
-        out[name] = array
-    return out
-
-
-def rope_inv_freq(config: ModelConfig, *, local: bool = False) -> jax.Array:
-    """Rotary inverse frequencies ``float32[D/2]``, scaled if configured.
-
-    Args:
-        config: the architecture.
-        local: the frequencies of a sliding layer, which has its own base and no
-            scaling when ``config.local_rope_theta`` is set (Gemma 3).
-    """
-    d = config.head_dim
-    local = local and config.local_rope_theta is not None
-    theta = config.local_rope_theta if local else config.rope_theta
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-    scaling = None if local else config.rope_scaling_dict
-    if scaling is None:
-        return inv_freq
-    if scaling.get("rope_type", scaling.get("type")) == "linear":
-        # Position interpolation: every position is divided by `factor`.
-        return inv_freq / scaling["factor"]
-    # Llama-3 style: low frequencies are divided by `factor`, high ones kept,
-    # and the band in between is interpolated smoothly.
-    factor = scaling["factor"]
-    low = scaling.get("low_freq_factor", 1.0)
-    high = scaling.get("high_freq_factor", 4.0)
-    old_len = scaling["original_max_position_embeddings"]
-    low_wavelen = old_len / low
-    high_wavelen = old_len / high
-    wavelen = 2 * math.pi / inv_freq
-    scaled = jnp.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return jnp.where(medium, smoothed, scaled)
-
-
-def apply_rope(x_BTHD, positions_BT, inv_freq):
-    """Rotates ``x`` ([B, T, H, D]) by ``positions`` using the rotate-half layout of HF."""
-    angles = positions_BT[..., None].astype(jnp.float32) * inv_freq[None, None, :]  # [B, T, D/2]
-    cos = jnp.cos(jnp.concatenate([angles, angles], -1))[:, :, None, :]
-    sin = jnp.sin(jnp.concatenate([angles, angles], -1))[:, :, None, :]
-    x32 = x_BTHD.astype(jnp.float32)
-    half = x32.shape[-1] // 2
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], -1)
-    return (x32 * cos + rotated * sin).astype(x_BTHD.dtype)
-
-
-class Attention(nnx.Module):
-    def __init__(self, config: ModelConfig, dtype, rngs):
-        c = config
-        self.config = c
-        d = c.head_dim
-        self.q_proj = Dense(c.hidden_size, c.num_heads * d, c.attention_bias, dtype, rngs)
-        self.k_proj = Dense(c.hidden_size, c.num_kv_heads * d, c.attention_bias, dtype, rngs)
-        self.v_proj = Dense(c.hidden_size, c.num_kv_heads * d, c.attention_bias, dtype, rngs)
-        self.o_proj = Dense(c.num_heads * d, c.hidden_size, c.o_proj_bias, dtype, rngs)
-        if c.qk_norm:
-            self.q_norm = _norm(c, d, dtype)
-            self.k_norm = _norm(c, d, dtype)
-
-    def project_qkv(self, x_BTE):
-        """The query, key and value projections ``[B, T, H·D]``, ``[B, T, K·D]`` twice.
-
-        Three products, or one when a quantized model fused them (``qkv_proj``, see
-        `specjax.models.quant`): the rows of one input are then quantized once and
-        read by one kernel, and slicing its output gives the same values.
-        """
-        fused = getattr(self, "qkv_proj", None)
-        if fused is None:
-            return self.q_proj(x_BTE), self.k_proj(x_BTE), self.v_proj(x_BTE)
-        nq = self.config.num_heads * self.config.head_dim
-        nk = self.config.num_kv_heads * self.config.head_dim
-        y = fused(x_BTE)
-        return y[..., :nq], y[..., nq : nq + nk], y[..., nq + nk :]
-
-    def __call__(
-        self, x_BTE, positions_BT, k_LBKDS, v_LBKSD, layer: int, inv_freq, window, tree=None
-    ):
-        """Attends ``x`` to the cache after writing its keys/values into layer ``layer``.
-
-        ``inv_freq`` and ``window`` (``None`` for full attention) are this layer's
-        RoPE frequencies and sliding window. ``tree`` (a `TreeMask`) gives the slots
-        written and the tree region's visibility instead of slot == position.
-
-        The whole cache (keys ``[L, B, K, D, S]``, values ``[L, B, K, S, D]``)
-        goes in and out, so that inside a loop that carries it XLA updates it in
-        place instead of copying a layer. With ``k_LBKDS is None`` there is no
-        cache: ``x`` attends to itself.
-        """
-        c = self.config
-        b, t, _ = x_BTE.shape
-        d, h, kh = c.head_dim, c.num_heads, c.num_kv_heads
-        g = h // kh  # query heads per kv head
-        q, k, v = self.project_qkv(x_BTE)
-        q, k, v = q.reshape(b, t, h, d), k.reshape(b, t, kh, d), v.reshape(b, t, kh, d)
-        if c.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, positions_BT, inv_freq)
-        k = apply_rope(k, positions_BT, inv_freq)
-
-        if k_LBKDS is None:
-            # No cache (training, scoring whole sequences): attend over the T
-            # new keys at their own positions.
-            keys_BKDS = k.transpose(0, 2, 3, 1)
-            values_BKSD = v.transpose(0, 2, 1, 3)
-            key_pos_BS = positions_BT
-        else:
-            # Slot == position. mode="drop" makes a write past the end of the
-            # cache a no-op instead of XLA's default of clamping onto the last
-            # slot. (Indexing puts the broadcast [B, T] dims first: [B, T, K, D].)
-            rows = jnp.arange(b)[:, None]
-            slots_BT = positions_BT if tree is None else tree.slots
-            k_LBKDS = k_LBKDS.at[layer, rows, :, :, slots_BT].set(
-                k.astype(k_LBKDS.dtype), mode="drop"
-            )
-            v_LBKSD = v_LBKSD.at[layer, rows, :, slots_BT].set(v.astype(v_LBKSD.dtype), mode="drop")
-            keys_BKDS, values_BKSD = k_LBKDS[layer], v_LBKSD[layer]
-            key_pos_BS = jnp.arange(values_BKSD.shape[2])[None]
-
-        # Queries grouped by kv head, rows ordered (g, t): [B, K, G*T, D]. Both
-        # products are then plain batched matmuls over (B, K), with no copy of
-        # the cache (the reason for its layout).
-        q_BKQD = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * t, d)
-        scale = c.query_pre_attn_scalar**-0.5
-        scores = scale * einsum_f32("bkqd,bkds->bkqs", q_BKQD, keys_BKDS)
-        scores = softcap(scores, c.attn_logit_softcapping)
-        key_pos = key_pos_BS[:, None, :]
-        query_pos = positions_BT[:, :, None]
-        visible = key_pos <= query_pos  # [B, T, S]
-        if window is not None:
-            # In a tree region a key's slot is >= its position, and the tree is shallower
-            # than the window (checked by the decoder), so every tree key is inside it.
-            visible &= key_pos > query_pos - window
-        if tree is not None:
-            committed_B1S, region_BTS = tree.slot_visibility(key_pos_BS.shape[-1])
-            visible = region_BTS | (committed_B1S & visible)
-        visible_BQS = jnp.tile(visible, (1, g, 1))  # rows (g, t), as in q_BKQD
-        # A finite minimum rather than -inf: a query with nothing visible (only
-        # possible for positions beyond the cache, whose writes are dropped)
-        # gets uniform weights instead of NaNs that could leak downstream.
-        scores = jnp.where(visible_BQS[:, None], scores, jnp.finfo(jnp.float32).min)
-        weights = jax.nn.softmax(scores, axis=-1).astype(values_BKSD.dtype)
-        out_BKQD = jnp.einsum("bkqs,bksd->bkqd", weights, values_BKSD)
-        out = out_BKQD.reshape(b, kh, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h * d)
-        return self.o_proj(out), k_LBKDS, v_LBKSD
-
-
-_ACTIVATIONS = {
-    "silu": jax.nn.silu,
-    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-}
-
-
-class MLP(nnx.Module):
-    """The gated MLP ``down(act(gate(x)) · up(x))``: SwiGLU, or GeGLU for Gemma."""
-
-    def __init__(self, config: ModelConfig, dtype, rngs):
-        e, f, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = Dense(e, f, bias, dtype, rngs)
-        self.up_proj = Dense(e, f, bias, dtype, rngs)
-        self.down_proj = Dense(f, e, bias, dtype, rngs)
-        self.act = _ACTIVATIONS[config.hidden_act]
-
-    def __call__(self, x):
-        fused = getattr(self, "gate_up_proj", None)  # one product: see Attention.project_qkv
-        if fused is None:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        else:
-            gate, up = jnp.split(fused(x), 2, axis=-1)
-        return self.down_proj(self.act(gate) * up)
+from specjax.models.contract import ModelOutput
+from specjax.models.layers import MLP, Dense, config_norm
+from specjax.models.matmul import matmul
 
 
 class DecoderLayer(nnx.Module):
@@ -289,12 +46,12 @@ class DecoderLayer(nnx.Module):
     def __init__(self, config: ModelConfig, dtype, rngs):
         e = config.hidden_size
         self.is_gemma = config.is_gemma
-        self.input_layernorm = _norm(config, e, dtype)
+        self.input_layernorm = config_norm(config, e, dtype)
         self.self_attn = Attention(config, dtype, rngs)
-        self.post_attention_layernorm = _norm(config, e, dtype)
+        self.post_attention_layernorm = config_norm(config, e, dtype)
         if config.is_gemma:
-            self.pre_feedforward_layernorm = _norm(config, e, dtype)
-            self.post_feedforward_layernorm = _norm(config, e, dtype)
+            self.pre_feedforward_layernorm = config_norm(config, e, dtype)
+            self.post_feedforward_layernorm = config_norm(config, e, dtype)
         self.mlp = MLP(config, dtype, rngs)
 
     def __call__(self, x, positions, k_cache, v_cache, layer, inv_freq, window, tree=None):
@@ -326,8 +83,7 @@ class TiedEmbedding(nnx.Module):
             self.embedding = nnx.Param(jnp.asarray(table, dtype))
             return
         init = nnx.initializers.normal(0.02)
-        # Drawn [E, V] and transposed, as when the table was stored that way:
-        # a seed gives the same model.
+        # Drawn [E, V] and transposed, as `Dense` draws its weights [in, out].
         self.embedding = nnx.Param(init(rngs.params(), (hidden_size, vocab_size), dtype).T)
 
     def __call__(self, tokens_BT):
@@ -381,7 +137,7 @@ class Transformer(nnx.Module):
         # Scanned: one layer whose parameters are stacked along a leading [L] axis
         # (drawn layer by layer, so both layouts of one seed hold the same weights).
         self.layers = _stack(layers) if config.scan_layers else nnx.List(layers)
-        self.norm = _norm(config, config.hidden_size, dtype)
+        self.norm = config_norm(config, config.hidden_size, dtype)
         if not config.tie_word_embeddings:
             self.lm_head = Dense(config.hidden_size, config.vocab_size, False, dtype, rngs)
 
@@ -418,7 +174,9 @@ class Transformer(nnx.Module):
             new_cache = KVCache(k=k, v=v, lengths=last_BT[:, -1].astype(jnp.int32) + 1)
         # In the order asked for, not layer order: the drafter's fusion matrix expects it.
         features_BTF = jnp.concatenate(list(features_NBTE), axis=-1) if feature_layers else None
-        return self.head(hidden), new_cache, hidden, features_BTF
+        return ModelOutput(
+            logits=self.head(hidden), cache=new_cache, features=features_BTF, hidden=hidden
+        )
 
     def _layer_inputs(self):
         """Each layer's RoPE frequencies and sliding window (``None``: full attention)."""
@@ -481,8 +239,8 @@ def _unstack(stacked: nnx.Module, num_layers: int) -> nnx.List:
 class _TokenizerKey:
     """A tokenizer as static pytree metadata, equal to another iff their JSON is equal.
 
-    ``tokenizers.Tokenizer`` hashes by identity, so as plain static metadata it made
-    every load of the same checkpoint a new jit signature, and a new compile. The
+    ``tokenizers.Tokenizer`` hashes by identity, so as plain static metadata it would
+    make every load of the same checkpoint a new jit signature, and a new compile. The
     content digest is computed once, when the `Model` is built.
     """
 
@@ -508,9 +266,11 @@ class _TokenizerKey:
 class Model:
     """A decoder LM as a pytree: params are leaves, architecture is static.
 
-    This is the model contract every part of specjax uses. Anything with the
-    same three members works as a target or draft model (see the README's
-    "bring your own model").
+    It follows the model contract every part of specjax uses
+    (`specjax.models.contract`): ``model(tokens, positions, cache)`` returning a
+    `~specjax.models.contract.ModelOutput`, ``init_cache`` and ``vocab_size``, plus the
+    feature and tree extensions. Anything with the same members works as a target or
+    draft model (see the README's "Bring your own model").
 
     Attributes:
         graphdef: static NNX graph definition of :class:`Transformer`.
@@ -592,7 +352,7 @@ class Model:
         weights), and most of those ids are rarely the next token. A drafter that
         samples from, or takes the argmax among, the ids it keeps still proposes
         from the q it computes, so the decoders' output is exactly the target's
-        whatever ``ids`` are (`specjax.vocab.frequent_ids` picks them); only the
+        whatever ``ids`` are (`specjax.sampling.vocab.frequent_ids` picks them); only the
         acceptance depends on them. The input embedding keeps every row.
 
         Args:
@@ -677,10 +437,9 @@ class Model:
         positions_BT,
         cache: KVCache | None,
         *,
-        return_hidden: bool = False,
         feature_layers: tuple[int, ...] = (),
         tree: TreeMask | None = None,
-    ):
+    ) -> ModelOutput:
         """Scores ``tokens`` at ``positions`` against ``cache``.
 
         Args:
@@ -690,9 +449,8 @@ class Model:
             cache: the :class:`KVCache` holding everything before ``positions``,
                 or ``None`` to score ``tokens`` on their own without a cache
                 (training: no scatter into a cache, and ``None`` comes back).
-            return_hidden: also return the final hidden states ``[B, T, E]``.
             feature_layers: static tuple of decoder-layer indices ``l`` (0-based);
-                when non-empty the call also returns ``features [B, T, n·E]``, the
+                when non-empty the output's ``features [B, T, n·E]`` are the
                 outputs (residual stream) of those layers concatenated in the
                 order given, collected inside the same forward. Drafters that read
                 the target (`specjax.BlockDrafter`) ask for them.
@@ -703,10 +461,10 @@ class Model:
                 position, causal.
 
         Returns:
-            ``(logits float32[B, T, V], new_cache)``, then the hidden states if
-            ``return_hidden``, then the features if ``feature_layers``; here
-            ``new_cache.lengths == positions[:, -1] + 1`` (``tree.slots[:, -1] + 1``
-            with a tree).
+            A `~specjax.models.contract.ModelOutput`: ``logits float32[B, T, V]``, the
+            new ``cache`` (``lengths == positions[:, -1] + 1``, ``tree.slots[:, -1] +
+            1`` with a tree), ``features`` (``None`` without ``feature_layers``) and
+            the final normalised ``hidden`` states ``[B, T, E]``.
         """
         if tree is not None and cache is None:
             raise ValueError("tree= needs a cache: tree nodes are written to cache slots")
@@ -718,15 +476,7 @@ class Model:
                 f"[0, {self.config.num_layers}) of this {self.config.num_layers}-layer model"
             )
         module = nnx.merge(self.graphdef, self.params)
-        logits, cache, hidden, features = module(
-            tokens_BT, positions_BT, cache, feature_layers, tree
-        )
-        out = (logits, cache)
-        if return_hidden:
-            out += (hidden,)
-        if feature_layers:
-            out += (features,)
-        return out
+        return module(tokens_BT, positions_BT, cache, feature_layers, tree)
 
     @property
     def hidden_size(self) -> int:

@@ -49,7 +49,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from specjax.models.llama import MLP, Attention, Dense, TiedEmbedding
+from specjax.models.attention import Attention
+from specjax.models.layers import MLP, Dense
+from specjax.models.llama import TiedEmbedding
 
 MODES = ("int8", "int8-weights")
 
@@ -85,7 +87,7 @@ def _int8_matmul(x_MI: jax.Array, q_OI: jax.Array, scale_O: jax.Array) -> jax.Ar
 
 
 class QuantizedDense(nnx.Module):
-    """`~specjax.models.llama.Dense` with an int8 ``weight [out, in]`` and a float32
+    """`~specjax.models.layers.Dense` with an int8 ``weight [out, in]`` and a float32
     ``scale [out]`` (see the module docstring for the two modes).
 
     Built from one or several ``Dense`` of one input (`fused`): their rows are stacked

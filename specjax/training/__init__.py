@@ -18,9 +18,10 @@ Two objectives:
   et al. 2024). Teacher logits are computed on the fly inside the same jit.
 
 Drafters that read the target's hidden states are trained the same way, the frozen
-target scoring each batch inside the step, with the objective the drafter declares
-(`~specjax.drafters.Drafter.loss`): `train_block_drafter` (DFlash's anchored blocks)
-and `train_eagle` (EAGLE-3's training-time test) are one function, `train_drafter`.
+target scoring each batch inside the step, by `train_drafter` with their objective
+(`~specjax.training.objectives`): DFlash's anchored blocks for a `specjax.BlockDrafter`
+(`~specjax.training.block`), EAGLE-3's training-time test for a `specjax.EagleDrafter`
+(`~specjax.training.eagle`).
 
 Checkpoints are Hugging Face folders (``save_pretrained``: ``config.json``,
 ``model.safetensors``, ``tokenizer.json``) in the training dtype, plus
@@ -39,10 +40,12 @@ One mechanism per module, each importing only those above it:
 * `~specjax.training.config`: the hyper-parameters (`TrainConfig` and the drafters'
   subclasses);
 * `~specjax.training.losses`: the language-model objectives and `evaluate`;
+* `~specjax.training.block`, `~specjax.training.eagle`: the drafters' objectives, and
+  `~specjax.training.objectives`, which drafter each trains;
 * `~specjax.training.step`: the optimizer and the jitted step;
 * `~specjax.training.checkpoints`: atomic, resumable checkpoints and `cast_params`;
 * `~specjax.training.loop`: `train`, with every check of its inputs;
-* `~specjax.training.drafter`: `train_drafter` (`train_block_drafter`, `train_eagle`).
+* `~specjax.training.drafter`: `train_drafter`.
 """
 
 from specjax.training.checkpoints import TRAIN_STATE_FILE as TRAIN_STATE_FILE
@@ -53,9 +56,7 @@ from specjax.training.checkpoints import save_checkpoint as save_checkpoint
 from specjax.training.config import BlockTrainConfig as BlockTrainConfig
 from specjax.training.config import EagleTrainConfig as EagleTrainConfig
 from specjax.training.config import TrainConfig as TrainConfig
-from specjax.training.drafter import train_block_drafter as train_block_drafter
 from specjax.training.drafter import train_drafter as train_drafter
-from specjax.training.drafter import train_eagle as train_eagle
 from specjax.training.loop import TrainResult as TrainResult
 from specjax.training.loop import train as train
 from specjax.training.losses import cross_entropy as cross_entropy

@@ -1,7 +1,7 @@
 """Training checkpoints: atomic, resumable, safetensors only; and the export cast.
 
 A checkpoint is the trained model's own folder (a Hugging Face checkpoint, or a
-drafter's files, `~specjax.drafters.Drafter.write`) plus ``train_state.safetensors``:
+drafter's files, `specjax.io.drafter_weights`) plus ``train_state.safetensors``:
 the optimizer state, step, data key, loss history and the run's trajectory config.
 """
 
@@ -18,8 +18,8 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from specjax.io import atomic
-from specjax.models.llama import Model, upgrade_legacy_layout
+from specjax.io import atomic, drafter_weights
+from specjax.models.llama import Model
 from specjax.training.config import TrainConfig, _trajectory_config
 from specjax.training.step import TrainState, make_optimizer, trains_drafter
 
@@ -90,7 +90,8 @@ def save_checkpoint(
 
     def write(tmp: Path) -> None:
         if trains_drafter(model):
-            model.replace(params=state.params).write(tmp)  # the drafter's own files
+            # The drafter's own files.
+            drafter_weights.write(model.replace(params=state.params), tmp)
         else:
             write_pretrained(model.replace(params=state.params), tmp)
         arrays = {f"opt_state/{k}": v for k, v in _flatten_named(state.opt_state).items()}
@@ -159,13 +160,12 @@ def load_checkpoint(
         raise ValueError(f"cannot resume {path}: config differs (saved, now): {diff}")
 
     if trains_drafter(model):
-        loaded = type(model).load(path, model.target)
+        loaded = drafter_weights.load(type(model), path, model.target)
     else:
         loaded = load_pretrained(path, dtype=model.dtype)
     params = _unflatten_named(model.params, _flatten_named(loaded.params), "params")
     template = make_optimizer(config).init(model.params)
     opt = {k[len("opt_state/") :]: v for k, v in arrays.items() if k.startswith("opt_state/")}
-    opt = upgrade_legacy_layout(opt)  # a checkpoint from before the [out, in] layout
     state = TrainState(
         params=params,
         opt_state=_unflatten_named(template, opt, "opt_state"),

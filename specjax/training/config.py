@@ -1,8 +1,8 @@
 """What a training run is: its hyper-parameters, checked when they are built.
 
 `TrainConfig` serves every objective; a drafter's objective may need more fields, in
-its own subclass, which the drafter names (`specjax.drafters.Drafter.train_config_type`):
-`BlockTrainConfig` (anchored blocks) and `EagleTrainConfig` (the training-time test).
+its own subclass (`specjax.training.objectives` names which): `BlockTrainConfig`
+(anchored blocks) and `EagleTrainConfig` (the training-time test).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from specjax.validation import check_float, check_int
+from specjax.core.validation import check_float, check_int
 
 # Fields of TrainConfig that do not change the trajectory of a run, and so may
 # differ between an interrupted run and its resumption.

@@ -1,9 +1,7 @@
 """Training a drafter that reads its frozen target: one entry point for every such drafter.
 
-The drafter names its config type and its objective
-(`~specjax.drafters.Drafter.train_config_type`, `~specjax.drafters.Drafter.loss`), so
-the same `train` loop serves every one; `train_block_drafter` and `train_eagle` are the
-names the block drafter's and the EAGLE head's docs and scripts use for it.
+`specjax.training.objectives` names each drafter's config type and objective, so the
+same `train` loop serves every one.
 """
 
 from __future__ import annotations
@@ -29,12 +27,11 @@ def train_drafter(
 ) -> TrainResult:
     """Trains a drafter for its (frozen) target on windows of ``tokens``.
 
-    The objective is the drafter's own (`~specjax.drafters.Drafter.loss`), with the
-    config type it names (`~specjax.drafters.Drafter.train_config_type`): DFlash's
-    anchored blocks for a `specjax.BlockDrafter` (a :class:`BlockTrainConfig`;
-    `specjax.drafters.block.anchored_block_loss`), EAGLE-3's training-time test for a
+    The objective and its config type are the drafter's (`specjax.training.objectives`):
+    DFlash's anchored blocks for a `specjax.BlockDrafter` (a :class:`BlockTrainConfig`;
+    `specjax.training.block.anchored_block_loss`), EAGLE-3's training-time test for a
     `specjax.EagleDrafter` (an :class:`EagleTrainConfig`;
-    `specjax.drafters.eagle.eagle_ttt_loss`). The target's features are computed on the
+    `specjax.training.eagle.eagle_ttt_loss`). The target's features are computed on the
     fly inside the same jitted step. Everything else is :func:`train`: the same
     optimizer, time budget, progress bar, atomic safetensors checkpoints (the
     drafter's config file, e.g. ``block_drafter.json``, + ``model.safetensors`` +
@@ -57,27 +54,21 @@ def train_drafter(
 
     Example:
         >>> import jax, numpy as np, specjax
-        >>> from specjax.training import BlockTrainConfig, train_block_drafter
+        >>> from specjax.training import BlockTrainConfig, EagleTrainConfig, train_drafter
         >>> target = specjax.testing.tiny_model(seed=0, num_layers=4)
         >>> drafter = specjax.BlockDrafter.random(target, key=jax.random.key(0), num_draft=3)
         >>> tokens = np.arange(2000) % 64
         >>> config = BlockTrainConfig(steps=2, batch_size=2, seq_len=32, num_anchors=4,
         ...                           progress=False)
-        >>> train_block_drafter(drafter, tokens, config).steps
+        >>> train_drafter(drafter, tokens, config).steps
         2
-        >>> from specjax.training import EagleTrainConfig, train_eagle
         >>> head = specjax.EagleDrafter.random(target, key=jax.random.key(0), num_draft=3)
         >>> config = EagleTrainConfig(steps=2, batch_size=2, seq_len=32, ttt_steps=3,
         ...                           progress=False)
-        >>> train_eagle(head, tokens, config).steps
+        >>> train_drafter(head, tokens, config).steps
         2
     """
     return train(
         drafter, tokens, config, teacher=getattr(drafter, "target", None),
         checkpoint_dir=checkpoint_dir, resume=resume, callback=callback,
     )  # fmt: skip
-
-
-# One function serves both: the objective is the drafter's, not the entry point's.
-train_block_drafter = train_drafter
-train_eagle = train_drafter

@@ -21,11 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from specjax.core.validation import check_int_array, with_article
 from specjax.models.llama import Model
 from specjax.training.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
 from specjax.training.config import TrainConfig, _static_config
+from specjax.training.objectives import objective_of
 from specjax.training.step import _jit_train_step, init_train_state, trains_drafter
-from specjax.validation import check_int_array, with_article
 
 
 @dataclasses.dataclass
@@ -63,7 +64,7 @@ def _newest_checkpoint_note(checkpoint_dir) -> str:
 def _check_inputs(model, tokens, config, teacher, checkpoint_dir) -> jax.Array:
     """Everything :func:`train` can refuse before its first step; returns the token stream."""
     if trains_drafter(model):
-        want = model.train_config_type()
+        want = objective_of(model).config_type
         if not isinstance(config, want):
             raise TypeError(
                 f"config must be {with_article(want.__name__)} to train "

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax import data as data_lib
 from specjax.models.llama import Model
+from specjax.training import data as data_lib
 
 
 def forward(model: Model, tokens_BT: jax.Array) -> jax.Array:
@@ -27,7 +27,7 @@ def forward(model: Model, tokens_BT: jax.Array) -> jax.Array:
     """
     b, t = tokens_BT.shape
     positions_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    return model(tokens_BT, positions_BT, None)[0]
+    return model(tokens_BT, positions_BT, None).logits
 
 
 def cross_entropy(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
@@ -96,7 +96,7 @@ def evaluate(
     """Mean next-token cross-entropy (nats/token) on held-out ``tokens``.
 
     The stream is cut into consecutive windows of ``seq_len`` predictions
-    (see :func:`specjax.data.eval_windows`); each window starts with an empty
+    (see :func:`specjax.training.data.eval_windows`); each window starts with an empty
     context, as in training.
 
     Args:

@@ -1,8 +1,8 @@
 """One optimizer step: the objective of what is trained, AdamW, and the jitted step.
 
 What is trained is a `specjax.Model` (its objective is `specjax.training.losses`) or a
-trainable drafter, whose objective is its own `~specjax.drafters.Drafter.loss`; nothing
-here knows which drafters exist.
+trainable drafter, whose objective `specjax.training.objectives` names; nothing here
+knows which drafters exist.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from specjax import data as data_lib
-from specjax.drafters.base import Drafter
+from specjax.core.typed_jit import typed_jit
 from specjax.models.llama import Model
+from specjax.training import data as data_lib
 from specjax.training.config import TrainConfig
 from specjax.training.losses import lm_loss
-from specjax.typed_jit import typed_jit
+from specjax.training.objectives import objective_of
 
 
 @struct.dataclass
@@ -41,15 +41,16 @@ class TrainState:
 
 def trains_drafter(model) -> bool:
     """A drafter trained on its frozen target's features (the target is its teacher)."""
-    return isinstance(model, Drafter) and model.train_config_type() is not None
+    return objective_of(model) is not None
 
 
 def _loss_fn(params, batch_BT1, key, *, model, teacher_params, teacher, config):
-    if trains_drafter(model):
+    objective = objective_of(model)
+    if objective is not None:
         # The frozen target is the "teacher": its params come in traced, like a
         # distillation teacher's, and only the drafter's are differentiated.
         drafter = model.replace(target=teacher.replace(params=teacher_params))
-        return drafter.loss(params, batch_BT1, key, config)
+        return objective.loss(params, drafter, batch_BT1, key, config)
     del key
     return lm_loss(
         params, batch_BT1, model=model, teacher_params=teacher_params, teacher=teacher,

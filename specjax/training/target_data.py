@@ -1,7 +1,7 @@
 """Training data a target writes for its drafters, and prompts to evaluate them on.
 
 A drafter learns to predict what its target will write, so besides the corpus
-(`specjax.data`) its training stream holds the target's own continuations of corpus
+(`specjax.training.data`) its training stream holds the target's own continuations of corpus
 windows (`generate_continuations`) and, for an instruction-tuned target, its chat
 answers to instruction-style prompts built from the corpus (`generate_answers`); rows
 alternate greedy and temperature 1 (per-row settings in one batch). `mix_streams`
@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import data as data_lib
-from specjax.chat import apply_chat_template
 from specjax.decoding import generate, speculative_generate
+from specjax.io.chat import apply_chat_template
 from specjax.sampling import SamplingConfig
+from specjax.training import data as data_lib
 
 
 def generate_continuations(
@@ -206,7 +206,7 @@ def generate_answers(
     Each sequence is the rendered prompt followed by the answer up to and including
     its end-of-turn token, so the drafter sees the template as decoding will.
     """
-    from specjax.chat import end_of_turn_ids
+    from specjax.io.chat import end_of_turn_ids
 
     rng = np.random.default_rng(seed + 1)
 

@@ -1,0 +1,309 @@
+"""Offline throughput: N prompts through 1, 4, 16 and 64 slots, with and without refill.
+
+The workload is a dataset pass: ``--num-prompts`` (64) prompts cut from held-out
+standard-library files (ragged, 16 to 64 tokens), each with its own budget drawn
+uniformly from ``[--min-new, --max-new]`` (16 to 128 tokens; fixed seed), stopping at
+EOS too. For each slot count it measures total generated tokens per second
+(compilation apart) and the fraction of idle row-steps, ``1 - Σ active row-steps /
+(loop iterations · slots)``, of:
+
+  * plain decoding with a **static** batch: the prompts in consecutive batches of
+    ``slots`` rows, each batch running until its slowest row is done;
+  * plain decoding with **refill** (``num_slots=slots``: a finished row takes the next
+    prompt inside the loop);
+  * speculative decoding with refill and a fixed γ, for each γ in ``--gammas``;
+  * speculative decoding with refill and **adaptive γ**: ``gamma_by_active_rows``
+    built from the fixed-γ runs (at each slot count, the γ that was fastest there,
+    γ = 0, a plain step, included).
+
+All of that at temperature 0; every output is checked equal to plain greedy
+decoding, prompt by prompt, before anything is reported. At temperature 1 it then
+compares ``DraftModel`` with its true q against ``greedy_draft=True`` and against a
+confidence threshold ``draft_confidence`` (τ), at 1 and 16 slots.
+
+    python scripts/benchmarks/bench_throughput.py                 # bundled pair, ~15 min here
+    python scripts/benchmarks/bench_throughput.py --quick         # tiny random pair, ~1 min
+
+Writes ``throughput.json`` and ``throughput.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import specjax
+from specjax.core.timing import time_fn
+from specjax.training import data
+from specjax.training import tokenizer as tokenizer_lib
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny random pair, few prompts")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--slots", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4])
+    parser.add_argument("--drafter", choices=["block", "draft"], default="block",
+                        help="the speculative drafter of the slot sweep (default: the "
+                             "bundled block drafter)")  # fmt: skip
+    parser.add_argument("--min-new", type=int, default=16)
+    parser.add_argument("--max-new", type=int, default=128)
+    parser.add_argument("--confidences", type=float, nargs="+", default=[0.3, 0.6])
+    parser.add_argument("--sampled-slots", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--table", default=None,
+                        help="'rows:γ,...' adaptive table to use as given: skips the static "
+                             "and fixed-γ runs that otherwise choose it")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("docs/bench_throughput"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.num_prompts, args.slots, args.gammas, args.repeats = 6, [1, 3], [1], 1
+        args.min_new, args.max_new, args.sampled_slots, args.confidences = 4, 12, [3], [0.3]
+    if args.table is not None:
+        try:
+            pairs = [item.split(":") for item in args.table.split(",")]
+            args.table = {int(rows): int(gamma) for rows, gamma in pairs}
+        except ValueError:
+            parser.error(f"--table must look like '1:4,16:2,64:0', got {args.table!r}")
+    if max(args.slots) > args.num_prompts:
+        parser.error(f"--slots {max(args.slots)} is more than --num-prompts {args.num_prompts}")
+    return args
+
+
+def load(args):
+    """``(target, draft model, slot-sweep drafter factory γ -> Drafter, eos id)``."""
+    if args.quick:
+        target = specjax.testing.tiny_model(seed=0, vocab_size=64, init_scale=4.0)
+        draft = specjax.testing.perturbed(target, seed=1)
+        block = specjax.BlockDrafter.random(
+            target, key=jax.random.key(2), num_draft=max(args.gammas)
+        )
+        return target, draft, block, None
+    target, draft, tok = specjax.default_pair()
+    block = specjax.default_drafter("block", num_draft=max(args.gammas))
+    return target, draft, block, tokenizer_lib.eos_id(tok)
+
+
+def make_workload(args, target):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(16, 65, size=args.num_prompts)
+    budgets = rng.integers(args.min_new, args.max_new + 1, size=args.num_prompts)
+    if args.quick:
+        return [list(rng.integers(0, target.vocab_size, size=n)) for n in lengths // 4], budgets
+    stream = data.tokenize_documents(target.tokenizer, data.stdlib_documents("heldout"))
+    starts = np.linspace(0, len(stream) - 65, args.num_prompts).astype(int)
+    return [stream[s : s + n].tolist() for s, n in zip(starts, lengths, strict=True)], budgets
+
+
+def idle_fraction(stats_list, slots: int) -> float:
+    calls = sum(int(s.target_calls) for s in stats_list)
+    active = sum(int(np.sum(s.row_target_calls)) for s in stats_list)
+    return 1.0 - active / max(calls * slots, 1)
+
+
+def measure(fn, repeats: int):
+    timing, outs = time_fn(fn, repeats=repeats)
+    outs = outs if isinstance(outs, list) else [outs]
+    tokens = sum(int(np.sum(o.lengths)) for o in outs)
+    return dict(
+        seconds=timing.median_s,
+        first_s=timing.first_s,
+        tokens=tokens,
+        tokens_per_s=tokens / timing.median_s,
+        target_calls=sum(int(o.stats.target_calls) for o in outs),
+        tokens_per_call=tokens / max(sum(int(np.sum(o.stats.row_target_calls)) for o in outs), 1),
+        acceptance=float(
+            sum(int(np.sum(o.stats.accepted)) for o in outs)
+            / max(sum(int(np.sum(o.stats.drafted)) for o in outs), 1)
+        ),
+    ), outs
+
+
+def check_equal(name, outs, reference):
+    got = [row for o in outs for row in o.to_lists()]
+    for i, (a, b) in enumerate(zip(got, reference, strict=True)):
+        if a != b:
+            sys.exit(
+                f"FAIL: {name}: prompt {i} differs from plain greedy ({a[:8]}... vs {b[:8]}...)"
+            )
+
+
+def sweep_slots(args, target, block, eos, prompts, budgets):
+    greedy = specjax.SamplingConfig.greedy()
+    key = jax.random.key(0)
+    kw = dict(sampling=greedy, eos_id=eos)
+    reference = specjax.generate(key, target, prompts, max_new_tokens=budgets, **kw).to_lists()
+    rows, fixed = [], {}
+
+    def record(system, slots, fn, **extra):
+        result, outs = measure(fn, args.repeats)
+        check_equal(f"{system} at {slots} slots", outs, reference)
+        result.update(
+            system=system, slots=slots, idle=idle_fraction([o.stats for o in outs], slots)
+        )
+        result.update(extra)
+        rows.append(result)
+        print(
+            f"  {system:<22} slots {slots:>3}: {result['tokens_per_s']:8.1f} tok/s, idle "
+            f"{result['idle']:.1%}, tokens/call {result['tokens_per_call']:.2f}",
+            flush=True,
+        )
+        return result
+
+    for slots in args.slots:
+        # γ = 0 in the table is a plain step: the plain run is its measurement.
+        fixed[slots, 0] = record("plain refill", slots, lambda slots=slots: specjax.generate(
+            key, target, prompts, max_new_tokens=budgets, num_slots=slots, **kw))  # fmt: skip
+        if args.table is not None:
+            continue
+
+        def static(slots=slots):
+            return [
+                specjax.generate(
+                    key,
+                    target,
+                    prompts[i : i + slots],
+                    max_new_tokens=budgets[i : i + slots],
+                    **kw,
+                )  # fmt: skip
+                for i in range(0, len(prompts), slots)
+            ]
+
+        record("plain static batch", slots, static)
+        for gamma in args.gammas:
+            drafter = block.replace(num_draft=gamma)
+            fixed[slots, gamma] = record(
+                f"spec γ={gamma} refill", slots,
+                lambda drafter=drafter, slots=slots: specjax.speculative_generate(
+                    key, target, drafter, prompts, max_new_tokens=budgets, num_slots=slots,
+                    **kw,
+                ), gamma=gamma,
+            )  # fmt: skip
+    # The table: at each slot count the fastest fixed γ (0: plain), for up to that many
+    # active rows.
+    table = args.table or {
+        slots: max([0, *args.gammas], key=lambda g, s=slots: fixed[s, g]["tokens_per_s"])
+        for slots in args.slots
+    }
+    print(f"  adaptive table (max active rows: γ): {table}", flush=True)
+    for slots in args.slots:
+        record("spec adaptive refill", slots, lambda slots=slots: specjax.speculative_generate(
+            key, target, block, prompts, max_new_tokens=budgets, num_slots=slots,
+            gamma_by_active_rows=table, **kw))  # fmt: skip
+    return rows, table
+
+
+def sweep_sampled(args, target, draft, eos, prompts, budgets):
+    """T=1: DraftModel with its q, with argmax drafts, and with confidence thresholds."""
+    key = jax.random.key(0)
+    kw = dict(sampling=specjax.SamplingConfig(temperature=1.0), eos_id=eos, max_new_tokens=budgets)
+    gamma = max(args.gammas)
+    rows = []
+    variants = [
+        ("plain", None, {}),
+        ("draft q", specjax.DraftModel(draft, num_draft=gamma), {}),
+        ("draft argmax", specjax.DraftModel(draft, num_draft=gamma, greedy_draft=True), {}),
+    ]
+    variants += [(f"draft q, τ={tau}", specjax.DraftModel(draft, num_draft=gamma),
+                  dict(draft_confidence=tau)) for tau in args.confidences]  # fmt: skip
+    for slots in args.sampled_slots:
+        for name, drafter, extra in variants:
+            if drafter is None:
+                fn = lambda slots=slots: specjax.generate(
+                    key, target, prompts, num_slots=slots, **kw
+                )  # noqa: E731
+            else:
+                fn = lambda drafter=drafter, extra=extra, slots=slots: specjax.speculative_generate(  # noqa: E731
+                    key, target, drafter, prompts, num_slots=slots, **kw, **extra)  # fmt: skip
+            result, outs = measure(fn, args.repeats)
+            result.update(system=name, slots=slots, gamma=gamma)
+            rows.append(result)
+            print(
+                f"  T=1 {name:<18} slots {slots:>3}: {result['tokens_per_s']:8.1f} tok/s, "
+                f"acceptance {result['acceptance']:.3f}, "
+                f"tokens/call {result['tokens_per_call']:.2f}",
+                flush=True,
+            )
+    return rows
+
+
+def targets(rows, slots_list):
+    by = {(r["system"], r["slots"]): r for r in rows}
+    out = []
+    if 16 in slots_list and ("plain static batch", 16) in by:
+        out.append(dict(
+            target="idle row-steps with refill, 16 slots", required="<= 5%",
+            measured=f"{by['plain refill', 16]['idle']:.1%} (static batch of 16: "
+                     f"{by['plain static batch', 16]['idle']:.1%})",
+            met=by["plain refill", 16]["idle"] <= 0.05,
+        ))  # fmt: skip
+    tps = lambda system, s: by[system, s]["tokens_per_s"]  # noqa: E731
+    ratios = {s: tps("spec adaptive refill", s) / tps("plain refill", s) for s in slots_list}
+    out.append(dict(
+        target="adaptive speculative >= plain at every slot count", required=">= 1.00x",
+        measured=", ".join(f"{s}: {r:.2f}x" for s, r in ratios.items()),
+        met=all(r >= 1.0 for r in ratios.values()),
+    ))  # fmt: skip
+    if 16 in slots_list:
+        out.append(dict(
+            target="speculative / plain at 16 slots", required=">= 1.3x",
+            measured=f"{ratios[16]:.2f}x", met=ratios[16] >= 1.3,
+        ))  # fmt: skip
+    return out
+
+
+def markdown(results) -> str:
+    lines = ["| system | slots | tok/s | idle row-steps | tokens/call | acceptance |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results["slots"]:
+        lines.append(
+            f"| {r['system']} | {r['slots']} | {r['tokens_per_s']:.1f} | {r['idle']:.1%} | "
+            f"{r['tokens_per_call']:.2f} | {r['acceptance']:.3f} |"
+        )
+    lines += ["", f"Adaptive table (max active rows: γ): `{results['table']}`", ""]
+    lines += ["| T=1 system | slots | tok/s | tokens/call | acceptance |", "|---|---|---|---|---|"]
+    for r in results["sampled"]:
+        lines.append(
+            f"| {r['system']} | {r['slots']} | {r['tokens_per_s']:.1f} | "
+            f"{r['tokens_per_call']:.2f} | {r['acceptance']:.3f} |"
+        )
+    lines += ["", "| target | required | measured | met |", "|---|---|---|---|"]
+    for t in results["targets"]:
+        lines.append(
+            f"| {t['target']} | {t['required']} | {t['measured']} | {'yes' if t['met'] else 'no'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    start = time.perf_counter()
+    target, draft, block, eos = load(args)
+    prompts, budgets = make_workload(args, target)
+    print(f"{len(prompts)} prompts, budgets {budgets.min()}..{budgets.max()}, "
+          f"{jax.devices()[0].device_kind}", flush=True)  # fmt: skip
+    slot_rows, table = sweep_slots(args, target, block, eos, prompts, budgets)
+    sampled_rows = sweep_sampled(args, target, draft, eos, prompts, budgets)
+    results = dict(
+        config=dict(vars(args), out=str(args.out), device=jax.devices()[0].device_kind,
+                    budgets=budgets.tolist(), prompt_lengths=[len(p) for p in prompts]),
+        slots=slot_rows, table={str(k): v for k, v in table.items()}, sampled=sampled_rows,
+        targets=targets(slot_rows, args.slots), wall_s=time.perf_counter() - start,
+    )  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "throughput.json").write_text(json.dumps(results, indent=2))
+    (args.out / "throughput.md").write_text(markdown(results))
+    print(markdown(results))
+    print(f"wrote {args.out}/throughput.json and throughput.md ({results['wall_s']:.0f} s)")
+    return results
+
+
+if __name__ == "__main__":
+    main()

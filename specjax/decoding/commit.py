@@ -1,0 +1,136 @@
+"""Committing a verified step: how many tokens each row emits, writing them, ending rows.
+
+A step's verification (`specjax.decoding.loop`) decides a `Verified` block per row;
+`commit` cuts it at EOS, the row's budget, the first position without a distribution
+and each feature's cut (stop strings, a complete constraint), writes the emitted
+tokens, lets every feature record them, and flags the rows that end.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax.decoding.features.base import Emission, write_slots
+from specjax.decoding.state import DecodeState
+
+
+@struct.dataclass
+class Verified:
+    """What one step's verification decided, before it is committed.
+
+    Attributes:
+        drafter: the drafter as it ran this step (γ may differ from the state's).
+        drafter_state: the proposal's drafter state.
+        block: ``int32[B, G]`` the chain layout: accepted drafts, the target's token, -1.
+        num_accepted: ``int32[B]``.
+        num_drafted: ``int32[B]`` drafts the row proposed (the statistics' count).
+        probs: ``float32[B, G, V]`` the target's p that decided each emitted position.
+        usable: ``bool[B, G]`` that p is a distribution (not NaN / all masked).
+        target_cache: the target's cache, slot == position for the emitted positions.
+        features: the drafter's `TargetFeatures` at the G emitted positions, or None.
+        logits: ``[B, G, V]`` the target's raw logits at the emitted positions (read
+            only for raw top log-probabilities).
+    """
+
+    drafter: object
+    drafter_state: object
+    block: jax.Array
+    num_accepted: jax.Array
+    num_drafted: jax.Array
+    probs: jax.Array
+    usable: jax.Array
+    target_cache: object
+    features: object
+    logits: jax.Array
+
+
+def num_leading_true(flags_BT) -> jax.Array:
+    """``int32[B]``: how many of each row's flags are True before the first False."""
+    return jnp.sum(jnp.cumprod(flags_BT.astype(jnp.int32), axis=1), axis=1, dtype=jnp.int32)
+
+
+def _first_cut(hit_BG) -> jax.Array:
+    """``int32[B]``: 1 + the index of the first hit, or G where none."""
+    return jnp.where(jnp.any(hit_BG, axis=1), jnp.argmax(hit_BG, axis=1) + 1, hit_BG.shape[1])
+
+
+def _num_emit(state: DecodeState, verified: Verified):
+    """``(num_emit, stopped, is_eos, num_usable)`` of each row.
+
+    A row emits its accepted drafts and the target's token, cut after EOS, at its
+    budget, before the first position with no distribution (NaN or all -inf logits),
+    and at each feature's cut; finished rows emit nothing. ``stopped``: a feature's cut
+    ended the row.
+    """
+    block_BG, num_accepted = verified.block, verified.num_accepted
+    offsets_G = jnp.arange(block_BG.shape[1])
+    active = ~state.done
+    num_usable = num_leading_true(verified.usable)
+    is_eos_BG = jnp.any(block_BG[..., None] == state.decoder.eos_ids[None, None], axis=-1)
+    is_eos_BG &= offsets_G[None] <= num_accepted[:, None]
+    budget = state.settings.max_new_tokens - state.num_generated
+    num_emit = jnp.minimum(num_accepted + 1, _first_cut(is_eos_BG))
+    num_emit = jnp.minimum(num_emit, jnp.minimum(budget, num_usable))
+    stopped = jnp.zeros_like(active)
+    for feature, feature_state in zip(state.decoder.features, state.features, strict=True):
+        cut = feature.cut(state, feature_state, block_BG)
+        if cut is not None:
+            cut_B, ends_B = cut
+            stopped |= ends_B & (cut_B <= num_emit)
+            num_emit = jnp.minimum(num_emit, cut_B)
+    num_emit = jnp.where(active, jnp.maximum(num_emit, 0), 0)
+    return num_emit, stopped, is_eos_BG, num_usable
+
+
+def _update_status(state: DecodeState, before: DecodeState, num_emit, stopped, is_eos_BG, usable):
+    """Flags the rows that end with this step: EOS, a feature's stop, their budget, a full
+    cache, or no distribution at the next position."""
+    active = ~before.done
+    emitted_BG = jnp.arange(is_eos_BG.shape[1])[None] < num_emit[:, None]
+    hit_eos = jnp.any(emitted_BG & is_eos_BG, axis=1)
+    finished = hit_eos | (active & stopped)
+    finished |= state.num_generated >= state.settings.max_new_tokens
+    invalid = active & (usable == 0)
+    # Judged by the largest step, so that whether a row is truncated never depends on
+    # which γ variant ran.
+    cache_full = state.seq_lengths + state.lookahead > state.seq.shape[1]
+    status = state.status
+    return status.replace(
+        done=status.done | (active & (finished | cache_full | invalid)),
+        truncated=status.truncated | (active & cache_full & ~finished & ~invalid),
+        invalid=status.invalid | invalid,
+    )
+
+
+def commit(state: DecodeState, verified: Verified) -> DecodeState:
+    """Emits the verified tokens, cut at EOS, budgets and features' cuts; advances every row."""
+    num_emit, stopped, is_eos_BG, num_usable = _num_emit(state, verified)
+    emission = Emission(
+        block=verified.block,
+        num_emit=num_emit,
+        num_accepted=verified.num_accepted,
+        num_drafted=verified.num_drafted,
+        start=state.seq_lengths,
+        active=~state.done,
+        probs=verified.probs,
+        logits=verified.logits,
+    )
+    features = tuple(
+        feature.commit(state, feature_state, emission)
+        for feature, feature_state in zip(state.decoder.features, state.features, strict=True)
+    )
+    new_lengths = state.seq_lengths + num_emit
+    block_BG = jnp.maximum(verified.block, 0)
+    after = state.replace(
+        seq=write_slots(state.seq, block_BG, state.seq_lengths, num_emit),
+        seq_lengths=new_lengths,
+        target_cache=verified.target_cache.rollback(new_lengths - 1),
+        drafter_state=verified.drafter.update(
+            verified.drafter_state, new_lengths, verified.features
+        ),
+        features=features,
+    )
+    status = _update_status(after, state, num_emit, stopped, is_eos_BG, num_usable)
+    return after.replace(status=status)

@@ -1,0 +1,109 @@
+"""The decoding configuration chosen for a named target/draft pair.
+
+For a pair `specjax.fetch` knows by name, a `Preset` holds the settings it decodes with
+by default (the precisions, γ and draft confidence), the fastest measured, and all of
+them exact: the speculative output equals plain decoding's at the preset's forward width,
+token for token (`specjax.decoding.numerics`). ``specjax generate --model NAME --draft
+NAME`` applies it when no flag sets those, and says so; `load_pair` loads a pair with
+it.
+
+Example:
+    >>> import specjax
+    >>> preset = specjax.io.presets.find("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+    >>> preset.forward_width == preset.gamma + 1
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["PRESETS", "Preset", "find", "load_pair"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """Decoding settings for one named pair.
+
+    Attributes:
+        target: the target's name (`specjax.io.fetch.names`).
+        draft: the draft model's name.
+        quantize: the target's `specjax.models.quant` mode, or None (float32).
+        draft_quantize: the draft model's mode, or None (float32).
+        gamma: γ, drafts per step.
+        draft_confidence: τ (``speculative_generate``'s ``draft_confidence``), or None.
+        measured: where the measurement that chose it is written up.
+    """
+
+    target: str
+    draft: str
+    quantize: str | None
+    draft_quantize: str | None
+    gamma: int
+    draft_confidence: float | None
+    measured: str
+
+    @property
+    def forward_width(self) -> int:
+        """W: the verify's width, γ + 1, at which the output equals plain decoding's."""
+        return self.gamma + 1
+
+    def describe(self) -> str:
+        """One line for users: what was chosen, and where it was measured."""
+        tau = "" if self.draft_confidence is None else f", draft confidence {self.draft_confidence}"
+        return (
+            f"target {self.quantize or 'float32'}, draft {self.draft_quantize or 'float32'}, "
+            f"gamma {self.gamma}{tau}, forward width {self.forward_width} ({self.measured})"
+        )
+
+
+PRESETS = (
+    Preset(
+        target="qwen2.5-coder-1.5b",
+        draft="qwen2.5-coder-0.5b",
+        quantize="int8",
+        draft_quantize="int8",
+        gamma=1,
+        draft_confidence=None,
+        measured="the fastest at T = 0 of the settings scripts/benchmarks/bench_real_pair.py "
+        "--stages sweep times, on a 2-core CPU: 1.20x int8 plain decoding (BENCHMARKS.md)",
+    ),
+)
+
+
+def find(target: str, draft: str) -> Preset | None:
+    """The preset of the pair named ``target`` and ``draft``, or None."""
+    return next((p for p in PRESETS if (p.target, p.draft) == (target, draft)), None)
+
+
+def load_pair(target: str, draft: str):
+    """Fetches (once), loads and configures a named pair as its preset says.
+
+    Args:
+        target: the target's name, e.g. ``"qwen2.5-coder-1.5b"``.
+        draft: the draft model's name, e.g. ``"qwen2.5-coder-0.5b"``.
+
+    Returns:
+        ``(target_model, drafter, preset)``: decode with
+        ``speculative_generate(key, target_model, drafter, prompts,
+        forward_width=preset.forward_width, draft_confidence=preset.draft_confidence)``.
+
+    Raises:
+        ValueError: no preset for that pair (the message lists the presets).
+    """
+    from specjax.drafters import DraftModel
+    from specjax.io.fetch import fetch
+    from specjax.io.hf import load_pretrained
+    from specjax.models.quant import quantize
+
+    preset = find(target, draft)
+    if preset is None:
+        known = ", ".join(f"{p.target} + {p.draft}" for p in PRESETS)
+        raise ValueError(f"no preset for target {target!r} and draft {draft!r}; known: {known}")
+    target_model = load_pretrained(fetch(target))
+    draft_model = load_pretrained(fetch(draft))
+    if preset.quantize:
+        target_model = quantize(target_model, preset.quantize)
+    if preset.draft_quantize:
+        draft_model = quantize(draft_model, preset.draft_quantize)
+    return target_model, DraftModel(draft_model, num_draft=preset.gamma), preset
