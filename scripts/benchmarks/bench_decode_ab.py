@@ -44,8 +44,11 @@ def _checkout(before: str, scratch: Path) -> Path:
         return Path(before).resolve()
     tree = scratch / "before"
     _git("worktree", "add", "--detach", str(tree), before)
-    if not (tree / "specjax" / "timing.py").exists():
-        shutil.copy(ROOT / "specjax" / "timing.py", tree / "specjax" / "timing.py")
+    timing = Path("specjax", "core", "timing.py")
+    if not (tree / timing).exists():
+        (tree / timing.parent).mkdir(exist_ok=True)
+        (tree / timing.parent / "__init__.py").touch()
+        shutil.copy(ROOT / timing, tree / timing)
     return tree
 
 
