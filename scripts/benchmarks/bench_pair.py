@@ -92,7 +92,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--gammas", type=parse_gamma, nargs="+", default=[(3, None), (4, None)],
         help="γ at T = 0, each 'γ', 'γ:τ' (e2e with draft_confidence τ) or a tree's "
-        "branching 'b1,b2,...' (`specjax.Tree.from_branching`)",
+        "branching 'b1,b2,...' (`specjax.verification.Tree.from_branching`)",
     )  # fmt: skip
     p.add_argument(
         "--t1-gamma", type=parse_gamma, nargs="+", default=[(4, None)],

@@ -12,7 +12,7 @@ they are reused as they are; otherwise they are rebuilt the same way.
 Stages (each logged with its time; the training shows a progress bar):
 
 1. the data, as above;
-2. `specjax.training.train_eagle` (EAGLE-3's training-time test, ``--ttt-steps`` steps
+2. `specjax.training.train_drafter` (EAGLE-3's training-time test, ``--ttt-steps`` steps
    unrolled, weights 0.8^i) with a time budget and resumable checkpoints in ``--work``;
 3. the head is saved in bfloat16 to ``--out`` and loaded back, and that loaded head
    is evaluated on held-out prompts: tokens per target call and acceptance, greedy
