@@ -280,6 +280,3 @@ class DecodeState:
             if feature.name == name:
                 return state
         raise KeyError(f"no feature {name!r} in this decoder")
-
-    def with_feature_states(self, states: tuple) -> DecodeState:
-        return self.replace(features=tuple(states))
