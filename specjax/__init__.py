@@ -1,12 +1,35 @@
-"""specjax: on-device, batched, exact speculative decoding in JAX/Flax."""
+"""specjax: on-device, batched, exact speculative decoding in JAX/Flax.
+
+The top level holds what a user needs: text in and text out (`Sampler`,
+`ChatSampler`), the functional decoders for a jitted loop of one's own (`generate`,
+`speculative_generate`), their settings and results, the drafters, the model
+contract, and loading and saving. Everything else lives in a submodule:
+
+* `specjax.decoding`: the open loop (``init``, ``step``, ``result``, ``stream``), the
+  loop state and statistics, per-row features;
+* `specjax.drafters`: the drafter contract, the built-in drafters and the registry;
+* `specjax.models`: the reference model, caches, quantisation and sharding;
+* `specjax.sampling`: logits to probabilities, sampling, penalties, constraints, stop
+  strings;
+* `specjax.verification`: rejection sampling, coupled and tree verification;
+* `specjax.io`: checkpoints, the Hub, tokenizers, chat templates, the shipped pairs;
+* `specjax.training`: training drafters;
+* `specjax.testing`: tiny models and the statistical tests the suite uses.
+
+``import specjax`` changes no jax setting; `enable_compilation_cache` turns jax's
+persistent compilation cache on, as the ``specjax`` command does.
+"""
 
 from specjax import decoding as decoding
 from specjax import drafters as drafters
+from specjax import io as io
+from specjax import models as models
+from specjax import sampling as sampling
 from specjax import testing as testing
-from specjax.core import compilation_cache as compilation_cache
-from specjax.decoding import DecodeState as DecodeState
+from specjax import training as training
+from specjax import verification as verification
+from specjax.core.compilation_cache import enable as enable_compilation_cache
 from specjax.decoding import GenerationResult as GenerationResult
-from specjax.decoding import GenerationStats as GenerationStats
 from specjax.decoding import generate as generate
 from specjax.decoding import speculative_generate as speculative_generate
 from specjax.decoding.model_check import ModelContractError as ModelContractError
@@ -15,29 +38,50 @@ from specjax.drafters import BlockDrafter as BlockDrafter
 from specjax.drafters import Drafter as Drafter
 from specjax.drafters import DraftModel as DraftModel
 from specjax.drafters import EagleDrafter as EagleDrafter
-from specjax.drafters import NoDraft as NoDraft
 from specjax.drafters import PromptLookup as PromptLookup
 from specjax.drafters import Proposal as Proposal
 from specjax.io import load_pretrained as load_pretrained
 from specjax.io import save_pretrained as save_pretrained
 from specjax.io.chat import apply_chat_template as apply_chat_template
 from specjax.io.fetch import fetch as fetch
-from specjax.io.pretrained import default_drafter as default_drafter
 from specjax.io.pretrained import default_pair as default_pair
-from specjax.io.pretrained import smollm2_drafter as smollm2_drafter
 from specjax.models import KVCache as KVCache
 from specjax.models import Model as Model
 from specjax.models import ModelConfig as ModelConfig
-from specjax.models import sharding as sharding
 from specjax.models.contract import ModelOutput as ModelOutput
 from specjax.sampling import SamplingConfig as SamplingConfig
-from specjax.sampling import probs_from_logits as probs_from_logits
-from specjax.sampling import sample as sample
 from specjax.sampling.constraints import Constraint as Constraint
 from specjax.sampling.stops import StopStrings as StopStrings
-from specjax.verification import coupled_verify as coupled_verify
-from specjax.verification import greedy_verify as greedy_verify
-from specjax.verification import rejection_sample as rejection_sample
-from specjax.verification import rejection_sample_onehot as rejection_sample_onehot
+from specjax.text import ChatSampler as ChatSampler
+from specjax.text import Sampler as Sampler
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "Sampler",
+    "ChatSampler",
+    "generate",
+    "speculative_generate",
+    "GenerationResult",
+    "SamplingConfig",
+    "Constraint",
+    "StopStrings",
+    "Drafter",
+    "Proposal",
+    "DraftModel",
+    "PromptLookup",
+    "BlockDrafter",
+    "EagleDrafter",
+    "Model",
+    "ModelConfig",
+    "ModelOutput",
+    "KVCache",
+    "check_model",
+    "ModelContractError",
+    "load_pretrained",
+    "save_pretrained",
+    "fetch",
+    "default_pair",
+    "apply_chat_template",
+    "enable_compilation_cache",
+]

@@ -36,6 +36,7 @@ from flax import nnx
 
 import specjax
 from specjax.decoding import checks
+from specjax.io.pretrained import default_drafter
 from specjax.models.quant import quantize
 
 specjax.core.compilation_cache.enable_from_environment()  # the suite's shared cache
@@ -87,7 +88,7 @@ def drafter(name: str, precision: str, target, draft):
     dtype = jnp.bfloat16 if precision == "bfloat16" else jnp.float32
     # The bundled block drafter and EAGLE head read the target's hidden states and use
     # its embedding and head: bound to the target as decoded (quantized included).
-    return specjax.default_drafter(name, num_draft=GAMMA, dtype=dtype).replace(target=target)
+    return default_drafter(name, num_draft=GAMMA, dtype=dtype).replace(target=target)
 
 
 def first_difference(a_rows, b_rows) -> list[int | None]:

@@ -1,7 +1,7 @@
 """Counts tail draws for tests/test_sampling.py's tail test (run as a subprocess).
 
 Prints one JSON line: how many of DRAWS draws from [1, r x 2047] hit a tail token,
-for `specjax.sample` and for the float32 Gumbel-max sampler it replaced.
+for `specjax.sampling.sample` and for the float32 Gumbel-max sampler it replaced.
 """
 
 import json

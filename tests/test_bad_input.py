@@ -568,7 +568,7 @@ from flax import struct  # noqa: E402
 
 import specjax  # noqa: E402
 from specjax import decoding  # noqa: E402
-from specjax.sampling import SamplingConfig, probs_from_logits  # noqa: E402
+from specjax.sampling import SamplingConfig, probs_from_logits, sample  # noqa: E402
 from specjax.verification.chain import (  # noqa: E402
     coupled_verify,
     rejection_sample,
@@ -633,7 +633,11 @@ DECODER_CASES = [
         r"SamplingConfig.vocab_limit has shape \[2\]",
     ),
     (dict(key=0), TypeError, "key must be a PRNG key"),
-    (dict(key=None), TypeError, "key must be a PRNG key"),
+    (
+        dict(key=None, sampling=SamplingConfig(temperature=1.0)),
+        ValueError,
+        r"key is None, but sampling.temperature is 1: .*key=jax\.random\.key\(0\)",
+    ),
     (dict(key="jax.random.key(0)"), TypeError, "key must be a PRNG key"),
     (dict(key=jax.random.split(jax.random.key(0), 2)), ValueError, "key must be a single"),
     (dict(key=jnp.zeros((2,), jnp.float32)), TypeError, "key must be a PRNG key"),
@@ -681,6 +685,57 @@ def test_raw_uint32_keys_are_accepted(target):
     a = specjax.generate(jax.random.PRNGKey(0), target, [[1, 2]], max_new_tokens=4, sampling=greedy)
     b = specjax.generate(jax.random.key(0), target, [[1, 2]], max_new_tokens=4, sampling=greedy)
     assert a.to_lists() == b.to_lists()
+
+
+GREEDY_FORMS = {
+    "default": None,
+    "scalar": SamplingConfig(temperature=0.0),
+    "per_row": SamplingConfig(temperature=[0.0, 0.0]),
+}
+
+
+def _run_to_the_end(target, entry, key, sampling):
+    prompts, kw = [[1, 2], [3]], dict(max_new_tokens=5, sampling=sampling)
+    if entry == "init":
+        return decoding.result(decoding.step(decoding.init(key, target, prompts, **kw), 100))
+    return _decoders(target)[entry](key, prompts, **kw)
+
+
+@pytest.mark.parametrize("form", list(GREEDY_FORMS))
+@pytest.mark.parametrize("entry", ["generate", "speculative", "init"])
+def test_greedy_decoding_needs_no_key(target, entry, form):
+    """key=None when every row is greedy: the default, a scalar 0 and a [B] of zeros."""
+    sampling = GREEDY_FORMS[form]
+    without = _run_to_the_end(target, entry, None, sampling)
+    with_key = _run_to_the_end(target, entry, jax.random.key(7), sampling)
+    assert without.to_lists() == with_key.to_lists()
+    assert [len(row) for row in without.to_lists()] == [5, 5]
+
+
+@pytest.mark.parametrize(
+    "sampling, match",
+    [
+        (SamplingConfig(temperature=0.7), r"sampling.temperature is 0.7"),
+        (SamplingConfig(temperature=[0.0, 1.0]), r"rows \[1\] of sampling.temperature are > 0"),
+    ],
+    ids=["scalar", "per_row"],
+)
+@pytest.mark.parametrize("entry", ["generate", "speculative", "init"])
+def test_sampling_without_a_key_names_the_fix(target, entry, sampling, match):
+    with pytest.raises(ValueError, match=rf"key is None, but {match}.*key=jax\.random\.key\(0\)"):
+        _decoders(target)[entry](None, [[1, 2], [3]], max_new_tokens=5, sampling=sampling)
+
+
+def test_a_traced_temperature_without_a_key_names_the_fix(target):
+    """Inside a user's jit the temperature is unknown, so a key is required."""
+
+    @jax.jit
+    def run(temperature):
+        sampling = SamplingConfig(temperature=temperature)
+        return specjax.generate(None, target, [[1, 2]], max_new_tokens=3, sampling=sampling).tokens
+
+    with pytest.raises(ValueError, match=r"temperature is traced.*key=jax\.random\.key\(0\)"):
+        run(jnp.float32(0.0))
 
 
 def test_output_width_follows_the_cache_not_the_budget(target):
@@ -789,12 +844,16 @@ def test_a_drafter_method_with_the_wrong_signature_is_named(target, method):
         specjax.speculative_generate(jax.random.key(0), target, Broken(), [[1]], max_new_tokens=3)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
 @pytest.mark.parametrize("entry", ["generate", "speculative"])
-def test_a_nan_model_is_flagged_not_emitted(target, entry):
-    """NaN weights give NaN logits: each row stops with invalid=True and no tokens
-    (before, it emitted token 0 for ever)."""
+def test_a_nan_model_is_flagged_not_emitted(target, entry, temperature):
+    """NaN weights give NaN logits: each row stops with invalid=True and no tokens, sampled
+    or greedy (never token 0 for ever)."""
     broken = target.replace(params=jax.tree.map(lambda p: p * jnp.nan, target.params))
-    out = _decoders(broken)[entry](jax.random.key(0), [[1, 2], [3]], max_new_tokens=5)
+    sampling = SamplingConfig(temperature=temperature)
+    out = _decoders(broken)[entry](
+        jax.random.key(0), [[1, 2], [3]], max_new_tokens=5, sampling=sampling
+    )
     assert out.invalid.tolist() == [True, True]
     assert out.lengths.tolist() == [0, 0] and (np.asarray(out.tokens) == -1).all()
 
@@ -836,10 +895,11 @@ def test_sampling_config_refuses_bad_values(kwargs, error, match):
 @pytest.mark.parametrize(
     "config",
     [
-        SamplingConfig(min_p=jnp.float32(1.5)),  # out of range, but traced-like: unchecked
+        # Out of range, but traced-like: unchecked.
+        SamplingConfig(temperature=1.0, min_p=jnp.float32(1.5)),
         SamplingConfig(temperature=jnp.float32(np.inf)),
-        SamplingConfig(top_p=jnp.float32(0.0)),
-        SamplingConfig(min_p=jnp.float32(np.nan), top_p=jnp.float32(np.nan)),
+        SamplingConfig(temperature=1.0, top_p=jnp.float32(0.0)),
+        SamplingConfig(temperature=1.0, min_p=jnp.float32(np.nan), top_p=jnp.float32(np.nan)),
     ],
     ids=["min_p>1", "temperature_inf", "top_p_0", "nan_settings"],
 )
@@ -862,7 +922,7 @@ def test_probs_from_logits_checks_concrete_settings():
 def test_an_empty_vocabulary_is_refused(fn):
     call = {
         "probs_from_logits": lambda: probs_from_logits(jnp.zeros((2, 0)), SamplingConfig()),
-        "sample": lambda: specjax.sample(jax.random.key(0), jnp.zeros((2, 0))),
+        "sample": lambda: sample(jax.random.key(0), jnp.zeros((2, 0))),
     }[fn]
     with pytest.raises(ValueError, match=r"V >= 1"):
         call()
@@ -871,13 +931,13 @@ def test_an_empty_vocabulary_is_refused(fn):
 @pytest.mark.parametrize("key", [0, 1.5, np.zeros(2, np.float32)], ids=["int", "float", "floats"])
 def test_sample_refuses_a_key_that_is_not_a_prng_key(key):
     with pytest.raises(TypeError, match=r"sample: key must be a PRNG key.*jax.random.key\(seed\)"):
-        specjax.sample(key, jnp.full((2, 4), 0.25))
+        sample(key, jnp.full((2, 4), 0.25))
 
 
 def test_sample_takes_a_raw_key_as_its_typed_key():
     probs = jnp.full((3, 16), 1 / 16)
-    raw = specjax.sample(jax.random.PRNGKey(7), probs)
-    typed = specjax.sample(jax.random.key(7), probs)
+    raw = sample(jax.random.PRNGKey(7), probs)
+    typed = sample(jax.random.key(7), probs)
     assert raw.tolist() == typed.tolist()
 
 

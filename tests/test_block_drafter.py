@@ -61,6 +61,7 @@ from specjax import training as train
 from specjax.drafters import Proposal
 from specjax.drafters.block import BlockDrafter
 from specjax.io import drafter_weights
+from specjax.io.pretrained import smollm2_drafter
 from specjax.models.attention import rope_inv_freq
 from specjax.models.contract import check_before_compiling
 from specjax.sampling import greedy_tokens, probs_from_logits
@@ -635,7 +636,7 @@ def test_shipped_smollm2_drafter_is_exact_on_smollm2(smollm2_path):
     Slow: it compiles the 30-layer model's decode loop three times (about 2 min).
     """
     target = specjax.load_pretrained(smollm2_path, dtype=jnp.float32)
-    drafter = specjax.smollm2_drafter(target)
+    drafter = smollm2_drafter(target)
     assert (drafter.num_draft, drafter.target_layers) == (1, (1, 14, 27))
     messages = [
         [{"role": "user", "content": "Write a Python function that adds two numbers."}],
@@ -657,4 +658,4 @@ def test_shipped_smollm2_drafter_is_exact_on_smollm2(smollm2_path):
         assert spec.to_lists() == plain.to_lists(), gamma
         assert float(spec.tokens_per_call) > 1.0  # some of its drafts were accepted
     with pytest.raises(ValueError, match="target"):
-        specjax.smollm2_drafter(specjax.testing.tiny_model(seed=0))
+        smollm2_drafter(specjax.testing.tiny_model(seed=0))

@@ -35,7 +35,7 @@ class NoRollback:
 
 @struct.dataclass
 class Bigram:
-    """The README's worked example: logits depend on the current token only."""
+    """The worked example of docs/models.md: logits depend on the current token only."""
 
     table: jax.Array  # float32[V, V]
 

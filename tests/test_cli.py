@@ -292,6 +292,59 @@ def test_generate_repeats_summary_line(model_folders):
     assert "median of 2 interleaved runs" in proc.stderr
 
 
+def test_help_shows_the_defaults_and_the_drafter_of_a_model(cli_in_process):
+    from specjax.text.defaults import DEFAULTS
+
+    proc = cli_in_process("generate", "--help")
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())  # argparse wraps lines
+    assert f"tokens to generate (EOS included) (default: {DEFAULTS.max_new_tokens})" in text
+    assert f"0 = greedy (default: {DEFAULTS.temperature})" in text
+    assert f"(default: {DEFAULTS.draft_mode})" in text  # --block-mode
+    # What --model picks without --draft, and what auto is for the bundled pair.
+    assert "Without --draft (or --block-drafter), --drafter auto drafts by prompt lookup" in text
+    assert f"for the bundled pair the fastest measured ({DEFAULTS.bundled_drafter})" in text
+    assert "the generation runs once" in text  # --repeats
+
+
+def _count_decodes(monkeypatch) -> list:
+    """The runs `specjax generate` decodes, one entry each."""
+    from specjax.cli import generate as cli_generate
+
+    calls, real = [], cli_generate._decode_open
+
+    def counting(*args, **kwargs):
+        calls.append(args[2] is not None)  # speculative?
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cli_generate, "_decode_open", counting)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "flags, runs, repeats",
+    # Once by default; a first run and N timed ones with --repeats N; with --compare,
+    # also plain decoding's warm-up, 5 timed runs of each, and plain decoding at the
+    # speculative width for the equality check.
+    [((), 1, 0), (("--repeats", "2"), 3, 2), (("--compare",), 13, 5)],
+    ids=["default", "repeats", "compare"],
+)
+def test_generate_runs_once_unless_asked_to_repeat(
+    cli_in_process, model_folders, monkeypatch, flags, runs, repeats
+):
+    calls = _count_decodes(monkeypatch)
+    proc = cli_in_process(
+        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "lookup",
+        "--max-new-tokens", "3", "--json", *flags,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert len(calls) == runs and out["repeats"] == repeats
+    assert len(out["speculative_seconds_runs"]) == repeats
+    if not repeats:  # the one run's time, compile included
+        assert out["seconds"] == out["compile_seconds"] > 0
+
+
 def test_generate_repeats_must_be_positive(cli_in_process):
     proc = cli_in_process("generate", "hi", "--compare", "--repeats", "0")
     assert_user_error(proc, "--repeats")

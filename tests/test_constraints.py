@@ -65,6 +65,8 @@ K = 3
 GAMMA = 2
 N_PER_GROUP = 600
 FALSE_ALARM = 1e-4
+# The statistical tests sample from the model's own distribution.
+SAMPLED = specjax.SamplingConfig(temperature=1.0)
 
 
 # --------------------------------------------------------------------------------------
@@ -349,7 +351,10 @@ def _sample(pair, constraints, name, verification, num_rows, forward_width=None)
     target, draft = pair
     prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (num_rows, len(PROMPT)))
     per_row = [None if g is None else constraints[g] for g in GROUPS] * (num_rows // 3)
-    kw = dict(max_new_tokens=K, eos_id=EOS, constraint=per_row, forward_width=forward_width)
+    kw = dict(
+        max_new_tokens=K, sampling=SAMPLED, eos_id=EOS, constraint=per_row,
+        forward_width=forward_width,
+    )  # fmt: skip
     key = jax.random.key(2026)
     if name == "plain":
         res = specjax.generate(key, target, prompts, **kw)
@@ -469,7 +474,7 @@ def test_every_one_of_1000_sampled_rows_matches_its_regex(pair, name):
     }
     per_row = [bounded["A"], bounded["B"]] * 500
     prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (1000, len(PROMPT)))
-    kw = dict(max_new_tokens=8, eos_id=EOS, constraint=per_row)
+    kw = dict(max_new_tokens=8, sampling=SAMPLED, eos_id=EOS, constraint=per_row)
     if name == "plain":
         out = specjax.generate(jax.random.key(5), target, prompts, **kw)
     else:
@@ -501,7 +506,7 @@ def test_every_one_of_1000_json_rows_validates():
     prompt = tokenizer.encode("data = ").ids
     out = specjax.speculative_generate(
         jax.random.key(7), target, specjax.DraftModel(draft, num_draft=3), [prompt] * 1000,
-        max_new_tokens=40, constraint=c,
+        max_new_tokens=40, sampling=SAMPLED, constraint=c,
     )  # fmt: skip
     assert not np.any(np.asarray(out.truncated))
     rows = out.to_lists()

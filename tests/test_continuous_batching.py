@@ -40,7 +40,10 @@ def drafters(target):
         "draft_model": specjax.DraftModel(draft, num_draft=GAMMA),
         "draft_model_argmax": specjax.DraftModel(draft, num_draft=GAMMA, greedy_draft=True),
         "lookup": specjax.PromptLookup(ngram=2, num_draft=GAMMA),
-        "block": specjax.BlockDrafter.random(target, key=jax.random.key(5), num_draft=GAMMA),
+        # Argmax drafts: one-hot q (Proposal.probs None), as draft_confidence refuses.
+        "block": specjax.BlockDrafter.random(
+            target, key=jax.random.key(5), num_draft=GAMMA, mode="argmax"
+        ),
     }
 
 

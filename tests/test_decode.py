@@ -181,11 +181,16 @@ def test_no_recompilation_for_traced_settings(target, tmp_path):
     variants = [
         dict(sampling=specjax.SamplingConfig(temperature=0.5, top_p=0.9), max_new_tokens=7),
         dict(sampling=specjax.SamplingConfig(temperature=0.0), eos_id=3, max_new_tokens=20),
-        dict(sampling=specjax.SamplingConfig(top_k=5, min_p=0.2), eos_id=[3, 9, 11]),
+        dict(
+            sampling=specjax.SamplingConfig(temperature=1.0, top_k=5, min_p=0.2), eos_id=[3, 9, 11]
+        ),
         dict(sampling=specjax.SamplingConfig(**per_row), max_new_tokens=[4, 9], seeds=[7, 1]),
         dict(prompts=[[4, 5, 6, 4, 5, 6, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1]]),  # width 16
         dict(sampling=specjax.SamplingConfig(temperature=0.0, vocab_limit=40)),
-        dict(sampling=specjax.SamplingConfig(vocab_limit=np.asarray([V, 17])), eos_id=3),
+        dict(
+            sampling=specjax.SamplingConfig(temperature=1.0, vocab_limit=np.asarray([V, 17])),
+            eos_id=3,
+        ),
     ]
     drafters = {
         "lookup": lambda model: specjax.PromptLookup(ngram=2, num_draft=3),

@@ -104,7 +104,7 @@ def test_memory_check_counts_its_state_bytes(registered, target, monkeypatch):
 
     monkeypatch.setattr(specjax.decoding.checks, "check_fits_memory", record)
     cache_len = 64
-    for drafter in (specjax.NoDraft(), registered.cls()):
+    for drafter in (specjax.drafters.NoDraft(), registered.cls()):
         with pytest.raises(_MemoryChecked):
             specjax.speculative_generate(
                 jax.random.key(0), target, drafter, PROMPTS, max_new_tokens=MAX_NEW,

@@ -65,6 +65,7 @@ from specjax import training as train
 from specjax.drafters import prefill, score
 from specjax.drafters.eagle import EagleDrafter
 from specjax.io import drafter_weights
+from specjax.io.pretrained import default_drafter
 from specjax.sampling import greedy_tokens
 from specjax.testing import chi_square_pvalue, exact_sequence_probs, sequence_counts, tiny_model
 from specjax.training.eagle import eagle_ttt_loss, ttt_step_logits
@@ -430,7 +431,7 @@ def test_shipped_head_is_exact_on_the_bundled_target(bundled, gamma):
     """One bundled decode compile per γ (8 to 12 s each on a 2-core CPU); plain and
     speculative output are equal at the same forward width, BUNDLED_WIDTH."""
     target, prompts, plain = bundled
-    drafter = specjax.default_drafter("eagle", num_draft=gamma)
+    drafter = default_drafter("eagle", num_draft=gamma)
     assert isinstance(drafter, EagleDrafter) and drafter.num_draft == gamma
     spec = specjax.speculative_generate(
         jax.random.key(0), target, drafter, prompts, max_new_tokens=48, sampling=GREEDY,
@@ -445,7 +446,7 @@ def test_shipped_head_accepts_far_more_than_a_random_head(bundled):
     """Greedy γ = 4 on 8 code prompts: acceptance / tokens per call 0.60 / 3.28 shipped,
     0.001 / 1.005 random (measured). It reuses the γ = 4 program of the test above."""
     target, prompts, plain = bundled
-    shipped = specjax.default_drafter("eagle", num_draft=4)
+    shipped = default_drafter("eagle", num_draft=4)
     random = EagleDrafter.random(target, key=jax.random.key(0), num_draft=4)
     results = {}
     for name, drafter in (("shipped", shipped), ("random", random)):

@@ -17,6 +17,7 @@ from specjax.decoding.features import RowFeature
 from specjax.testing import tiny_model
 
 GREEDY = specjax.SamplingConfig.greedy()
+SAMPLED = specjax.SamplingConfig(temperature=1.0)
 PROMPTS = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [11, 12]]
 
 
@@ -81,7 +82,7 @@ def models():
 def _decode(models, speculative: bool, **kw):
     target, draft = models
     key = jax.random.key(3)
-    common = dict(max_new_tokens=12, num_slots=2, **kw)
+    common = dict(max_new_tokens=12, num_slots=2, sampling=SAMPLED) | kw
     if speculative:
         drafter = specjax.DraftModel(draft, num_draft=3)
         return specjax.speculative_generate(
@@ -119,11 +120,13 @@ def test_a_feature_with_state_and_output_follows_each_prompt(models, speculative
 @pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
 def test_a_feature_can_mask_the_distributions(models, speculative):
     ids = jnp.asarray(sorted({t for row in _decode(models, False).to_lists() for t in row})[:6])
-    expected = _decode(models, speculative, sampling=specjax.SamplingConfig(forbidden_ids=ids))
+    expected = _decode(
+        models, speculative, sampling=specjax.SamplingConfig(temperature=1.0, forbidden_ids=ids)
+    )
     got = _decode(
         models,
         speculative,
-        sampling=specjax.SamplingConfig(forbidden_ids=jnp.asarray([0])),
+        sampling=specjax.SamplingConfig(temperature=1.0, forbidden_ids=jnp.asarray([0])),
         features=[Forbid(ids=ids)],
     )
     assert expected.to_lists() == got.to_lists()

@@ -133,14 +133,14 @@ def test_probs_from_logits_reads_settings_along_the_leading_axis():
     """[B] settings meet target logits [B, γ+1, V] and draft logits [B, V] along B."""
     logits = jax.random.normal(jax.random.key(0), (B, GAMMA + 1, 16)) * 3
     config = specjax.SamplingConfig(temperature=jnp.asarray([0.0, 1.0, 0.5, 2.0]))
-    target = specjax.probs_from_logits(logits, config)
-    draft = specjax.probs_from_logits(logits[:, 0], config)
+    target = specjax.sampling.probs_from_logits(logits, config)
+    draft = specjax.sampling.probs_from_logits(logits[:, 0], config)
     for b, t in enumerate([0.0, 1.0, 0.5, 2.0]):
-        row = specjax.probs_from_logits(logits[b], specjax.SamplingConfig(temperature=t))
+        row = specjax.sampling.probs_from_logits(logits[b], specjax.SamplingConfig(temperature=t))
         np.testing.assert_array_equal(target[b], row)
         np.testing.assert_array_equal(draft[b], row[0])
     with pytest.raises(ValueError, match=r"SamplingConfig\.temperature has shape \[4\]"):
-        specjax.probs_from_logits(logits[:3], config)
+        specjax.sampling.probs_from_logits(logits[:3], config)
 
 
 # --------------------------------------------------------------------------------------

@@ -1,27 +1,18 @@
-"""The README's Python examples run as written.
+"""The README stays a front door, and CI runs the test command it gives.
 
-Blocks that start with ``# not run`` (they need checkpoints, devices or minutes
-a reader must supply) are only compiled.
+Its Python examples run with the docs' (tests/test_docs.py).
 """
 
 import re
 from pathlib import Path
 
-import pytest
-
 README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-# Slow tier: every README example end to end: 91 s in all.
-@pytest.mark.slow
-def test_readme_python_block_runs(index):
-    code = BLOCKS[index]
-    compiled = compile(code, f"README.md[python block {index}]", "exec")
-    if code.startswith("# not run"):
-        return
-    exec(compiled, {"__name__": f"readme_block_{index}"})
+def test_readme_is_short():
+    """At most 300 lines: the guides live in docs/."""
+    lines = README.read_text().count("\n")
+    assert lines <= 300, f"README.md has {lines} lines; move detail into docs/"
 
 
 def test_ci_runs_the_quickstart_test_command():

@@ -212,7 +212,7 @@ def test_logprobs_are_the_targets_processed_log_probabilities(pair, name):
         row_config = specjax.SamplingConfig(
             temperature=sampling.temperature[b], top_k=sampling.top_k[b]
         )
-        probs = specjax.probs_from_logits(logits[0, len(prompt) - 1 : -1], row_config)
+        probs = specjax.sampling.probs_from_logits(logits[0, len(prompt) - 1 : -1], row_config)
         expected = np.log(np.asarray(probs)[np.arange(len(tokens)), tokens])
         np.testing.assert_allclose(out.logprobs[b, : len(tokens)], expected, atol=2e-5)
     assert (np.asarray(out.logprobs[2]) == 0).all()  # greedy: one-hot, log 1

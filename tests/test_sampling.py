@@ -44,6 +44,8 @@ def test_config_fields_are_canonical_array_leaves():
     assert len(leaves) == 4
     assert [np.asarray(x).dtype for x in leaves] == [np.float32, np.int32, np.float32, np.float32]
     assert SamplingConfig.greedy().temperature == 0
+    # The default is greedy, as on the command line.
+    assert SamplingConfig().temperature == 0 and SamplingConfig() == SamplingConfig.greedy()
     # Arrays (and tracers) are kept as given.
     assert isinstance(SamplingConfig(temperature=jnp.ones(3)).temperature, jax.Array)
 
@@ -93,7 +95,7 @@ def test_changing_config_values_does_not_recompile():
 
     logits = jnp.zeros((2, 5))
     for config in (
-        SamplingConfig(),
+        SamplingConfig(temperature=1.0),
         SamplingConfig(temperature=0.3, top_k=2),
         SamplingConfig.greedy(),
         SamplingConfig(temperature=jnp.float32(2.0), top_p=0.5, min_p=0.1),
@@ -182,10 +184,10 @@ def test_truncation_matches_sort_reference(vocab):
 )
 def test_truncation_matches_reference_property(logits, top_k, top_p, min_p):
     """Random tied logits and knobs (one compiled program: knobs are traced)."""
-    config = SamplingConfig(top_k=top_k, top_p=top_p, min_p=min_p)
+    config = SamplingConfig(temperature=1.0, top_k=top_k, top_p=top_p, min_p=min_p)
     got = np.asarray(_jitted_probs(logits, config))
     expected, ambiguous = _reference_truncation(
-        np.asarray(_jitted_probs(logits, SamplingConfig())), top_k, top_p, min_p
+        np.asarray(_jitted_probs(logits, SamplingConfig(temperature=1.0))), top_k, top_p, min_p
     )
     if not ambiguous:
         np.testing.assert_array_equal(got > 0, expected > 0)
@@ -195,25 +197,31 @@ def test_truncation_matches_reference_property(logits, top_k, top_p, min_p):
 def test_top_k_keeps_ties_and_top_p_keeps_boundary_ties():
     logits = jnp.log(jnp.asarray([[0.4, 0.2, 0.2, 0.1, 0.1]]))
     np.testing.assert_allclose(
-        _jitted_probs(logits, SamplingConfig(top_k=2)), [[0.5, 0.25, 0.25, 0, 0]], rtol=1e-6
+        _jitted_probs(logits, SamplingConfig(temperature=1.0, top_k=2)),
+        [[0.5, 0.25, 0.25, 0, 0]],
+        rtol=1e-6,
     )
     # 0.4 < 0.5 = top_p: the next probability (0.2) joins, with its tie.
     np.testing.assert_allclose(
-        _jitted_probs(logits, SamplingConfig(top_p=0.5)), [[0.5, 0.25, 0.25, 0, 0]], rtol=1e-6
+        _jitted_probs(logits, SamplingConfig(temperature=1.0, top_p=0.5)),
+        [[0.5, 0.25, 0.25, 0, 0]],
+        rtol=1e-6,
     )
     np.testing.assert_allclose(
-        _jitted_probs(logits, SamplingConfig(min_p=0.45)), [[0.5, 0.25, 0.25, 0, 0]], rtol=1e-6
+        _jitted_probs(logits, SamplingConfig(temperature=1.0, min_p=0.45)),
+        [[0.5, 0.25, 0.25, 0, 0]],
+        rtol=1e-6,
     )
 
 
 @pytest.mark.parametrize(
     "config",
     [
-        SamplingConfig(),
+        SamplingConfig(temperature=1.0),
         SamplingConfig(temperature=0.6, top_k=40, top_p=0.9),
         SamplingConfig.greedy(),
     ],
-    ids=["default", "truncated", "greedy"],
+    ids=["t1", "truncated", "greedy"],
 )
 def test_bf16_logits_give_normalised_float32(config):
     logits = (4 * jax.random.normal(jax.random.key(0), (3, 5, 1000))).astype(jnp.bfloat16)
@@ -226,7 +234,7 @@ def test_bf16_logits_give_normalised_float32(config):
 
 
 _DEGENERATE_CONFIGS = [
-    SamplingConfig(),
+    SamplingConfig(temperature=1.0),
     SamplingConfig(temperature=0.5, top_k=2, top_p=0.5, min_p=0.2),
     SamplingConfig.greedy(),
 ]

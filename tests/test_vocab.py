@@ -112,7 +112,7 @@ def test_probs_from_logits_masks_ids_at_and_above_the_limit():
     uniform over the allowed ids only."""
     logits = jax.random.normal(jax.random.key(0), (3, 3, 8)).at[..., 5:].add(10.0)
     limits = np.asarray([5, 6, 8], np.int32)
-    probs_fn = jax.jit(specjax.probs_from_logits)
+    probs_fn = jax.jit(specjax.sampling.probs_from_logits)
     for config in (
         _sampled(1.0, vocab_limit=limits),
         _sampled(0.0, vocab_limit=limits),
@@ -328,7 +328,9 @@ def test_vocab_limit_is_traced_in_the_open_loop(target):
         assert (np.asarray(out.tokens) < np.asarray(limit).reshape(-1, 1)).all()
     assert compiled() == before
     # The open loop gives the tokens of one call (the default limit in both).
-    one_call = specjax.generate(jax.random.key(0), target, PROMPTS, max_new_tokens=12)
+    one_call = specjax.generate(
+        jax.random.key(0), target, PROMPTS, max_new_tokens=12, sampling=_sampled()
+    )
     assert first.to_lists() == one_call.to_lists()
 
 

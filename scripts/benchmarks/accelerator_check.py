@@ -17,7 +17,9 @@ The random pair's drafts are rarely accepted, so its speculative timing measures
 machinery; its flat random logits are full of near-ties, which makes it the harder
 equality test. Writes JSON to ``--out`` (default: ``$OUT/accelerator_check.json``
 when ``$OUT`` is set, else ``accelerator_check.json``) and exits 1 if an equality
-fails. On a CPU it runs as a smoke test (``--quick``: the bundled pair only).
+fails; the JSON records the date, the commit, the command and the machine (the
+accelerator included). On a CPU it runs as a smoke test (``--quick``: the bundled pair
+only).
 
     python scripts/benchmarks/accelerator_check.py
     python scripts/benchmarks/accelerator_check.py --quick --out /tmp/check.json
@@ -40,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import specjax  # noqa: E402
+from harness.machine import run_record  # noqa: E402
 from specjax.io.hf_config import config_from_hf  # noqa: E402
 from specjax.models.llama import Model  # noqa: E402
 
@@ -154,13 +157,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     device = jax.devices()[0]
     report = {
+        **run_record(argv),
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "device": getattr(device, "device_kind", str(device)),
         "dtype": "bfloat16",
         "gamma": GAMMA,
         "forward_width": WIDTH,
-        "date": time.strftime("%Y-%m-%d"),
         "pairs": {},
     }
     log(f"{report['backend']} {report['device']}, jax {report['jax']}")

@@ -7,6 +7,9 @@ spawned; "first token" is the moment stdout has carried the prompt and at least
 one byte more (the CLI prints the prompt, then streams the completion), "exit"
 when the process ends (it then times further runs for its speed summary).
 
+Writes ``--json`` (default ``scripts/benchmarks/results/cli_start/bundled.json``) with
+the date, the commit, the command and the machine.
+
     python scripts/benchmarks/bench_cli_start.py                       # bundled pair, 3 rounds
     python scripts/benchmarks/bench_cli_start.py --rounds 1 --json out.json
     python scripts/benchmarks/bench_cli_start.py -- --drafter none     # extra CLI flags after --
@@ -23,6 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+from harness.machine import RESULTS, run_record
 
 PROMPT = "def fibonacci(n):"
 
@@ -52,7 +58,10 @@ def main(argv=None):
     parser.add_argument(
         "--rounds", type=int, default=3, help="cold+warm pairs, each on a new cache"
     )
-    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--json", type=Path, default=RESULTS / "cli_start" / "bundled.json",
+        help="write the results here (default: %(default)s)",
+    )  # fmt: skip
     parser.add_argument("extra", nargs="*", help="flags passed on to specjax generate (after --)")
     args = parser.parse_args(argv)
     rows = []
@@ -83,11 +92,10 @@ def main(argv=None):
         f"median of {args.rounds}: first call {med['first_first_token_s']:.2f} s to the first "
         f"token, second call {med['second_first_token_s']:.2f} s"
     )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {"prompt": PROMPT, "extra": args.extra, "rounds": rows, "median": med}, f, indent=2
-            )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    results = {**run_record(argv), "prompt": PROMPT, "extra": args.extra}
+    results.update(rounds=rows, median=med)
+    args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 

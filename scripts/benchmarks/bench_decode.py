@@ -23,8 +23,10 @@ Greedy outputs of the two decoders are checked equal before anything is reported
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +35,18 @@ import numpy as np
 import specjax
 from specjax.core.timing import time_fn
 from specjax.decoding import resolve_cache_len
+
+
+def _run_record(argv) -> dict:
+    """`harness.machine.run_record`, loaded from its file: importing the harness package
+    would import its cost model, which needs this checkout's specjax, not the one
+    bench_decode_ab may have put first on the path."""
+    path = Path(__file__).resolve().parent / "harness" / "machine.py"
+    spec = importlib.util.spec_from_file_location("_bench_machine", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.run_record(argv)
+
 
 CODE_PROMPTS = [
     "def fibonacci(n):",
@@ -66,7 +80,7 @@ def bench_batch(target, draft, tokenizer, batch_size, args):
     prompts = make_prompts(tokenizer, batch_size, target.vocab_size)
     sampling = specjax.SamplingConfig(temperature=args.temperature)
     if args.drafter == "block":
-        drafter = specjax.default_drafter("block", num_draft=args.gamma)
+        drafter = specjax.io.pretrained.default_drafter("block", num_draft=args.gamma)
     else:
         drafter = specjax.DraftModel(draft, num_draft=args.gamma)
     key = jax.random.key(args.seed)
@@ -139,7 +153,9 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument(
+        "--json", help="also write the rows, with the date, commit and machine, to this file"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny random pair (smoke test)")
     parser.add_argument(
         "--drafter",
@@ -177,8 +193,11 @@ def main(argv=None):
     for row in rows:
         print("| " + " | ".join(f.format(row[c]) for c, f in cols) + " |")
     if args.json:
+        # specjax_path: the checkout decoded (bench_decode_ab runs this script with
+        # another checkout first on the import path).
+        record = dict(_run_record(argv), specjax_path=str(Path(specjax.__file__).parent))
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump(dict(record, rows=rows), f, indent=2)
 
 
 if __name__ == "__main__":

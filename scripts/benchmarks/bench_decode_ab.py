@@ -6,7 +6,10 @@ only) on the bundled pair for each drafter, alternating the checkouts round by r
 batch size and decoder, the median tokens/s over rounds of each checkout and their
 ratio.
 
-    python scripts/benchmarks/bench_decode_ab.py --before f268c2a --out docs/bench_decode_ab
+    python scripts/benchmarks/bench_decode_ab.py --before f268c2a
+
+Writes ``OUT/bundled.json`` (``--out`` default ``scripts/benchmarks/results/decode_ab``)
+with the date, both commits, the command and the machine.
 
 ``--before`` is a commit (checked out into a temporary git worktree) or a folder. A
 checkout older than `specjax.core.timing` gets this checkout's copy of that module (a timer,
@@ -16,7 +19,6 @@ no decoding code), so that the script runs there unchanged.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -26,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.machine import machine_info
+from harness.machine import RESULTS, run_record
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("bench_decode.py")
@@ -59,7 +61,7 @@ def _run(tree: Path, drafter: str, args, out: Path) -> list[dict]:
     cmd += ["--batch", *map(str, args.batch), "--repeats", str(args.repeats)]
     cmd += ["--max-new-tokens", str(args.max_new_tokens), "--gamma", str(args.gamma)]
     subprocess.run(cmd, env=env, check=True, cwd=tree)
-    return json.loads(out.read_text())
+    return json.loads(out.read_text())["rows"]
 
 
 def _summary(rows: list[dict]) -> list[dict]:
@@ -93,7 +95,10 @@ def main(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--drafters", nargs="+", default=["model", "block"])
-    parser.add_argument("--out", type=Path, required=True, help="folder for results.json")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS / "decode_ab",
+        help="folder for bundled.json (default: %(default)s)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -114,19 +119,18 @@ def main(argv=None):
                 _git("worktree", "remove", "--force", str(before))
     summary = _summary(rows)
     before_id = args.before if Path(args.before).is_dir() else _git("rev-parse", args.before)
-    after_id = _git("rev-parse", "HEAD").strip()
-    if _git("status", "--porcelain", "--untracked-files=no").strip():
-        after_id += " (with uncommitted changes)"
+    record = run_record(argv)
     result = {
-        "command": "python scripts/benchmarks/bench_decode_ab.py " + " ".join(argv or sys.argv[1:]),
-        "date": datetime.date.today().isoformat(),
+        "command": record["command"],
+        "date": record["date"],
+        "commit": record["commit"],
         "before": before_id.strip(),
-        "after": after_id,
-        "machine": machine_info(),
+        "after": record["commit"],
+        "machine": record["machine"],
         "summary": summary,
         "rows": rows,
     }
-    (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "bundled.json").write_text(json.dumps(result, indent=2) + "\n")
     print("| drafter | batch | decoder | before tok/s | after tok/s | after / before |")
     print("|---|---|---|---|---|---|")
     for s in summary:

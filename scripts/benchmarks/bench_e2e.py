@@ -9,7 +9,9 @@ of new tokens, at temperature 0 and 1, it measures:
     states drafts ``--block-gamma`` tokens), at batch 1 and at a large batch
     (``--large-batch``, default 16);
   * transformers (PyTorch, CPU, float32, same weights loaded from the same
-    Hugging Face folders or GGUF file, token ids in, no tokenizer): plain
+    Hugging Face folders or GGUF file, token ids in, no tokenizer), in a process of
+    its own (`harness.hf_worker`: a JAX runtime in the same process slowed it about
+    3x), its torch threads set to the fastest of 1 .. every core: plain
     ``generate``, assisted generation with the draft as ``assistant_model`` (γ tokens
     per step, constant schedule, no confidence cut-off; only with a draft) and prompt
     lookup (``prompt_lookup_num_tokens=γ``), at batch 1 only: transformers refuses
@@ -31,7 +33,7 @@ batch decodes each workload's prompts in batches of that many rows, cycling thro
 them to fill the last batch.
 
 The block drafter is ``--block-drafter PATH`` if given, else the bundled one
-(``specjax.default_drafter("block")``) on the bundled pair, else (``--quick``, other
+(``specjax.io.pretrained.default_drafter("block")``) on the bundled pair, else (``--quick``, other
 targets, or no bundled drafter yet) one with random weights; the config says which.
 
 EOS never stops a row, so every system generates exactly ``--max-new-tokens``.
@@ -41,16 +43,23 @@ and position with the two tokens' logit gap, and exits with status 1.
 ``--tie-tol`` tolerates (and reports) transformers mismatches at near-ties; the
 specjax systems must always agree exactly.
 
-Times are medians over ``--repeats`` passes over all prompts, after a separate
-first pass: for specjax, compile time = first pass - median; for transformers
-(no compilation) the first pass is reported next to the median. The predicted
+Both frameworks get the same prompts, the same first (warm-up) pass and the same
+``--repeats`` timed passes; times are the medians of those passes over all prompts:
+for specjax, compile time = first pass - median; for transformers (no compilation)
+the first pass is reported next to the median. A ratio against transformers is
+against its fastest system at that temperature, plain decoding included. The predicted
 speedup of speculative decoding comes from the measured acceptance probability α
 and the measured costs of one draft proposal and one verification, as in
 ``bench_decode.py`` (see ``harness.costs``). The performance targets are the bundled
 pair's (``TARGETS``) for the bundled and the ``--quick`` random pair, and the
 real-model targets (``REAL_TARGETS``) for any ``--target``.
 
-    python scripts/benchmarks/bench_e2e.py --out docs/bench_e2e           # bundled pair
+Writes ``OUT/NAME.json`` (with the date, the commit, the command and the machine),
+``OUT/NAME.md`` and ``OUT/NAME_<figure>.png``; ``--out`` defaults to
+``scripts/benchmarks/results/e2e`` and ``--name`` to the model (``bundled`` for the
+bundled pair, ``quick`` for ``--quick``).
+
+    python scripts/benchmarks/bench_e2e.py                                 # bundled pair
     python scripts/benchmarks/bench_e2e.py --target T --draft D --out DIR  # HF folders
     python scripts/benchmarks/bench_e2e.py --quick --out /tmp/e2e          # tiny pair, seconds
     python scripts/benchmarks/bench_e2e.py --block-drafter DIR --out DIR   # another drafter
@@ -59,7 +68,7 @@ A real model without a draft (there is no smaller SmolLM2 to draft for the 135M
 model, so no assisted generation either), with its trained block drafter:
 
     python scripts/benchmarks/bench_e2e.py --target /path/SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --block-drafter BLOCK_DRAFTER_DIR --large-batch 8 --out docs/bench_e2e_smollm2
+        --block-drafter BLOCK_DRAFTER_DIR --large-batch 8          # results/e2e/smollm2-135m.*
     python scripts/benchmarks/bench_e2e.py --quick --target /path/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --out /tmp/e2e_smollm2   # minutes: 1 prompt per workload, 8 new tokens, batch 1 and 2
 
@@ -79,6 +88,7 @@ from pathlib import Path
 # __all__ are re-exported: tests and users load this script as a module and call them.
 from harness.e2e import run_benchmark
 from harness.greedy import GreedyMismatchError, check_greedy_outputs
+from harness.machine import RESULTS
 from harness.pairs import (
     DEFAULT_BLOCK_GAMMA,
     PROMPTS_FILE,
@@ -169,7 +179,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--torch-threads",
         default="auto",
-        help="torch threads; auto: the faster of 1 and 2 on a short probe (default)",
+        help="torch threads; auto: the fastest of 1 .. every core on a short probe (default)",
     )
     parser.add_argument(
         "--tie-tol",
@@ -179,11 +189,17 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--scan-layers", action="store_true",
-        help="run --target's layers as one lax.scan (compiles once for any depth; README, "
+        help="run --target's layers as one lax.scan (compiles once for any depth; docs/models.md, "
         "'Layer scan', for its cost per step); on with --quick --target",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, help="write results.json, results.md and plots here")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS / "e2e",
+        help="folder for NAME.json, NAME.md and the figures (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--name", help="file name stem (default: bundled, quick, or the --target's model)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument(
         "--quick",
@@ -194,6 +210,10 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.draft and not args.target:
         parser.error("--draft needs --target")
+    if args.name is None:
+        args.name = (
+            "quick" if args.quick else model_name(args.target).lower() if args.target else "bundled"
+        )
     if args.quick and args.target:
         quick_real(args)
     elif args.quick:
@@ -242,12 +262,11 @@ def main(argv=None) -> int:
     print(text)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(results, indent=2))
-        (args.out / "results.md").write_text(text + "\n")
-        for path in plot(results, args.out):
-            log(f"wrote {path}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=2))
+    (args.out / f"{args.name}.md").write_text(text + "\n")
+    for path in plot(results, args.out, args.name):
+        log(f"wrote {path}")
     return 0
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """The real pair on this CPU: Qwen2.5-Coder-0.5B drafting for Qwen2.5-Coder-1.5B.
 
-Stages (``--stages``, in this order; each writes its part of ``--out/results.json``):
+Stages (``--stages``, in this order; each writes its part of ``OUT/NAME.json``, with
+the date, the commit, the command and the machine; ``--out`` defaults to
+``scripts/benchmarks/results/real_pair`` and ``--name`` to ``pair``):
 
 * ``load``: the 1.5B's load time through the converted-weights cache, first (the
   GGUF is dequantized and the entry written, unless it is already there) and second
@@ -23,11 +25,11 @@ Stages (``--stages``, in this order; each writes its part of ``--out/results.jso
   first ``--combos`` entry at the first chain of ``--gammas`` (``--t1-gamma`` at T = 1),
   all timed round robin in one run, T = 0 and T = 1, with each plain precision's greedy
   agreement with float32's.
-* ``hf``: transformers on the same GGUF files: plain, ``assistant_model=`` the 0.5B
-  and ``prompt_lookup_num_tokens``, float32 and bfloat16, T = 0, with each one's
-  greedy agreement with specjax's float32 output.
 
-    python scripts/benchmarks/bench_pair.py --out docs/bench_pair                  # everything
+transformers on the same files is ``bench_real_pair.py --stages peers``, each system in
+a process of its own.
+
+    python scripts/benchmarks/bench_pair.py                                        # everything
     python scripts/benchmarks/bench_pair.py --stages steps logits --out /tmp/pair  # a part
     python scripts/benchmarks/bench_pair.py --quick --out /tmp/pair                # minutes
 
@@ -38,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -49,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from harness.machine import machine_info
+from harness.machine import RESULTS, run_record
 from specjax.core.timing import time_interleaved, time_runs
 from specjax.models.quant import quantize
 from specjax.verification.tree import Tree
@@ -67,9 +68,13 @@ def log(msg: str) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
-        "--stages", nargs="+", default=["load", "steps", "logits", "e2e", "fastest", "hf"]
+        "--stages",
+        nargs="+",
+        default=["load", "steps", "logits", "e2e", "fastest"],
+        choices=["load", "steps", "logits", "e2e", "fastest"],
     )
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, default=RESULTS / "real_pair")
+    p.add_argument("--name", default="pair", help="results file name stem (default: pair)")
     p.add_argument(
         "--precisions",
         nargs="+",
@@ -533,76 +538,13 @@ def fastest_ratios(systems: list[dict]) -> dict[str, dict]:
     return out
 
 
-def stage_hf(args, results, workloads, reference):
-    import torch
-    import transformers
-
-    torch.set_num_threads(os.cpu_count() or 1)
-    tpath, dpath = specjax.fetch(TARGET), specjax.fetch(DRAFT)
-    prompts = [p for ps in workloads.values() for p in ps]
-    rows = []
-    for dtype in (torch.float32, torch.bfloat16):
-
-        def load(path, dtype=dtype):
-            return transformers.AutoModelForCausalLM.from_pretrained(
-                str(path.parent), gguf_file=path.name, dtype=dtype
-            ).eval()
-
-        tgt, asst = load(tpath), load(dpath)
-        for method, extra in (
-            ("plain", {}),
-            ("assistant", {"assistant_model": asst}),
-            ("lookup", {"prompt_lookup_num_tokens": max(chain_gammas(args))}),
-        ):
-            outs, best = None, None
-            for rep in range(2):
-                t = time.perf_counter()
-                res = []
-                with torch.no_grad():
-                    for p in prompts:
-                        ids = torch.tensor([p])
-                        gen = tgt.generate(
-                            ids,
-                            attention_mask=torch.ones_like(ids),
-                            max_new_tokens=args.max_new_tokens,
-                            do_sample=False,
-                            **extra,
-                        )
-                        res.append(gen[0, len(p) :].tolist())
-                dt = time.perf_counter() - t
-                if rep == 1:
-                    best, outs = dt, res
-            n = sum(len(r) for r in outs)
-            agree = np.mean(
-                [
-                    np.mean([a == b for a, b in zip(r, ref, strict=False)]) if r else 0.0
-                    for r, ref in zip(outs, reference, strict=True)
-                ]
-            )
-            row = dict(
-                dtype=str(dtype).removeprefix("torch."),
-                method=method,
-                tok_s=round(n / best, 2),
-                greedy_agreement_with_f32=round(float(agree), 3),
-            )
-            log(f"hf {row}")
-            rows.append(row)
-        del tgt, asst
-    results["hf"] = rows
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "results.json"
+    path = args.out / f"{args.name}.json"
     results = json.loads(path.read_text()) if path.exists() else {}
-    results["machine"] = machine_info()
+    results.update(run_record(argv))
     results["config"] = {k: str(v) for k, v in vars(args).items()}
-    results["date"] = time.strftime("%Y-%m-%d %H:%M")
-    results["commit"] = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    results["command"] = "python scripts/benchmarks/bench_pair.py " + " ".join(argv or sys.argv[1:])
 
     def save():
         path.write_text(json.dumps(results, indent=2) + "\n")
@@ -626,17 +568,6 @@ def main(argv=None) -> int:
         save()
     if "fastest" in rest:
         stage_fastest(args, results, target, draft, workloads)
-        save()
-    if "hf" in rest:
-        prompts = [p for ps in workloads.values() for p in ps]
-        ref = specjax.generate(
-            jax.random.key(0),
-            target,
-            prompts,
-            max_new_tokens=args.max_new_tokens,
-            sampling=specjax.SamplingConfig.greedy(),
-        ).to_lists()
-        stage_hf(args, results, workloads, ref)
         save()
     return 0
 

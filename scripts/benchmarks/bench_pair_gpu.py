@@ -10,7 +10,7 @@ One prepared run of a few minutes. Qwen2.5-Coder-1.5B
 * end to end: plain ``generate`` and ``speculative_generate`` with the draft model at
   each γ, ``--tokens`` new tokens, greedy, with how far the greedy outputs agree;
 * the speedup each γ would give at the acceptance measured on the CPU with the real
-  weights (the chat and code-editing workloads, `docs/bench_pair`): with
+  weights (the chat and code-editing workloads, ``bench_pair.py --stages e2e``): with
   per-draft acceptance α, a step emits (1 - α^(γ+1)) / (1 - α) tokens on average and
   costs γ draft steps plus one verify, against that many plain steps.
 
@@ -20,6 +20,12 @@ Weights: the real ones when ``--weights`` points at the converted-weights folder
 larger than what travels to it). Step costs depend on shapes only; the random pair's
 acceptance is near 0, so its end-to-end speculative rows measure the machinery, and
 the speedups come from the formula above.
+
+Writes ``OUT/NAME.json`` (default: ``gpu_<device>_<dtype>.json`` in
+``scripts/benchmarks/results/real_pair``) with the date, the commit, the command and
+the machine (its accelerator included).
+The speedups it models are a formula over measured step costs and a CPU acceptance,
+not a measured end-to-end speedup.
 
     python scripts/benchmarks/bench_pair_gpu.py --out /tmp/pair_gpu            # random weights
     python scripts/benchmarks/bench_pair_gpu.py --weights TARGET_DIR DRAFT_DIR --out /tmp/pair_gpu
@@ -41,11 +47,12 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import specjax  # noqa: E402
+from harness.machine import RESULTS, run_record  # noqa: E402
 from specjax.io.hf_config import config_from_hf  # noqa: E402
 from specjax.models.llama import Model  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parent / "pair_configs"
-# Per-draft acceptance α of the float32 pair on the CPU (`docs/bench_pair`):
+# Per-draft acceptance α of the float32 pair on the CPU (bench_pair.py's e2e stage):
 # 0.687 at γ = 3 with the int8 draft, 0.623 at γ = 4; one chat prompt alone gave
 # 0.94. The speedups are given for each.
 ALPHAS = (0.62, 0.69, 0.8, 0.94)
@@ -90,7 +97,8 @@ def step_costs(model, context: int, widths, repeats: int) -> dict[int, float]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, default=RESULTS / "real_pair")
+    p.add_argument("--name", help="results file name stem (default: gpu_<device>_<dtype>)")
     p.add_argument("--weights", nargs=2, default=None, metavar=("TARGET_DIR", "DRAFT_DIR"))
     p.add_argument("--context", type=int, default=160)
     p.add_argument("--tokens", type=int, default=64)
@@ -175,13 +183,15 @@ def main() -> int:
                 )  # fmt: skip
             )
     results = dict(
-        machine=dict(devices=[str(d) for d in jax.devices()], jax=jax.__version__),
+        **run_record(),
         weights="real" if args.weights else "random (same shapes)",
         dtype=args.dtype, context=args.context,
         target_ms={str(k): v for k, v in target_ms.items()}, draft_step_ms=draft_ms,
         e2e=e2e, modelled_speedup=modelled,
     )  # fmt: skip
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    kind = jax.devices()[0].device_kind.split()[-1].lower()  # "NVIDIA H200": "h200"
+    name = args.name or f"gpu_{kind}_{args.dtype}"
+    (args.out / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
     best = max(modelled, key=lambda r: (r["alpha"] == 0.69, r["speedup"]))
     log(f"best at α 0.69: γ {best['gamma']} speedup {best['speedup']:.2f}")
     return 0

@@ -22,17 +22,19 @@ Stages (``--stages``; all by default):
   round after a warm-up: specjax with no tuning flags (the `specjax.io.presets` entry the
   CLI applies) and plain decoding at its fastest (int8, width 1), and transformers in
   float32 and bfloat16, each as plain decoding, assisted generation with the 0.5B and
-  prompt lookup, its torch threads probed (the faster of 1 and all cores, per dtype).
+  prompt lookup, its torch threads probed (the fastest of 1 .. every core, per dtype;
+  the transformers processes import neither jax nor specjax).
   64 and 128 new tokens; T = 0 (transformers: greedy) and T = 1 (specjax).
 * ``cli``: ``specjax generate --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b
   --chat TEXT --max-new-tokens 64 --compare --json``, the command a user runs, with no
   tuning flags, on each prompt at T = 0: its speed, its speedup over plain decoding,
   and whether its output equals plain decoding at its forward width.
 
-Writes ``OUT/results.json`` (with the commit, the machine and the library versions);
-a stage's results replace that stage's earlier ones.
+Writes ``OUT/NAME.json`` (default ``scripts/benchmarks/results/real_pair/cpu.json``),
+with each stage's date, commit, command and machine; a stage's results replace that
+stage's earlier ones.
 
-    python scripts/benchmarks/bench_real_pair.py --out docs/bench_real_pair
+    python scripts/benchmarks/bench_real_pair.py
     python scripts/benchmarks/bench_real_pair.py --out /tmp/rp --stages sweep --rounds 1 --quick
 """
 
@@ -48,6 +50,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
+# harness.machine.RESULTS; not imported at the top: harness imports jax, and the
+# transformers servers run this file.
+RESULTS = ROOT / "scripts" / "benchmarks" / "results"
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 
@@ -132,14 +137,12 @@ class SpecjaxSide:
 class TransformersSide:
     """transformers' systems in one dtype: ``hf-<dtype>-<plain|assistant|lookup>``."""
 
-    def __init__(self, dtype: str):
+    def __init__(self, dtype: str, paths: list[str]):
         import torch
         import transformers
 
-        import specjax
-
         self.torch = torch
-        paths = [specjax.fetch(TARGET), specjax.fetch(DRAFT)]
+        paths = [Path(p) for p in paths]  # the GGUF files, fetched by the coordinator
         load = lambda p: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
             str(p.parent), gguf_file=p.name, dtype=getattr(torch, dtype)
         ).eval()
@@ -150,11 +153,11 @@ class TransformersSide:
         self.threads = self.probe_threads()
 
     def probe_threads(self) -> int:
-        """The faster torch thread count for this dtype: 1 or every core."""
+        """The fastest torch thread count for this dtype, of 1 .. every core."""
         torch = self.torch
         ids = torch.tensor([list(range(100, 140))])
         best = None
-        for n in sorted({1, os.cpu_count() or 1}):
+        for n in range(1, (os.cpu_count() or 1) + 1):
             torch.set_num_threads(n)
             times = []
             for _ in range(3):
@@ -201,9 +204,12 @@ class TransformersSide:
 
 
 def serve(side: str, systems: list[str]) -> int:
-    """Answers one JSON job per stdin line with one JSON line on stdout."""
+    """Answers one JSON job per stdin line with one JSON line on stdout.
+
+    A transformers side (``hf:<dtype>``) takes the two GGUF paths as its ``systems``.
+    """
     if side.startswith("hf:"):
-        server = TransformersSide(side.split(":")[1])
+        server = TransformersSide(side.split(":")[1], systems)
     else:
         server = SpecjaxSide(systems)
     print(json.dumps({"ready": True}), flush=True)
@@ -352,8 +358,11 @@ def stage_peers(args, results):
     servers = {s: None for s in specjax_systems + hf}
     side = Server("specjax", specjax_systems)
     servers.update({s: side for s in specjax_systems})
+    import specjax  # here, so that the transformers processes never import jax
+
+    paths = [str(specjax.fetch(TARGET)), str(specjax.fetch(DRAFT))]
     for dtype in ("float32", "bfloat16"):
-        server = Server(f"hf:{dtype}", [])
+        server = Server(f"hf:{dtype}", paths)
         servers.update({s: server for s in hf if s.startswith(f"hf-{dtype}")})
     tokens = (64, 128) if not args.quick else (16,)
     workloads = [
@@ -420,7 +429,8 @@ def stage_cli(args, results):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=Path, default=RESULTS / "real_pair")
+    p.add_argument("--name", default="cpu", help="results file name stem (default: cpu)")
     p.add_argument(
         "--stages", nargs="+", default=["sweep", "peers", "cli"], choices=["sweep", "peers", "cli"]
     )
@@ -431,28 +441,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.serve:
         return serve(args.serve, args.systems)
-    if args.out is None:
-        p.error("--out is required")
-    from harness.machine import machine_info
+    from harness.machine import run_record
 
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "results.json"
+    path = args.out / f"{args.name}.json"
     results = json.loads(path.read_text()) if path.exists() else {}
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     for stage in args.stages:
         log(f"stage {stage}")
-        started = time.strftime("%Y-%m-%d %H:%M")
+        record = run_record(argv)  # the date it started, the commit, the machine
         {"sweep": stage_sweep, "peers": stage_peers, "cli": stage_cli}[stage](args, results)
-        results.setdefault("runs", {})[stage] = {
-            "date": started,
-            "commit": commit,
-            "machine": machine_info(),
-            "command": " ".join(
-                ["python", "scripts/benchmarks/bench_real_pair.py", *(argv or sys.argv[1:])]
-            ),
-        }
+        results.setdefault("runs", {})[stage] = record
         path.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 

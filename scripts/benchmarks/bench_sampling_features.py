@@ -7,10 +7,14 @@ batch-1 run of plain decoding and one of speculative decoding with the pair's dr
 on the same prompt, at T = 0 and T = 1: milliseconds per generated token (median of
 ``--repeats`` steady runs after a compiling one), the speedup and the acceptance.
 
-    python scripts/benchmarks/bench_sampling_features.py \\
-        --json docs/bench_sampling_features/results.json
+Writes ``--json`` (default ``scripts/benchmarks/results/sampling_features/<pair>.json``,
+the SmolLM2 pair's ``smollm2-135m.json``) with the date, the commit, the command and the
+machine.
+
+    python scripts/benchmarks/bench_sampling_features.py
     python scripts/benchmarks/bench_sampling_features.py --pair smollm2  # + its block drafter
-    python scripts/benchmarks/bench_sampling_features.py --features "none,json schema"
+    python scripts/benchmarks/bench_sampling_features.py --features "none,json schema" \\
+        --json scripts/benchmarks/results/sampling_features/json_schema_bundled.json
 
 The stop strings never match so that every run generates the same number of tokens.
 So does the JSON schema: its document needs more characters than the budget holds.
@@ -20,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 from pathlib import Path
 
@@ -29,6 +31,7 @@ import jax
 import numpy as np
 
 import specjax
+from harness.machine import RESULTS, run_record
 from specjax.core.timing import time_runs
 
 PROMPT = "def parse_config(path):\n    "
@@ -41,7 +44,7 @@ def _pair(name: str):
     from specjax.io.fetch import smollm2_gguf
 
     target = specjax.load_pretrained(smollm2_gguf(), scan_layers=True)
-    return target, specjax.smollm2_drafter(target), target.tokenizer
+    return target, specjax.io.pretrained.smollm2_drafter(target), target.tokenizer
 
 
 # A document that cannot be complete within the budget (a string of at least 160
@@ -78,9 +81,17 @@ def main() -> None:
     parser.add_argument("--pair", choices=["bundled", "smollm2"], default="bundled")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="default: <pair>.json in " + str(RESULTS / "sampling_features"),
+    )
     parser.add_argument("--features", default=None, help="comma-separated subset to run")
     args = parser.parse_args()
+    if args.json is None:
+        name = {"bundled": "bundled", "smollm2": "smollm2-135m"}[args.pair]
+        args.json = RESULTS / "sampling_features" / f"{name}.json"
 
     target, drafter, tokenizer = _pair(args.pair)
     prompt = [tokenizer.encode(PROMPT).ids]
@@ -126,13 +137,8 @@ def main() -> None:
                 f"acceptance {row['acceptance']:.2f}",
                 flush=True,
             )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        machine = dict(
-            python=platform.python_version(), jax=jax.__version__,
-            processor=platform.processor(), cpus=os.cpu_count(),
-        )  # fmt: skip
-        args.json.write_text(json.dumps(dict(machine=machine, rows=rows), indent=1))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(dict(run_record(), rows=rows), indent=1))
 
 
 if __name__ == "__main__":

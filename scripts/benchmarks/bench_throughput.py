@@ -24,7 +24,9 @@ confidence threshold ``draft_confidence`` (τ), at 1 and 16 slots.
     python scripts/benchmarks/bench_throughput.py                 # bundled pair, ~15 min here
     python scripts/benchmarks/bench_throughput.py --quick         # tiny random pair, ~1 min
 
-Writes ``throughput.json`` and ``throughput.md`` under ``--out``.
+Writes ``NAME.json`` (with the date, the commit, the command and the machine) and
+``NAME.md`` under ``--out`` (default ``scripts/benchmarks/results/throughput``; ``--name``
+defaults to ``bundled``, or ``quick`` with ``--quick``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import jax
 import numpy as np
 
 import specjax
+from harness.machine import RESULTS, run_record
 from specjax.core.timing import time_fn
 from specjax.training import data
 from specjax.training import tokenizer as tokenizer_lib
@@ -61,8 +64,11 @@ def parse_args(argv=None):
     parser.add_argument("--table", default=None,
                         help="'rows:γ,...' adaptive table to use as given: skips the static "
                              "and fixed-γ runs that otherwise choose it")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=Path("docs/bench_throughput"))
+    parser.add_argument("--out", type=Path, default=RESULTS / "throughput")
+    parser.add_argument("--name", help="file name stem (default: bundled, or quick)")
     args = parser.parse_args(argv)
+    if args.name is None:
+        args.name = "quick" if args.quick else "bundled"
     if args.quick:
         args.num_prompts, args.slots, args.gammas, args.repeats = 6, [1, 3], [1], 1
         args.min_new, args.max_new, args.sampled_slots, args.confidences = 4, 12, [3], [0.3]
@@ -87,7 +93,7 @@ def load(args):
         )
         return target, draft, block, None
     target, draft, tok = specjax.default_pair()
-    block = specjax.default_drafter("block", num_draft=max(args.gammas))
+    block = specjax.io.pretrained.default_drafter("block", num_draft=max(args.gammas))
     return target, draft, block, tokenizer_lib.eos_id(tok)
 
 
@@ -292,16 +298,17 @@ def main(argv=None):
     slot_rows, table = sweep_slots(args, target, block, eos, prompts, budgets)
     sampled_rows = sweep_sampled(args, target, draft, eos, prompts, budgets)
     results = dict(
+        **run_record(argv),
         config=dict(vars(args), out=str(args.out), device=jax.devices()[0].device_kind,
                     budgets=budgets.tolist(), prompt_lengths=[len(p) for p in prompts]),
         slots=slot_rows, table={str(k): v for k, v in table.items()}, sampled=sampled_rows,
         targets=targets(slot_rows, args.slots), wall_s=time.perf_counter() - start,
     )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "throughput.json").write_text(json.dumps(results, indent=2))
-    (args.out / "throughput.md").write_text(markdown(results))
+    (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=2))
+    (args.out / f"{args.name}.md").write_text(markdown(results))
     print(markdown(results))
-    print(f"wrote {args.out}/throughput.json and throughput.md ({results['wall_s']:.0f} s)")
+    print(f"wrote {args.out}/{args.name}.json and .md ({results['wall_s']:.0f} s)")
     return results
 
 

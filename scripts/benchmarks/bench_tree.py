@@ -20,9 +20,11 @@ issue's target: best tree ≥ 1.15 × best chain at batch 1).
     python scripts/benchmarks/bench_tree.py              # bundled pair, ~20 min here
     python scripts/benchmarks/bench_tree.py --quick      # tiny random pair, ~1 min
     python scripts/benchmarks/bench_tree.py --target SmolLM2-135M-Instruct.Q4_1.gguf --batches 1 \\
-        --gammas 2 3 --trees 2,1 2,2 3,1,1 --prompts 2 --max-new 32 --out docs/bench_tree_smollm2
+        --gammas 2 3 --trees 2,1 2,2 3,1,1 --prompts 2 --max-new 32 --name smollm2-135m
 
-Writes ``tree.json`` and ``tree.md`` under ``--out``.
+Writes ``NAME.json`` (with the date, the commit, the command and the machine) and
+``NAME.md`` under ``--out`` (default ``scripts/benchmarks/results/tree``; ``--name``
+defaults to ``bundled``, ``quick`` with ``--quick``, or ``target`` with ``--target``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import jax
 import numpy as np
 
 import specjax
+from harness.machine import RESULTS, run_record
 from specjax.core.timing import time_fn
 from specjax.training import data
 from specjax.verification.tree import Tree
@@ -55,10 +58,13 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--target", type=Path, default=None,
                         help="SmolLM2-135M(-Instruct) as a .gguf file or folder: measure its "
-                             "shipped block drafter (specjax.smollm2_drafter) instead of the "
-                             "bundled pair's drafters")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=Path("docs/bench_tree"))
+                             "shipped block drafter (specjax.io.pretrained.smollm2_drafter) "
+                             "instead of the bundled pair's drafters")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=RESULTS / "tree")
+    parser.add_argument("--name", help="file name stem (default: bundled, quick or target)")
     args = parser.parse_args(argv)
+    if args.name is None:
+        args.name = "quick" if args.quick else "target" if args.target else "bundled"
     if args.quick:
         args.gammas, args.trees, args.batches = [2], ["2,1"], [1, 3]
         args.prompts, args.max_new, args.repeats = 2, 8, 1
@@ -84,15 +90,15 @@ def load(args):
         import jax.numpy as jnp
 
         target = specjax.load_pretrained(args.target, dtype=jnp.float32)
-        drafters = {"block": specjax.smollm2_drafter(target)}
+        drafters = {"block": specjax.io.pretrained.smollm2_drafter(target)}
         return target, drafters, _stdlib_prompts(target)
     target, draft, _ = specjax.default_pair()
     drafters = {"model": specjax.DraftModel(draft)}
     if "block" in args.drafters:
-        drafters["block"] = specjax.default_drafter("block")
+        drafters["block"] = specjax.io.pretrained.default_drafter("block")
     if "eagle" in args.drafters:
         try:
-            drafters["eagle"] = specjax.default_drafter("eagle")
+            drafters["eagle"] = specjax.io.pretrained.default_drafter("eagle")
         except (ValueError, FileNotFoundError, OSError) as e:
             print(f"  (no eagle drafter: {e})", flush=True)
     drafters = {k: v for k, v in drafters.items() if k in args.drafters}
@@ -190,11 +196,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     target, drafters, prompts = load(args)
     results = []
+    record = run_record(argv)
+    path = args.out / f"{args.name}.json"
     args.out.mkdir(parents=True, exist_ok=True)
     for batch in args.batches:
         results += run_batch(args, target, drafters, prompts, batch)
         # Written after each batch size, so a long run that dies keeps what it measured.
-        (args.out / "tree.json").write_text(json.dumps(dict(results=results), indent=1))
+        path.write_text(json.dumps(dict(**record, results=results), indent=1))
     summary, lines = summarise(results)
     table = ["| batch | drafter | system | tok/s | τ | × plain |", "|---|---|---|---|---|---|"]
     for r in results:
@@ -203,11 +211,11 @@ def main(argv=None) -> int:
                      f"{r['tokens_per_s']:.1f} | {r['tau']:.2f} | "
                      f"{r['tokens_per_s'] / plain['tokens_per_s']:.2f} |")  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    report = dict(results=results, summary=summary)
-    (args.out / "tree.json").write_text(json.dumps(report, indent=1))
-    (args.out / "tree.md").write_text("\n".join(lines + [""] + table) + "\n")
+    report = dict(**record, results=results, summary=summary)
+    path.write_text(json.dumps(report, indent=1))
+    path.with_suffix(".md").write_text("\n".join(lines + [""] + table) + "\n")
     print("\n".join(lines))
-    print(f"wrote {args.out / 'tree.md'}")
+    print(f"wrote {path.with_suffix('.md')}")
     return 0
 
 

@@ -13,6 +13,12 @@ read, next to the machine's measured copy bandwidth. A second table compares the
 top-k / top-p threshold search (bisection over float32 bit patterns, as used by
 ``probs_from_logits``) with sort- and ``lax.top_k``-based thresholds at V = 128k.
 
+The two sides get the same inputs, warm-up and repeats, each in a process of its own:
+this process times specjax and saves the inputs, then a second one (``--side torch``)
+loads them and times the port, with torch's thread count the fastest of 1 .. every
+core per cell. Writes ``--json`` (default ``scripts/benchmarks/results/verify/cpu.json``)
+with the date, the commit, the command and the machine.
+
 Usage::
 
     python scripts/benchmarks/bench_verify.py            # full run (a few minutes on 2 CPU cores)
@@ -24,16 +30,21 @@ torch is a benchmark-only dependency and is imported here only.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from harness.machine import cpu_name
+from harness.machine import RESULTS, cpu_name, run_record
 from specjax.core.timing import time_call, time_runs
 from specjax.sampling import SamplingConfig, probs_from_logits, sample
 from specjax.verification.chain import rejection_sample
@@ -152,14 +163,15 @@ def threshold_rows(rows: int, vocab: int, repeats: int):
     top_k, top_p = 50, TOP_P
     softmax = lambda x: jax.nn.softmax(x, axis=-1)
     renorm = lambda x: x / jnp.sum(x, axis=-1, keepdims=True)
+    at_t1 = SamplingConfig(temperature=1.0)  # softmax at temperature 1, as the others
     candidates = {
         "top-k=50": {
-            "bisection (specjax)": lambda x: probs_from_logits(x, SamplingConfig(top_k=top_k)),
+            "bisection (specjax)": lambda x: probs_from_logits(x, at_t1.replace(top_k=top_k)),
             "jnp.sort": lambda x: renorm(_sort_top_k(softmax(x), top_k)),
             "lax.top_k (static k)": lambda x: renorm(_lax_top_k(softmax(x), top_k)),
         },
         f"top-p={top_p}": {
-            "bisection (specjax)": lambda x: probs_from_logits(x, SamplingConfig(top_p=top_p)),
+            "bisection (specjax)": lambda x: probs_from_logits(x, at_t1.replace(top_p=top_p)),
             "jnp.sort + cumsum": lambda x: renorm(_sort_top_p(softmax(x), top_p)),
         },
     }
@@ -186,70 +198,103 @@ def threshold_rows(rows: int, vocab: int, repeats: int):
 # --------------------------------------------------------------------------------------
 
 
-def verify_rows(vocab: int, batch: int, gamma: int, repeats: int, torch):
+def verify_inputs(vocab: int, batch: int, gamma: int) -> dict:
+    """One cell's inputs, as numpy arrays (the same for both sides)."""
     key = jax.random.key(vocab + batch)
-    k1, k2, k3, k4 = jax.random.split(key, 4)
+    k1, k2, k3 = jax.random.split(key, 3)
     target_logits = 2.0 * jax.random.normal(k1, (batch, gamma + 1, vocab))
     draft_logits = target_logits[:, :gamma] + jax.random.normal(k2, (batch, gamma, vocab))
     config = SamplingConfig(temperature=TEMPERATURE, top_p=TOP_P)
     draft_probs = jax.jit(probs_from_logits)(draft_logits, config)
     target_probs = jax.jit(probs_from_logits)(target_logits, config)
     draft_tokens = jax.jit(sample)(k3, draft_probs)
-    jax.block_until_ready((draft_probs, target_probs, draft_tokens))
+    found = dict(
+        draft_tokens=draft_tokens,
+        draft_probs=draft_probs,
+        target_probs=target_probs,
+        draft_logits=draft_logits,
+        target_logits=target_logits,
+    )
+    return {name: np.asarray(value) for name, value in found.items()}
 
-    # Bytes an exact algorithm must read. From probs: γ scalars from each of p and q plus
-    # two full rows (p_n, q_n) per sequence. From logits: every logit once.
-    bytes_probs = batch * (2 * vocab + 3 * gamma) * 4
-    bytes_logits = batch * (2 * gamma + 1) * vocab * 4
+
+def must_read(vocab: int, batch: int, gamma: int) -> dict:
+    """Bytes an exact algorithm must read. From probs: γ scalars from each of p and q plus
+    two full rows (p_n, q_n) per sequence. From logits: every logit once."""
+    return {
+        "probs": batch * (2 * vocab + 3 * gamma) * 4,
+        "logits": batch * (2 * gamma + 1) * vocab * 4,
+    }
+
+
+def specjax_rows(inputs: dict, repeats: int, key) -> list[tuple]:
+    """specjax's ``(impl, source, seconds)`` of one cell."""
+    x = {name: jnp.asarray(value) for name, value in inputs.items()}
+    config = SamplingConfig(temperature=TEMPERATURE, top_p=TOP_P)
+    probs = _jax_timer(
+        jax_verify_from_probs, key, x["draft_tokens"], x["draft_probs"], x["target_probs"]
+    )
+    logits = _jax_timer(
+        jax_verify_from_logits,
+        key,
+        x["draft_tokens"],
+        x["draft_logits"],
+        x["target_logits"],
+        config,
+    )
+    return [
+        ("specjax", "probs", _median_seconds(probs, repeats)),
+        ("specjax", "logits", _median_seconds(logits, repeats)),
+    ]
+
+
+def torch_rows(torch, inputs: dict, repeats: int) -> list[tuple]:
+    """The PyTorch port's ``(impl, source, seconds)`` of one cell, each at the fastest
+    thread count of 1 .. every core."""
+    generator = torch.Generator().manual_seed(0)
+    t = {name: torch.from_numpy(np.array(value)) for name, value in inputs.items()}
+    tokens = t["draft_tokens"].to(torch.int64)
+
+    def from_probs():
+        return torch_rejection_sample(torch, generator, tokens, t["draft_probs"], t["target_probs"])
+
+    def from_logits():
+        q = torch_probs_from_logits(torch, t["draft_logits"], TEMPERATURE, TOP_P)
+        p = torch_probs_from_logits(torch, t["target_logits"], TEMPERATURE, TOP_P)
+        return torch_rejection_sample(torch, generator, tokens, q, p)
 
     rows = []
-    t = _median_seconds(
-        _jax_timer(jax_verify_from_probs, k4, draft_tokens, draft_probs, target_probs), repeats
-    )
-    rows.append(("specjax", "probs", t, bytes_probs))
-    t = _median_seconds(
-        _jax_timer(jax_verify_from_logits, k4, draft_tokens, draft_logits, target_logits, config),
-        repeats,
-    )
-    rows.append(("specjax", "logits", t, bytes_logits))
-
-    if torch is not None:
-        generator = torch.Generator().manual_seed(0)
-        # np.array copies: JAX's host buffers are read-only, torch wants writable ones.
-        t_tokens = torch.from_numpy(np.array(draft_tokens, np.int64))
-        t_q = torch.from_numpy(np.array(draft_probs))
-        t_p = torch.from_numpy(np.array(target_probs))
-        t_ql = torch.from_numpy(np.array(draft_logits))
-        t_pl = torch.from_numpy(np.array(target_logits))
-
-        def from_probs():
-            return torch_rejection_sample(torch, generator, t_tokens, t_q, t_p)
-
-        def from_logits():
-            q = torch_probs_from_logits(torch, t_ql, TEMPERATURE, TOP_P)
-            p = torch_probs_from_logits(torch, t_pl, TEMPERATURE, TOP_P)
-            return torch_rejection_sample(torch, generator, t_tokens, q, p)
-
-        default_threads = torch.get_num_threads()
-        # Small steps are a handful of short ops, where OpenMP start-up and spin-waiting
-        # can cost more than the work on a busy 2-core machine: report the faster of 1
-        # thread and the default. The B = 64 logits steps take seconds and parallelise
-        # well, so they run with the default only (keeps the whole run to a few minutes).
-        small = batch <= 8
-        with torch.inference_mode():
-            for source, fn, num_bytes in (
-                ("probs", from_probs, bytes_probs),
-                ("logits", from_logits, bytes_logits),
-            ):
-                choices = {1, default_threads} if small or source == "probs" else {default_threads}
-                timings = {}
-                for threads in sorted(choices):
-                    torch.set_num_threads(threads)
-                    timings[threads] = _median_seconds(fn, repeats)
-                torch.set_num_threads(default_threads)
-                threads = min(timings, key=timings.get)
-                rows.append((f"torch ({threads} thr)", source, timings[threads], num_bytes))
+    with torch.inference_mode():
+        for source, fn in (("probs", from_probs), ("logits", from_logits)):
+            timings = {}
+            for threads in range(1, (os.cpu_count() or 1) + 1):
+                torch.set_num_threads(threads)
+                timings[threads] = _median_seconds(fn, repeats)
+            threads = min(timings, key=timings.get)
+            rows.append((f"torch ({threads} thr)", source, timings[threads]))
     return rows
+
+
+def cells(quick: bool, repeats: int):
+    """``(vocab, batch, gamma, repeats)`` of every cell of the verification table."""
+    vocabs, batches, gamma = ((1024,), (1, 2), 4) if quick else ((32_000, 128_000), (1, 8, 64), 8)
+    for vocab in vocabs:
+        for batch in batches:
+            # The largest cells take seconds per call; fewer repeats keep the run short.
+            yield vocab, batch, gamma, min(repeats, 3) if vocab * batch > 4_000_000 else repeats
+
+
+def torch_side(args) -> int:
+    """``--side torch``: the port on the inputs the specjax side saved, in this process."""
+    import torch  # noqa: PLC0415  (bench-only dependency)
+
+    rows = []
+    for vocab, batch, _, repeats in cells(args.quick, args.repeats):
+        inputs = dict(np.load(Path(args.inputs) / f"{vocab}_{batch}.npz"))
+        for impl, source, seconds in torch_rows(torch, inputs, repeats):
+            rows.append(dict(vocab=vocab, batch=batch, impl=impl, source=source, seconds=seconds))
+    Path(args.inputs, "torch.json").write_text(json.dumps(dict(torch=torch.__version__, rows=rows)))
+    return 0
 
 
 def main():
@@ -257,53 +302,79 @@ def main():
     parser.add_argument("--quick", action="store_true", help="tiny sizes; finishes in seconds")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per cell")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch port")
+    parser.add_argument(
+        "--json", type=Path, default=RESULTS / "verify" / "cpu.json",
+        help="write the results here (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument("--side", choices=["specjax", "torch"], default="specjax",
+                        help=argparse.SUPPRESS)  # fmt: skip
+    parser.add_argument("--inputs", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.side == "torch":
+        return torch_side(args)
 
-    torch = None
-    if not args.no_torch:
-        try:
-            import torch  # noqa: PLC0415  (bench-only dependency)
-        except ImportError:
-            print("torch not installed: skipping the PyTorch rows")
-
-    if args.quick:
-        vocabs, batches, gamma, repeats = (1024,), (1, 2), 4, 2
-        threshold_shape, copy_bytes = (4, 4096), 1 << 24
-    else:
-        vocabs, batches, gamma, repeats = (32_000, 128_000), (1, 8, 64), 8, args.repeats
-        threshold_shape, copy_bytes = (72, 128_000), 1 << 29
-
+    threshold_shape, copy_bytes = ((4, 4096), 1 << 24) if args.quick else ((72, 128_000), 1 << 29)
     start = time.perf_counter()
     print(f"Machine: {machine_description()}")
-    if torch is not None:
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads")
     copy_gbs = copy_bandwidth_gbs(copy_bytes)
     print(f"numpy copy bandwidth: {copy_gbs:.1f} GB/s (bytes copied per second)\n")
-
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for vocab, batch, gamma, repeats in cells(args.quick, args.repeats):
+            inputs = verify_inputs(vocab, batch, gamma)
+            np.savez(Path(scratch) / f"{vocab}_{batch}.npz", **inputs)
+            key = jax.random.key(vocab + batch + 1)
+            for impl, source, seconds in specjax_rows(inputs, repeats, key):
+                rows.append(
+                    dict(vocab=vocab, batch=batch, impl=impl, source=source, seconds=seconds)
+                )
+        torch_version = None
+        if not args.no_torch:
+            cmd = [sys.executable, __file__, "--side", "torch", "--inputs", scratch]
+            cmd += ["--repeats", str(args.repeats)] + (["--quick"] if args.quick else [])
+            done = subprocess.run(cmd)
+            if done.returncode == 0:
+                found = json.loads(Path(scratch, "torch.json").read_text())
+                rows += found["rows"]
+                torch_version = found["torch"]
+            else:
+                print("the torch side failed (is torch installed?): no PyTorch rows")
+    gamma = next(cells(args.quick, args.repeats))[2]
     print(f"Verification step, γ = {gamma}, temperature {TEMPERATURE}, top-p {TOP_P}:\n")
     print("| V | B | impl | from | median ms | MB that must be read | effective GB/s |")
     print("|---:|---:|---|---|---:|---:|---:|")
-    for vocab in vocabs:
-        for batch in batches:
-            # The largest cells take seconds per call; fewer repeats keep the run short.
-            cell_repeats = min(repeats, 3) if vocab * batch > 4_000_000 else repeats
-            for impl, source, seconds, num_bytes in verify_rows(
-                vocab, batch, gamma, cell_repeats, torch
-            ):
-                print(
-                    f"| {vocab} | {batch} | {impl} | {source} | {seconds * 1e3:.2f} "
-                    f"| {num_bytes / 1e6:.2f} | {num_bytes / seconds / 1e9:.2f} |",
-                    flush=True,
-                )
+    rows.sort(key=lambda r: (r["vocab"], r["batch"], r["impl"] != "specjax", r["source"]))
+    for r in rows:
+        r["must_read_bytes"] = must_read(r["vocab"], r["batch"], gamma)[r["source"]]
+        r["effective_gbs"] = r["must_read_bytes"] / r["seconds"] / 1e9
+        print(
+            f"| {r['vocab']} | {r['batch']} | {r['impl']} | {r['source']} | "
+            f"{r['seconds'] * 1e3:.2f} | {r['must_read_bytes'] / 1e6:.2f} | "
+            f"{r['effective_gbs']:.2f} |"
+        )
 
-    rows, vocab = threshold_shape
-    print(f"\nThreshold search, {rows} rows x V = {vocab} (logits in, truncated probs out):\n")
+    n_rows, vocab = threshold_shape
+    print(f"\nThreshold search, {n_rows} rows x V = {vocab} (logits in, truncated probs out):\n")
     print("| filter | method | median ms | same kept set as bisection |")
     print("|---|---|---:|---|")
-    for task, name, seconds, agree in threshold_rows(rows, vocab, min(repeats, 3)):
+    thresholds = []
+    for task, name, seconds, agree in threshold_rows(n_rows, vocab, min(args.repeats, 3)):
         print(f"| {task} | {name} | {seconds * 1e3:.1f} | {agree} |", flush=True)
-    print(f"\nTotal benchmark time: {time.perf_counter() - start:.0f} s")
+        thresholds.append(dict(filter=task, method=name, seconds=seconds, agreement=agree))
+    results = dict(
+        run_record(),
+        torch=torch_version,
+        copy_bandwidth_gbs=copy_gbs,
+        gamma=gamma,
+        verify=rows,
+        thresholds=thresholds,
+        wall_s=time.perf_counter() - start,
+    )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\nTotal benchmark time: {results['wall_s']:.0f} s; wrote {args.json}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

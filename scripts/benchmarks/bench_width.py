@@ -13,7 +13,11 @@ Pairs: ``bundled`` (the bundled target, 8 layers, 384 wide, V = 4096) and ``real
 (Qwen2.5-Coder-1.5B-Instruct, fetched once by ``specjax fetch qwen2.5-coder-1.5b``).
 Precisions: float32, bfloat16 and int8 (weights and activations).
 
-    python scripts/benchmarks/bench_width.py --out docs/bench_width
+Writes one file per pair under ``--out`` (default ``scripts/benchmarks/results/width``):
+``bundled.json`` and ``qwen2.5-coder-1.5b.json``, each with the date, the commit, the
+command and the machine.
+
+    python scripts/benchmarks/bench_width.py
     python scripts/benchmarks/bench_width.py --out /tmp/w --pairs bundled --widths 1 2 --tokens 8
 """
 
@@ -22,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,9 +37,11 @@ ROOT = Path(__file__).resolve().parents[2]  # the checkout
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import specjax  # noqa: E402
+from harness.machine import RESULTS, run_record  # noqa: E402
 from specjax.models.quant import quantize  # noqa: E402
 
 PROMPT_LEN = 24
+FILE_NAMES = {"bundled": "bundled", "real": "qwen2.5-coder-1.5b"}  # results file per pair
 
 
 def log(msg: str) -> None:
@@ -83,7 +88,7 @@ def step_seconds(model, batch: int, width: int, tokens: int, repeats: int) -> di
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path, default=RESULTS / "width")
     p.add_argument("--pairs", nargs="+", default=["bundled", "real"], choices=["bundled", "real"])
     p.add_argument("--precisions", nargs="+", default=["float32", "bfloat16", "int8"])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
@@ -91,22 +96,10 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=16, help="N: new tokens of the long run")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
-    from harness.machine import machine_info
-
     args.out.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    results = {
-        "command": "python scripts/benchmarks/bench_width.py " + " ".join(argv or sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "commit": commit,
-        "machine": machine_info(),
-        "tokens": args.tokens,
-        "repeats": args.repeats,
-        "rows": [],
-    }
     for pair in args.pairs:
+        results = {**run_record(argv), "tokens": args.tokens, "repeats": args.repeats, "rows": []}
+        path = args.out / f"{FILE_NAMES[pair]}.json"
         for precision in args.precisions:
             model = load(pair, precision)
             for batch in args.batches:
@@ -118,7 +111,7 @@ def main(argv=None) -> int:
                     row["over_width_1"] = round(row["step_ms"] / base, 3)
                     log(str(row))
                     results["rows"].append(row)
-                    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+                    path.write_text(json.dumps(results, indent=1) + "\n")
             del model
     return 0
 

@@ -139,7 +139,7 @@ def prompts_of(args, vocab_size: int, tokenizer):
 def make_drafter(method: str, draft, gamma: int, target=None):
     if method == "block":
         # The bundled block drafter, sharing the target's arrays; argmax drafts.
-        drafter = specjax.default_drafter("block").replace(target=target)
+        drafter = specjax.io.pretrained.default_drafter("block").replace(target=target)
         return drafter.with_draft(num_draft=gamma, mode="argmax")
     if method == "draft":
         if draft is None:
@@ -165,7 +165,7 @@ def step_ms(fn, repeats: int) -> tuple[float, float, int]:
 
 def compiled_shapes(method, target, drafter, prompts, args, sampling) -> dict[str, str]:
     """HLO instruction name -> output shape, from the decoder's compiled program."""
-    drafter = specjax.NoDraft() if method == "plain" else drafter
+    drafter = specjax.drafters.NoDraft() if method == "plain" else drafter
     key = jax.random.key(args.seed)
     options = decoding.checks.DecodeOptions(max_new_tokens=args.max_new_tokens, sampling=sampling)
     traced, static, _ = decoding.checks._prepare(key, target, drafter, prompts, options)

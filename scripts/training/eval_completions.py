@@ -16,6 +16,8 @@ statement. Plain greedy and speculative greedy give the same tokens (tested), so
 plain decoding is used.
 
     python scripts/training/eval_completions.py                         # the bundled target
+    python scripts/training/eval_completions.py \\
+        --json scripts/benchmarks/results/eval_completions/bundled.json  # its committed result
     python scripts/training/eval_completions.py --model runs/pair/target --json out.json
 """
 

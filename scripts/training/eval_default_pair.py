@@ -1,4 +1,4 @@
-"""Held-out loss and acceptance of a target/draft pair (the numbers in the README).
+"""Held-out loss and acceptance of a target/draft pair, such as the bundled one.
 
 For the target and each draft folder it reports the held-out loss (nats/token
 on the stdlib files held out from training), and for each draft, γ and

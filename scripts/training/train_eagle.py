@@ -38,6 +38,7 @@ import specjax
 from specjax import training as train
 from specjax.drafters.eagle import EagleDrafter
 from specjax.io import drafter_weights
+from specjax.io.pretrained import default_drafter
 from specjax.training import data
 from specjax.training.target_data import (
     evaluate_drafter,
@@ -141,7 +142,7 @@ def evaluate_head(args, target, shipped, random_head, prompts):
     drafters = {"eagle": (shipped, both, gammas), "random_head": (random_head, (0.0,), compare)}
     if not args.quick:
         drafters["eagle_sample"] = (shipped.with_draft(mode="sample"), (1.0,), gammas)
-        drafters["block_drafter"] = (specjax.default_drafter("block"), (0.0, 1.0), compare)
+        drafters["block_drafter"] = (default_drafter("block"), (0.0, 1.0), compare)
     return evaluate(target, drafters, prompts, gammas=gammas, new=16 if args.quick else 64)
 
 

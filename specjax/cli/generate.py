@@ -10,14 +10,12 @@ import sys
 from pathlib import Path
 
 from specjax.cli.common import UserError, check_flag, load_folder
+from specjax.text.defaults import DEFAULTS, auto_drafter
 
 GREEN, RESET = "\033[32m", "\033[0m"
 
-
-# What `--drafter auto` picks for the bundled pair: the fastest drafter measured by
-# scripts/benchmarks/bench_e2e.py (BENCHMARKS.md, "The block drafter"). The bundled block drafter
-# measured slower than the draft model at T=0 and at T=1 on this CPU.
-FASTEST_BUNDLED_DRAFTER = "model"
+COMPARE_REPEATS = 5
+"""Timed runs of each decoder with ``--compare`` and no ``--repeats``."""
 
 
 def _constraint(args, tokenizer, vocab_size: int):
@@ -59,13 +57,10 @@ def _load_models(args):
             raise UserError(f"cannot load the bundled pair: {e}") from None
     _resolve_drafter_path(args)
     if args.drafter == "auto":
-        # The bundled pair: the fastest drafter measured for it (BENCHMARKS.md). A
-        # user's own target: its draft model if given, else a block drafter if given,
-        # else prompt lookup (which needs no weights).
-        if not args.model:
-            args.drafter = FASTEST_BUNDLED_DRAFTER
-        else:
-            args.drafter = "model" if args.draft else "block" if args.block_drafter else "lookup"
+        # As `specjax.Sampler.from_pretrained` resolves it (`specjax.text.defaults`).
+        args.drafter = auto_drafter(
+            bundled=not args.model, draft=bool(args.draft), block_drafter=bool(args.block_drafter)
+        )
     if args.drafter == "model" and draft is None:
         raise UserError("--drafter model needs --draft PATH when --model is given")
     if args.drafter == "block" and args.model and not args.block_drafter:
@@ -86,21 +81,10 @@ def _load_models(args):
             raise UserError(f"--draft {args.draft}: {e}") from None
     if args.drafter == "block":
         draft = _load_block_drafter(args, target)
-    if args.drafter == "eagle":
-        if args.model:
-            raise UserError("--drafter eagle: the bundled EAGLE head only fits the bundled target")
-        try:
-            # Sampled drafts with their true q measured better than argmax at T=1.
-            mode = "sample" if args.temperature > 0 else "argmax"
-            draft = specjax.default_drafter("eagle").with_draft(mode=mode)
-        except (FileNotFoundError, ValueError, OSError) as e:
-            raise UserError(f"bundled EAGLE head: {e}") from None
-    if args.drafter == "lookup":
-        draft = specjax.PromptLookup(ngram=args.ngram)
-    if args.drafter == "none":
-        draft = None
-    if args.drafter not in ("model", "block", "eagle", "lookup", "none"):
-        draft = _registered_drafter(args)
+    if args.drafter == "eagle" and args.model:
+        raise UserError("--drafter eagle: the bundled EAGLE head only fits the bundled target")
+    if args.drafter not in ("model", "block"):
+        draft = _named_drafter(args, target)
     del specjax
     return target, draft, tokenizer
 
@@ -131,22 +115,15 @@ def _quantized(args, target, draft):
     return target, draft
 
 
-def _registered_drafter(args):
-    """Any other drafter of `specjax.drafters.registry`, as `specjax.default_drafter` builds it."""
-    from specjax.drafters import registry
-    from specjax.io.pretrained import default_drafter
+def _named_drafter(args, target):
+    """The eagle head, prompt lookup, none, or any other drafter of
+    `specjax.drafters.registry`, built as `specjax.Sampler.from_pretrained` builds it."""
+    from specjax.text.loading import build_drafter
 
-    entry = registry.get(args.drafter)
-    if not entry.has_weights:
-        return entry.cls()
-    if args.model:
-        raise UserError(
-            f"--drafter {args.drafter}: its bundled weights only fit the bundled target"
-        )
     try:
-        return default_drafter(args.drafter)
-    except (FileNotFoundError, ValueError, OSError) as e:
-        raise UserError(f"bundled {entry.cls.noun}: {e}") from None
+        return build_drafter(args.drafter, target, bundled=not args.model, ngram=args.ngram)
+    except ValueError as e:
+        raise UserError(f"--drafter {args.drafter}: {e}") from None
 
 
 def _drafter_names() -> tuple[str, ...]:
@@ -199,21 +176,17 @@ def _resolve_drafter_path(args) -> None:
 
 def _load_block_drafter(args, target):
     """The bundled block drafter, or the one of --block-drafter, at --gamma (or its own γ)."""
-    from specjax.drafters import registry
-    from specjax.io import drafter_weights
-    from specjax.io.pretrained import default_pair_path
+    from specjax.text.loading import build_drafter
 
-    entry = registry.get("block")
-    path = args.block_drafter or default_pair_path() / entry.asset
-    flag = "--block-drafter" if args.block_drafter else "bundled block drafter"
+    flag = f"--block-drafter {args.block_drafter}" if args.block_drafter else "--drafter block"
     try:
-        drafter = drafter_weights.load(entry.cls, path, target)
-        # Sampling: verify against the drafter's own marginals ("sample"), which measured
-        # better than argmax drafts at T=1 (BENCHMARKS.md); at T=0 the two are the same.
-        return drafter.with_draft(args.gamma, mode=args.block_mode)
-    except (FileNotFoundError, ValueError, OSError, KeyError) as e:
+        return build_drafter(
+            "block", target, bundled=not args.model, block_drafter=args.block_drafter,
+            gamma=args.gamma, mode=args.block_mode,
+        )  # fmt: skip
+    except ValueError as e:
         tree = f" (--tree {args.tree} has depth {args.gamma})" if args.tree else ""
-        raise UserError(f"{flag} {path}: {e}{tree}") from None
+        raise UserError(f"{flag}: {e}{tree}") from None
 
 
 def _apply_preset(args):
@@ -260,16 +233,10 @@ def _forward_width(args, verify_width: int) -> int:
     return args.forward_width
 
 
-def _eos_id(tokenizer, model):
-    from specjax.training.tokenizer import EOS_TOKEN
-
-    eos = tokenizer.token_to_id(EOS_TOKEN)
-    return eos if eos is not None else model.config.eos_token_id
-
-
 def _chat_prompt(args, target):
     """``(prompt text, ids, end-of-turn ids)`` of --chat (and --system) in the template."""
-    from specjax.io.chat import apply_chat_template, end_of_turn_ids
+    from specjax.io.chat import apply_chat_template
+    from specjax.text.eos import stop_ids
 
     if target.chat_template is None:
         where = f"--model {args.model}" if args.model else "the bundled model"
@@ -284,34 +251,16 @@ def _chat_prompt(args, target):
     except ValueError as e:
         raise UserError(f"--chat: {e}") from None
     ids = target.tokenizer.encode(text, add_special_tokens=False).ids
-    return text, ids, list(end_of_turn_ids(target))
+    return text, ids, stop_ids(target, chat=True)
 
 
-class _TextStream:
-    """Turns token ids into text as they arrive, keeping multi-byte characters whole.
-
-    A byte-level BPE can split one character over several tokens; until the last one
-    arrives the decoded text ends in U+FFFD, which is held back rather than printed.
-    """
-
-    def __init__(self, tokenizer, hide=(), color=False):
-        self.tokenizer, self.hide, self.color = tokenizer, set(hide), color
-        self.ids, self.printed = [], ""
-
-    def feed(self, ids, from_draft) -> str:
-        out = []
-        for token, drafted in zip(ids, from_draft, strict=True):
-            if token in self.hide:
-                continue
-            self.ids.append(token)
-            text = self.tokenizer.decode(self.ids, skip_special_tokens=False).rstrip("\ufffd")
-            if text.startswith(self.printed):
-                piece, self.printed = text[len(self.printed) :], text
-                out.append(f"{GREEN}{piece}{RESET}" if drafted and self.color and piece else piece)
-        return "".join(out)
-
-    def text(self) -> str:
-        return self.tokenizer.decode(self.ids, skip_special_tokens=False)
+def _coloured(stream, ids, from_draft, color) -> str:
+    """The new text of ``ids`` (`specjax.text.TextStream`), accepted drafts in green."""
+    pieces = stream.pieces(ids)
+    return "".join(
+        f"{GREEN}{piece}{RESET}" if drafted and color and piece else piece
+        for piece, drafted in zip(pieces, from_draft, strict=True)
+    )
 
 
 def _decode_open(key, target, drafter, prompts, max_new_tokens, kw, on_chunk=None):
@@ -344,6 +293,8 @@ def cmd_generate(args) -> int:
     import specjax
     from specjax.core.timing import time_call, time_interleaved
     from specjax.decoding import CACHE_BUCKET
+    from specjax.text.eos import stop_ids as text_stop_ids
+    from specjax.text.stream import TextStream
 
     if args.chat is not None:
         if args.prompt is not None:
@@ -384,8 +335,8 @@ def cmd_generate(args) -> int:
     if args.draft_confidence is not None and not 0.0 <= args.draft_confidence <= 1.0:
         raise UserError(f"--draft-confidence must be in [0, 1], got {args.draft_confidence}")
     target, draft, tokenizer = _load_models(args)
-    if args.gamma is None:  # the drafter's own default: a block drafter's trained γ, else 4
-        args.gamma = draft.num_draft if draft is not None else 4
+    if args.gamma is None:  # the drafter's own: a block drafter's trained γ, else 4
+        args.gamma = draft.num_draft if draft is not None else DEFAULTS.gamma
     if args.chat is not None:
         # The model sees the rendered template; only the answer is printed, and a
         # row stops at the end of the assistant's turn.
@@ -394,7 +345,7 @@ def cmd_generate(args) -> int:
     else:
         prompt_text = shown_prompt = args.prompt
         ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
-        stop_ids = [_eos_id(tokenizer, target)]
+        stop_ids = text_stop_ids(target, tokenizer)
     context = target.config.max_position_embeddings
     verify_width = (tree.num_nodes if tree is not None else args.gamma) + 1
     if args.drafter == "none":
@@ -409,10 +360,7 @@ def cmd_generate(args) -> int:
             f"the model's context of {context}"
         )
     prompts = [ids] * args.batch
-    # An id past the model's logits can never be emitted (nor passed as eos_id).
-    stop = (
-        set() if args.no_eos else {i for i in stop_ids if i is not None and i < target.vocab_size}
-    )
+    stop = set() if args.no_eos else set(stop_ids)
     eos = sorted(stop) or None
     key = jax.random.key(args.seed)
     cache_len = -(-needed // CACHE_BUCKET) * CACHE_BUCKET
@@ -457,10 +405,12 @@ def cmd_generate(args) -> int:
     color = sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ
     hide = stop
     stream = args.batch == 1 and not args.json and not args.no_stream
+    repeats = args.repeats
+    if repeats is None:
+        repeats = COMPARE_REPEATS if args.compare else 0
     if stream:
-        # The first run streams row 0 chunk by chunk (no host sync inside a chunk); it
-        # also compiles, so the speed below comes from a second, steady run.
-        text = _TextStream(tokenizer, hide, color)
+        # The first run streams row 0 chunk by chunk (no host sync inside a chunk).
+        text = TextStream(tokenizer, hide)
         print(shown_prompt, end="", flush=True)
 
         def show(state, new):
@@ -468,23 +418,28 @@ def cmd_generate(args) -> int:
                 end = len(ids) + int(state.num_generated[0])
                 from_draft = state.feature_state("draft_flags")["from_draft"]
                 flags = np.asarray(from_draft[0, end - len(new[0]) : end]).tolist()
-                print(text.feed(new[0], flags), end="", flush=True)
+                print(_coloured(text, new[0], flags, color), end="", flush=True)
 
-        compile_s, _ = time_call(run, drafter, show)
+        compile_s, first = time_call(run, drafter, show)
         print(flush=True)
     else:
-        compile_s, _ = time_call(run, drafter)
-    # The first execution also pays one-time runtime set-up (measured at about 3x a
-    # steady run), so the figures shown are medians of later, steady runs of the same
-    # programs; with --compare plain decoding is compiled and warmed once too, then the
-    # timed runs alternate speculative, plain, speculative, ...
-    fns = [lambda: run(drafter)]
-    if args.compare:
-        run(None)  # compiles and warms plain decoding
-        fns.append(lambda: run(None))
-    # Round robin (speculative, plain, ...): slow drifts of the machine hit both alike.
-    runs, last = time_interleaved(fns, args.repeats)
-    result, seconds = last[0], statistics.median(runs[0])
+        compile_s, first = time_call(run, drafter)
+    if repeats == 0:
+        # One run: the generation itself; its time includes compiling.
+        runs, last = [[]], [first]
+        result, seconds = first, compile_s
+    else:
+        # The first execution also pays one-time runtime set-up (measured at about 3x a
+        # steady run), so the figures shown are medians of later, steady runs of the
+        # same programs; with --compare plain decoding is compiled and warmed once too,
+        # then the timed runs alternate speculative, plain, speculative, ...
+        fns = [lambda: run(drafter)]
+        if args.compare:
+            run(None)  # compiles and warms plain decoding
+            fns.append(lambda: run(None))
+        # Round robin (speculative, plain, ...): slow drifts of the machine hit both alike.
+        runs, last = time_interleaved(fns, repeats)
+        result, seconds = last[0], statistics.median(runs[0])
     rows = result.to_lists()
     from_draft = np.asarray(result.from_draft)
     total = int(np.sum(np.asarray(result.lengths)))
@@ -498,7 +453,7 @@ def cmd_generate(args) -> int:
         "seconds": seconds,
         "tokens_per_second": total / seconds,
         "compile_seconds": compile_s,
-        "repeats": args.repeats,
+        "repeats": repeats,
         "speculative_seconds_runs": runs[0],
         "acceptance_rate": float(result.stats.acceptance_rate),
         # α_i per draft position (judged drafts only) and each sample's own rate.
@@ -535,17 +490,21 @@ def cmd_generate(args) -> int:
             shown = row[:-1] if (row and row[-1] in stop) else row
             if args.batch > 1:
                 print(f"--- sample {b}")
-            rendered = _TextStream(tokenizer, (), color)
-            body = rendered.feed(shown, from_draft[b, : len(shown)].tolist())
-            print(shown_prompt + body + rendered.text()[len(rendered.printed) :])
-    if args.repeats == 1:
-        timing = "1 timed run"
+            rendered = TextStream(tokenizer)
+            body = _coloured(rendered, shown, from_draft[b, : len(shown)].tolist(), color)
+            print(shown_prompt + body + rendered.flush())
+    if repeats == 0:
+        timing = "one run, compile included; --repeats N times steady runs"
+    elif repeats == 1:
+        timing = f"1 timed run; first run incl. compile {compile_s:.1f} s"
     else:
-        timing = f"median of {args.repeats}{' interleaved' if args.compare else ''} runs"
+        timing = (
+            f"median of {repeats}{' interleaved' if args.compare else ''} runs; "
+            f"first run incl. compile {compile_s:.1f} s"
+        )
     line = (
         f"[{args.drafter}] {total} tokens in {seconds:.2f} s = "
-        f"{summary['tokens_per_second']:.1f} tokens/s ({timing}; "
-        f"first run incl. compile {compile_s:.1f} s)"
+        f"{summary['tokens_per_second']:.1f} tokens/s ({timing})"
     )
     if args.drafter != "none":
         line += (

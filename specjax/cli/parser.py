@@ -7,8 +7,9 @@ import sys
 
 from specjax.cli.common import UserError
 from specjax.cli.fetch import cmd_fetch
-from specjax.cli.generate import FASTEST_BUNDLED_DRAFTER, cmd_generate
+from specjax.cli.generate import COMPARE_REPEATS, cmd_generate
 from specjax.cli.train import SIZES, cmd_distill, cmd_train, cmd_train_drafter
+from specjax.text.defaults import DEFAULTS
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -16,6 +17,21 @@ class _OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Each option's help ends with its default, unless the help already says it or
+    there is none to show (``None``, a flag's ``False``)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is False:
+            return text
+        if action.default == argparse.SUPPRESS:
+            return text
+        if not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser(
         "generate",
+        formatter_class=_DefaultsFormatter,
         help="complete a prompt with speculative decoding",
         description="Complete PROMPT with speculative decoding (bundled pair by default). "
         "The text goes to stdout, a one-line summary to stderr.",
@@ -45,12 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         help="target model: a Hugging Face folder, a GGUF file (specjax[gguf]) or a model "
         "name that specjax fetches once (specjax fetch --list, e.g. qwen2.5-coder-1.5b); "
-        "default: bundled",
+        "default: the bundled target. Without --draft (or --block-drafter), --drafter auto "
+        "drafts by prompt lookup",
     )
     g.add_argument(
         "--draft",
         help="draft model for --drafter model (with --model): a folder, a GGUF file or a "
-        "model name (e.g. qwen2.5-coder-0.5b)",
+        "model name (e.g. qwen2.5-coder-0.5b); --drafter auto then drafts with it "
+        "(default: none, or the bundled draft for the bundled target)",
     )
     g.add_argument(
         "--quantize", choices=["int8", "int8-weights"], default=None,
@@ -72,17 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
         "drafts, lower acceptance when the next token is outside them",
     )  # fmt: skip
     g.add_argument(
-        "--drafter", default="auto", metavar="{auto,block,eagle,model,lookup,none,PATH}",
+        "--drafter", default=DEFAULTS.drafter,
+        metavar="{auto,block,eagle,model,lookup,none,PATH}",
         help="who drafts: the block drafter (reads the target's hidden states), the bundled "
         "EAGLE-style head (eagle: reads them too, drafts step by step), the draft "
         "model, prompt lookup (n-gram copy), none (plain decoding), or the path of a block "
-        "drafter folder (the same as --drafter block --block-drafter PATH); auto (default): "
-        f"the fastest measured for the bundled pair ({FASTEST_BUNDLED_DRAFTER})",
+        "drafter folder (the same as --drafter block --block-drafter PATH); default "
+        f"{DEFAULTS.drafter}: for the bundled pair the fastest measured "
+        f"({DEFAULTS.bundled_drafter}); with --model, the draft model of --draft, else the "
+        "block drafter of --block-drafter, else prompt lookup",
     )  # fmt: skip
     g.add_argument(
-        "--block-mode", choices=["argmax", "sample"], default="sample",
+        "--block-mode", choices=["argmax", "sample"], default=DEFAULTS.draft_mode,
         help="block drafter: argmax drafts with a one-hot q, or sampled drafts with their "
-        "true q (default; the same drafts at temperature 0)",
+        "true q (the same drafts at temperature 0)",
     )  # fmt: skip
     g.add_argument(
         "--block-drafter", metavar="PATH",
@@ -90,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     g.add_argument(
         "--gamma", type=int, default=None,
-        help="tokens drafted per target call (γ); default: 4, or the block drafter's own (2)",
+        help=f"tokens drafted per target call (γ); default: {DEFAULTS.gamma}, or the block "
+        "drafter's own (2 for the bundled one)",
     )  # fmt: skip
     g.add_argument(
         "--draft-confidence", type=float, default=None, metavar="TAU",
@@ -107,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
         "width (gamma + 1, or a tree's nodes + 1), 1 with --drafter none",
     )  # fmt: skip
     g.add_argument(
-        "--verification", choices=["rejection", "coupled"], default="rejection",
-        help="rejection (default): speculative rejection sampling, the most accepted drafts; "
+        "--verification", choices=["rejection", "coupled"], default=DEFAULTS.verification,
+        help="rejection: speculative rejection sampling, the most accepted drafts; "
         "coupled: the drafts share the target's noise, and the output equals plain "
         "decoding's for the same --seed at any temperature",
     )  # fmt: skip
@@ -118,9 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
         "those, ... (e.g. 3,2,2,1; --drafter block or model); its depth is γ",
     )  # fmt: skip
     g.add_argument(
-        "--ngram", type=int, default=3, help="longest n-gram matched by --drafter lookup"
-    )
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+        "--ngram", type=int, default=DEFAULTS.ngram,
+        help="longest n-gram matched by --drafter lookup",
+    )  # fmt: skip
+    g.add_argument("--temperature", type=float, default=DEFAULTS.temperature, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1 = off)")
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p × max prob")
@@ -149,12 +173,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--frequency-penalty", type=float, default=0.0,
         help="OpenAI's frequency penalty over the output, in [-2, 2] (0 = off)",
     )  # fmt: skip
-    g.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
-    g.add_argument("--seed", type=int, default=0, help="PRNG seed (same seed, same output)")
+    g.add_argument(
+        "--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens,
+        help="tokens to generate (EOS included)",
+    )  # fmt: skip
+    g.add_argument(
+        "--seed", type=int, default=DEFAULTS.seed, help="PRNG seed (same seed, same output)"
+    )
     g.add_argument("--batch", type=int, default=1, help="generate this many samples at once")
     g.add_argument(
         "--no-eos", action="store_true",
-        help="do not stop at <|endoftext|> (with --chat: at the end of the turn)",
+        help="do not stop at the end of sequence (the config's EOS ids and the "
+        "tokenizer's <|endoftext|>; with --chat, also the end of the turn)",
     )  # fmt: skip
     g.add_argument(
         "--compare", action="store_true",
@@ -164,10 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(ratio of the median speeds)",
     )  # fmt: skip
     g.add_argument(
-        "--repeats", type=int, default=5, metavar="N",
-        help="timed runs after a warm-up run; the speed shown is their median, with or "
-        "without --compare (with it, N runs of each, alternating speculative, plain, ...) "
-        "(default 5)",
+        "--repeats", type=int, default=None, metavar="N",
+        help="time N steady runs after the first (which compiles) and show their median "
+        "speed (with --compare, N runs of each, alternating speculative, plain, ...); "
+        f"default: none, the generation runs once and its time includes compiling; "
+        f"{COMPARE_REPEATS} with --compare",
     )  # fmt: skip
     g.add_argument("--json", action="store_true", help="print machine-readable JSON")
     g.add_argument("--no-color", action="store_true", help="do not colour accepted draft tokens")

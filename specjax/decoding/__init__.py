@@ -26,7 +26,8 @@ all but the drafter's):
 * ``max_new_tokens``: tokens to generate per row (>= 1), EOS included: an int or
   ``int[B]``.
 * ``sampling``: a `SamplingConfig` applied identically to the target and the draft,
-  each setting a scalar or ``[B]``; default: temperature 1. Its ``vocab_limit`` masks
+  each setting a scalar or ``[B]``; default: greedy (temperature 0), which needs no
+  key (``key=None``); a row that samples needs one. Its ``vocab_limit`` masks
   ids ``>=`` it in both distributions (an int in ``[1, V]``, traced); default: the
   target's tokenizer size where that is smaller than V (padded embedding rows), else
   V. With a drafter of a smaller vocabulary ``V_d`` it must be at most ``V_d``.

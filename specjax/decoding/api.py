@@ -88,7 +88,7 @@ _step_jit = typed_jit(_step_loop, donate_argnums=(1,))
 
 
 def init(
-    key: jax.Array,
+    key: jax.Array | None,
     target,
     prompts,
     *,
@@ -114,7 +114,7 @@ def init(
     Takes the arguments of `speculative_generate` (``drafter=None`` decodes plainly)
     and validates them the same way, before anything compiles.
 
-    Example:
+    Examples:
         >>> import jax, specjax
         >>> model = specjax.testing.tiny_model(seed=0)
         >>> state = specjax.decoding.init(jax.random.key(0), model, [[1, 2, 3]], max_new_tokens=8)
@@ -184,7 +184,7 @@ def stream(
         order) the list of token ids generated in it (possibly empty). Use the last
         yielded state (e.g. with `result`); earlier ones are donated to the next chunk.
 
-    Example:
+    Examples:
         >>> import jax, specjax
         >>> model = specjax.testing.tiny_model(seed=0)
         >>> state = specjax.decoding.init(jax.random.key(0), model, [[1, 2]], max_new_tokens=6)
@@ -212,7 +212,7 @@ def stream(
 
 
 def generate(
-    key: jax.Array,
+    key: jax.Array | None,
     model,
     prompts,
     *,
@@ -239,24 +239,29 @@ def generate(
     the settings, budgets, EOS ids, seeds and prompt contents are traced.
 
     Args:
-        key: one PRNG key (unused at temperature 0, but always required).
+        key: one PRNG key, or ``None`` when every row is greedy (temperature 0, the
+            default); a row that samples without a key raises ValueError.
         model: a model following the contract (e.g. :class:`specjax.Model`).
         prompts: ``int[B, P]`` or a list of token-id lists (ragged).
-        max_new_tokens, sampling, eos_id, seeds, cache_len, num_slots, top_logprobs,
-            raw_logprobs, stop, constraint, forward_width, features: as in
-            `speculative_generate`. ``forward_width`` W makes every step score its
-            token at column 0 of a W-wide forward, so that the output equals
-            speculative decoding's at the same W token for token, in any precision.
+        max_new_tokens, sampling, eos_id, seeds, cache_len, num_slots: as in
+            `speculative_generate`, and so are ``top_logprobs``, ``raw_logprobs``,
+            ``stop``, ``constraint``, ``forward_width`` and ``features``.
+            ``forward_width`` W makes every step score its token at column 0 of a
+            W-wide forward, so that the output equals speculative decoding's at the
+            same W token for token, in any precision.
 
     Returns:
         :class:`GenerationResult` with ``tokens int32[N, max(max_new_tokens)]``.
 
-    Example:
+    Examples:
         >>> import jax, specjax
         >>> model = specjax.testing.tiny_model(seed=0)
-        >>> out = specjax.generate(jax.random.key(0), model, [[1, 2, 3]], max_new_tokens=5,
-        ...                        sampling=specjax.SamplingConfig.greedy())
-        >>> out.tokens.shape
+        >>> greedy = specjax.generate(None, model, [[1, 2, 3]], max_new_tokens=5)  # no key
+        >>> greedy.tokens.shape
+        (1, 5)
+        >>> sampled = specjax.generate(jax.random.key(0), model, [[1, 2, 3]], max_new_tokens=5,
+        ...                            sampling=specjax.SamplingConfig(temperature=1.0))
+        >>> sampled.tokens.shape
         (1, 5)
     """
     options = DecodeOptions.of_call(locals())
@@ -264,7 +269,7 @@ def generate(
 
 
 def speculative_generate(
-    key: jax.Array,
+    key: jax.Array | None,
     target,
     drafter: Drafter,
     prompts,
@@ -296,12 +301,14 @@ def speculative_generate(
     argument in full.
 
     Args:
-        key: one PRNG key.
+        key: one PRNG key, or ``None`` when every row is greedy (temperature 0, the
+            default); a row that samples without a key raises ValueError.
         target: the target model (model contract).
         drafter: a :class:`~specjax.drafters.Drafter` sharing the target's ids.
         prompts: ``int[B, P]`` or a list of token-id lists (ragged).
         max_new_tokens: tokens per row (>= 1), EOS included: an int or ``int[B]``.
-        sampling: :class:`SamplingConfig`, each setting a scalar or ``[B]``.
+        sampling: :class:`SamplingConfig`, each setting a scalar or ``[B]`` (default:
+            greedy, ``SamplingConfig()``).
         eos_id: optional id, or ``[K]`` ids, that end a row (it is emitted).
         seeds: optional ``int[B]`` per-row seeds (default: the row index).
         cache_len: static cache length S (default: the longest row's need, rounded up).

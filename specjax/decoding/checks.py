@@ -1,11 +1,12 @@
 """Input handling: every check of the decoders' inputs, on the host, before anything compiles.
 
-`_prepare` is the one entry point the decoders call: it checks the key, the models,
-the drafter (`check_drafter`), the prompts (`pad_prompts`), budgets, sampling, EOS
-ids, seeds, the slot count, the γ table and τ, resolves the static cache length
-(`resolve_cache_len`) and the memory it needs, and returns the traced and static
-arguments of `specjax.decoding.refill._init_state` with the output width. A bad input
-is therefore refused here with a message naming it, never by a trace-time error.
+`_prepare` is the one entry point the decoders call: it checks the key (``None`` when
+every row is greedy), the models, the drafter (`check_drafter`), the prompts
+(`pad_prompts`), budgets, sampling, EOS ids, seeds, the slot count, the γ table and τ,
+resolves the static cache length (`resolve_cache_len`) and the memory it needs, and
+returns the traced and static arguments of `specjax.decoding.refill._init_state` with
+the output width. A bad input is therefore refused here with a message naming it, never
+by a trace-time error.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ def pad_prompts(prompts) -> tuple[jax.Array, jax.Array]:
             sequence of token-id sequences of possibly different lengths.
 
     Raises:
-        ValueError / TypeError naming ``prompts`` on empty or malformed input, or on
-        ids that do not fit in int32 (they are refused, never wrapped).
+        ValueError / TypeError naming ``prompts``: on empty or malformed input, or on
+            ids that do not fit in int32 (they are refused, never wrapped).
     """
     if isinstance(prompts, (jax.Array, np.ndarray)):
         arr = check_int_array("prompts", prompts, ndim=2)
@@ -257,7 +258,7 @@ def _check_model(name: str, model) -> int:
             f"{name} must follow the model contract (callable as model(tokens_BT, "
             f"positions_BT, cache), with vocab_size and init_cache), e.g. a specjax.Model; "
             f"got {type(model).__name__}{lacks}. A module of your own gets the three "
-            "members as the README's 'Bring your own model' shows; "
+            "members as docs/models.md, 'Bring your own model', shows; "
             "specjax.check_model(model) checks every rule"
         )
     return check_int(f"{name}.vocab_size", model.vocab_size, lo=1)
@@ -335,7 +336,7 @@ def _check_tree(target, drafter: Drafter) -> None:
             raise TypeError(
                 f"{role} ({type(model).__name__}) does not support tree attention (no "
                 f"supports_tree = True and tree= argument), and the {name} proposes a "
-                f"{tree!r}: see the README's 'Bring your own model', or use a chain"
+                f"{tree!r}: see docs/models.md, 'Bring your own model', or use a chain"
             )
         if role == "target":
             cache = jax.eval_shape(lambda m=model: m.init_cache(1, 8))
@@ -371,7 +372,7 @@ def _check_features(target, drafter: Drafter) -> None:
         raise TypeError(
             f"target ({type(target).__name__}) cannot return hidden-state features: its "
             f"__call__ takes no feature_layers= argument, and the {name} reads target "
-            f"layers {layers} (see the README's 'Bring your own model')"
+            f"layers {layers} (see docs/models.md, 'Bring your own model')"
         )
     num_layers = getattr(target, "num_layers", None)
     if num_layers is None:
@@ -458,6 +459,36 @@ def _check_prompts(prompts, target, drafter: Drafter, vocab: int):
     return prompts_BP, lengths_B
 
 
+def _check_key(key, sampling: SamplingConfig | None) -> jax.Array:
+    """The decoders' PRNG key. ``None`` is accepted when every row is greedy (no row
+    draws at random), and stands for a fixed key then."""
+    if key is not None:
+        return as_prng_key("key", key)
+    sampling = SamplingConfig() if sampling is None else sampling
+    check_sampling_config(sampling)  # a bad config is named as such, not as a key problem
+    fix = "pass a PRNG key, e.g. key=jax.random.key(0)"
+    temperature = sampling.temperature
+    if not is_concrete(temperature):
+        raise ValueError(
+            "key is None, which only greedy decoding allows, but sampling.temperature is "
+            f"traced, so whether a row samples is unknown: {fix}"
+        )
+    temperature = np.asarray(temperature)
+    if np.any(temperature > 0):
+        rows = np.flatnonzero(temperature > 0).tolist()
+        which = (
+            f"sampling.temperature is {float(temperature):g}"
+            if temperature.ndim == 0
+            else f"rows {rows} of sampling.temperature are > 0"
+        )
+        raise ValueError(
+            f"key is None, but {which}: sampling draws at random and needs a key; {fix} "
+            "(or decode greedily with SamplingConfig(temperature=0.0), which needs none)"
+        )
+    # Greedy rows read no noise: any key gives the same tokens.
+    return jax.random.key(0)
+
+
 def _check_sampling(options: DecodeOptions, target, drafter: Drafter, vocab: int, n: int):
     """The sampling settings with ``[N]`` leaves and ``vocab_limit`` resolved."""
     sampling = SamplingConfig() if options.sampling is None else options.sampling
@@ -537,7 +568,7 @@ def _prepare(key, target, drafter: Drafter, prompts, options: DecodeOptions):
         `~specjax.decoding.refill._init_state` (the key, the `Decoder` and the prompts'
         arrays), its static keyword arguments, and the output width.
     """
-    key = as_prng_key("key", key)
+    key = _check_key(key, options.sampling)
     vocab = _check_pair(target, drafter, options)
     prompts_NP, lengths_N = _check_prompts(prompts, target, drafter, vocab)
     n, p = prompts_NP.shape

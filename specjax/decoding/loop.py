@@ -21,7 +21,7 @@ from specjax.decoding.refill import _refill
 from specjax.decoding.state import DecodeState
 from specjax.drafters.base import score
 from specjax.models.cache import TreeMask
-from specjax.sampling import SamplingConfig, mask_vocab, noise, probs_from_logits
+from specjax.sampling import RowSampling, mask_vocab, noise, probs_from_logits
 from specjax.sampling.penalties import constrain
 from specjax.sampling.vocab import pad_to_vocab
 from specjax.verification.chain import coupled_verify, rejection_sample, rejection_sample_onehot
@@ -114,7 +114,7 @@ def _score_drafted(target, drafter, tokens_BG1, positions_BG1, cache, width_inde
 
 def _usable(logits_BTV, sampling) -> jax.Array:
     """``bool[B, T]``: the logits give a distribution (not NaN or all -inf below the limit,
-    and some id the row's constraint allows there, when ``sampling.automaton`` is set).
+    and some id the row's constraint allows there, when ``sampling`` carries one).
 
     One reduction: max propagates NaN, and NaN > -inf is False.
     """
@@ -122,21 +122,21 @@ def _usable(logits_BTV, sampling) -> jax.Array:
 
 
 def _history(state: DecodeState) -> dict:
-    """The features' sampling settings at the committed prefix (penalty counts, the
-    constraint's cursor), as `SamplingConfig` field replacements."""
+    """The features' history at the committed prefix (penalty counts, the constraint's
+    cursor), as `RowSampling` fields."""
     history = {}
     for feature, feature_state in zip(state.decoder.features, state.features, strict=True):
         history.update(feature.history(state, feature_state))
     return history
 
 
-def _along(state: DecodeState, history: dict, chain_BG) -> SamplingConfig:
+def _along(state: DecodeState, history: dict, chain_BG) -> RowSampling:
     """The rows' sampling settings at each scored position of the step: position i is
     after the committed tokens and drafts ``0..i-1`` of ``chain_BG``."""
     fields = {}
     for feature in state.decoder.features:
         fields.update(feature.along(history, chain_BG, state.sampling))
-    return state.sampling.replace(**fields)
+    return RowSampling.of(state.sampling, **fields)
 
 
 def _step_keys(state: DecodeState, width: int):
@@ -217,7 +217,7 @@ def _propose_chain(state: DecodeState, drafter, keys_BW, history: dict, gamma: i
         state.drafter_state,
         state.seq,
         state.seq_lengths,
-        state.sampling.replace(**history),
+        RowSampling.of(state.sampling, **history),
     )
     draft_probs = _draft_probs(proposal, drafter, b, gamma, vocab)
     num_drafted = _num_drafted(state, drafter, proposal, draft_probs, gamma)
@@ -303,7 +303,7 @@ def _propose_tree(state: DecodeState, keys_BD1):
         state.drafter_state,
         state.seq,
         state.seq_lengths,
-        state.sampling,
+        RowSampling.of(state.sampling),  # a tree drafter is given no history
     )
     node_tokens = proposal.tokens
     if tuple(node_tokens.shape) != (b, tree.num_nodes) or proposal.probs is not None:
@@ -371,7 +371,7 @@ def _verify_tree(state: DecodeState) -> Verified:
         node_tokens,
         logits_BWV if fixed else logits_BWV[:, :n1],
         tree,
-        state.sampling.replace(**history),
+        RowSampling.of(state.sampling, **history),
         every_node=fixed,
     )
     nodes_BD1 = path_nodes_with_root(path_BD)

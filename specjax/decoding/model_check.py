@@ -2,7 +2,7 @@
 
 The decoders only see a model through ``model(tokens, positions, cache)`` (which
 returns a `~specjax.models.contract.ModelOutput`), ``model.init_cache`` and
-``model.vocab_size`` (`specjax.models.contract`; README, "Bring your own model"). A
+``model.vocab_size`` (`specjax.models.contract`; docs/models.md, "Bring your own model"). A
 model that breaks a rule does not always fail loudly: one that masks attention by
 ``cache.lengths`` instead of by position stays exact but can silently lose
 acceptance (0.75 instead of 1.00 for one such model drafting for itself), because a

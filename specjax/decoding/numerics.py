@@ -83,7 +83,7 @@ def check_forward_width(forward_width, drafter: Drafter) -> int | None:
 
     Args:
         forward_width: ``None`` (each forward as wide as its step needs) or W.
-        drafter: the decoder's drafter (`specjax.NoDraft` for plain decoding).
+        drafter: the decoder's drafter (`specjax.drafters.NoDraft` for plain decoding).
 
     Returns:
         ``None`` or W, an int.

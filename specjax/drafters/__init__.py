@@ -8,7 +8,7 @@
   read the target's hidden states, `specjax.drafters.block` (`BlockDrafter`) and
   `specjax.drafters.eagle` (`EagleDrafter`);
 * `specjax.drafters.registry`: the drafters by name (``--drafter``,
-  `specjax.default_drafter`).
+  `specjax.io.pretrained.default_drafter`).
 
 Drafters are inference only: `specjax.io.drafter_weights` saves and loads them and
 `specjax.training` trains them.

@@ -17,11 +17,22 @@ token of each row has not been fed to any model yet.
 
 ``keys_BG`` holds one PRNG key per row and drafted position: draft ``i`` of row
 ``b`` (position ``seq_lengths_B[b] + i``) must be drawn with ``keys_BG[b, i]``,
-e.g. ``specjax.sample(keys_BG[:, i], q_BV)``, and with nothing else. The decoder
-derives them from the position (`specjax.sampling.noise`), so drafts are reproducible per
-row; in coupled verification they are the very keys the target samples that
-position with, which is what makes a good drafter's tokens match. A deterministic
-drafter ignores them. ``sampling`` has one value per row in each leaf (``[B]``).
+e.g. ``specjax.sampling.sample(keys_BG[:, i], q_BV)``, and with nothing else. The
+decoder derives them from the position (`specjax.sampling.noise`), so drafts are
+reproducible per row; in coupled verification they are the very keys the target
+samples that position with, which is what makes a good drafter's tokens match. A
+deterministic drafter ignores them.
+
+``sampling`` is a `specjax.sampling.RowSampling`: the user's `specjax.SamplingConfig`
+with one value per row in each setting (``[B]``), plus the rows' history at the
+committed prefix that the penalties and a constraint read (``counts`` and
+``automaton``, ``None`` when no row uses them; a tree drafter is given none). A
+drafter that samples passes it as it is to `specjax.sampling.probs_from_logits` (or
+`draw_draft`), so that its q is processed like the target's p, and one that draws its
+drafts one by one advances it between drafts with
+`specjax.sampling.penalties.after_token`. Called outside the decoders, ``propose``
+may be given a plain `specjax.SamplingConfig`: every helper here treats it as having
+no history.
 
 The static shape parameters (``num_draft`` = γ) are non-pytree fields, so they
 are part of the compiled program; everything else is an array leaf.
@@ -54,7 +65,7 @@ is `specjax.io.drafter_weights`'.
 
 Writing another drafter (e.g. Medusa-style heads on the target's hidden states)
 means writing one such dataclass and, to reach it by name, one line in
-`specjax.drafters.registry`; see the README's "Writing a drafter".
+`specjax.drafters.registry`; see docs/drafters.md, "Writing a drafter".
 """
 
 from __future__ import annotations
@@ -134,7 +145,7 @@ class Drafter(abc.ABC):
     tree: Tree | None = None
     #: Whether the drafter can propose trees (`with_tree`).
     drafts_trees: bool = False
-    #: Whether it is the null drafter (`specjax.NoDraft`), the only one the decoders let
+    #: Whether it is the null drafter (`NoDraft`), the only one the decoders let
     #: draft nothing (γ = 0): with it, speculative decoding is plain decoding.
     null_drafter: bool = False
     #: Whether `propose` stops a row's drafting itself under the decoders'
@@ -220,7 +231,8 @@ class Drafter(abc.ABC):
             state: the drafter's state.
             seq_BS: ``int32[B, S]`` the token buffer (slot == position).
             seq_lengths_B: ``int32[B]`` valid tokens per row.
-            sampling: the rows' `SamplingConfig`, each leaf ``[B]``.
+            sampling: the rows' settings and history (`specjax.sampling.RowSampling`),
+                each setting ``[B]``.
 
         Returns:
             a `Proposal` with ``tokens int32[B, γ]``.

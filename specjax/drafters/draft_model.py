@@ -16,6 +16,7 @@ from specjax.drafters.base import (
     score,
 )
 from specjax.models.cache import KVCache, TreeMask
+from specjax.sampling import RowSampling
 from specjax.sampling.penalties import after_token
 from specjax.verification.tree import Tree, expand_top_k
 
@@ -113,6 +114,7 @@ class DraftModel(Drafter):
                 return jnp.ones((b,), bool)
             return own_probability(logits_BV, token_B, probs_BV, sampling) >= self.stop_below
 
+        sampling = RowSampling.of(sampling)  # a user's SamplingConfig: no history
         token, probs = draw(keys_BG[:, 0], logits_BV, sampling)
         # Only the history the transforms read is carried (the settings are constants).
         history = (sampling.counts, sampling.automaton)

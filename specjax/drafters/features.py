@@ -107,7 +107,7 @@ class FeatureDrafter(Drafter):
 
     Attributes:
         target: the target model; it must return ``feature_layers=`` features and
-            provide ``embed`` and ``head`` (see the README's "Bring your own model").
+            provide ``embed`` and ``head`` (see docs/models.md, "Bring your own model").
         params: the drafter's own weights (``nnx.State``).
         graphdef: static NNX graph of `net_type`.
         config: static `ModelConfig` of the draft layers.

@@ -1,10 +1,10 @@
-"""The drafters by name: ``specjax generate --drafter NAME``, `specjax.default_drafter`.
+"""The drafters by name: ``specjax generate --drafter NAME``, ``default_drafter(NAME)``.
 
 Each `Entry` names a drafter class and the folder of the bundled pair holding the
 default one (its ``asset``), which `specjax.io.drafter_weights.load` reads for a
-target. The CLI, `specjax.default_drafter`, the training scripts and the benchmarks look
-drafters up here instead of switching on their names, so a new drafter is one file and
-one `register` line below.
+target. The CLI, `~specjax.io.pretrained.default_drafter`, the training scripts and
+the benchmarks look drafters up here instead of switching on their names, so a new
+drafter is one file and one `register` line below.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class Entry:
     """One drafter by name.
 
     Attributes:
-        name: what ``--drafter`` and `specjax.default_drafter` call it.
+        name: what ``--drafter`` and `~specjax.io.pretrained.default_drafter` call it.
         cls: the `~specjax.drafters.base.Drafter` subclass.
         asset: the folder under `specjax.io.pretrained.default_pair_path` holding the
             bundled one for the bundled target, or ``None`` for a drafter without
@@ -74,7 +74,7 @@ def names() -> tuple[str, ...]:
     return tuple(_ENTRIES)
 
 
-# The order is the CLI's and `specjax.default_drafter`'s (their help and errors list it).
+# The order is the CLI's and `default_drafter`'s (their help and errors list it).
 register("block", BlockDrafter, asset="block_drafter")
 register("eagle", EagleDrafter, asset="eagle_drafter")
 register("model", DraftModel, asset="draft")

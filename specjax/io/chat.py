@@ -196,7 +196,7 @@ def apply_chat_template(
             ``tokenize=True`` without a tokenizer.
         TypeError: messages that are not a list of dicts.
 
-    Example:
+    Examples:
         >>> import specjax
         >>> from specjax.testing import tiny_tokenizer
         >>> template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\\n{% endfor %}"

@@ -7,7 +7,7 @@ shape of the target it was built for) and ``model.safetensors`` (its parameters 
 path). The target's weights are never written: a drafter is loaded for a target and
 reads that one's. `FORMATS` names each class's file. A `~specjax.DraftModel` is loaded
 from its model's Hugging Face folder (or ``.gguf`` file). The CLI,
-`specjax.default_drafter` and training checkpoints all save and load through `save`,
+`~specjax.io.pretrained.default_drafter` and training checkpoints all save and load through `save`,
 `write` and `load`.
 
 Saving is atomic (`specjax.io.atomic.replace_folder`) and refuses, before anything is

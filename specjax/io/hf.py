@@ -123,7 +123,7 @@ def load_pretrained(
             Logits are float32 either way.
         scan_layers: run the layers as one ``lax.scan`` over stacked parameters
             (``ModelConfig.scan_layers``): compile time no longer grows with
-            depth. See README, "Layer scan", for its cost per step.
+            depth. See docs/models.md, "Layer scan", for its cost per step.
 
     Returns:
         The :class:`Model`. ``config.eos_token_id`` is the first end-of-sequence

@@ -7,7 +7,7 @@ token for token (`specjax.decoding.numerics`). ``specjax generate --model NAME -
 NAME`` applies it when no flag sets those, and says so; `load_pair` loads a pair with
 it.
 
-Example:
+Examples:
     >>> import specjax
     >>> preset = specjax.io.presets.find("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
     >>> preset.forward_width == preset.gamma + 1

@@ -21,8 +21,8 @@ def default_pair(dtype=jnp.float32):
     """Loads the bundled pair, offline.
 
     The weights are stored in bfloat16 and cast to ``dtype`` (float32 by
-    default: bf16 matmuls are slow on CPUs). See the README for how the pair
-    was trained and how well it does.
+    default: bf16 matmuls are slow on CPUs). See docs/training.md, "The bundled pair",
+    for how the pair was trained and how well it does.
 
     Returns:
         ``(target, draft, tokenizer)``: two :class:`specjax.Model` sharing one
@@ -63,10 +63,10 @@ def default_drafter(kind: str = "block", *, num_draft: int | None = None, dtype=
     Returns:
         the drafter, to pass with ``default_pair()[0]`` to `specjax.speculative_generate`.
 
-    Example:
+    Examples:
         >>> import jax, specjax
         >>> target, _, tokenizer = specjax.default_pair()
-        >>> drafter = specjax.default_drafter("block")
+        >>> drafter = specjax.io.pretrained.default_drafter("block")
         >>> ids = tokenizer.encode("def add(a, b):").ids
         >>> out = specjax.speculative_generate(jax.random.key(0), target, drafter, [ids],
         ...                                    max_new_tokens=16,

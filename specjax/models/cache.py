@@ -22,8 +22,8 @@ class KVCache:
     minor), so that both attention products are plain batched matmuls over
     ``(B, K)``: ``q [G·T, D] @ k [D, S]`` and ``weights [G·T, S] @ v [S, D]``.
     With slots before heads, XLA:CPU copies (transposes) every layer's keys and
-    values on every forward, which costs more than the attention itself (see
-    BENCHMARKS.md, "Profiling the decode step").
+    values on every forward, which costs more than the attention itself
+    (``scripts/benchmarks/profile_decode.py`` shows those copies per op).
 
     Attributes:
         k: ``[L, B, K, D, S]`` keys (K = kv heads, D = head dim, S = max cache length).

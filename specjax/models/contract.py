@@ -13,7 +13,7 @@ A model is a pytree (it is passed into ``jax.jit``) with
 Two extensions: a target of a drafter that reads its hidden states takes
 ``feature_layers=`` and fills `ModelOutput.features`; a model used with a tree drafter
 sets ``supports_tree = True`` and takes ``tree=`` (`specjax.models.cache.TreeMask`).
-The README's "Bring your own model" has the whole contract.
+docs/models.md, "Bring your own model", has the whole contract.
 
 `ModelContractError` names the broken rule. The decoders call
 `check_before_compiling` on every model they are given (under ``jax.eval_shape``,
@@ -60,7 +60,7 @@ class ModelContractError(TypeError):
     def __init__(self, rule: str, message: str):
         self.rule = rule
         super().__init__(
-            f"model contract, rule '{rule}': {message} (see the README's 'Bring your own "
+            f"model contract, rule '{rule}': {message} (see docs/models.md, 'Bring your own "
             "model'; specjax.check_model(model) checks every rule)"
         )
 

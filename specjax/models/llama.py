@@ -270,7 +270,7 @@ class Model:
     (`specjax.models.contract`): ``model(tokens, positions, cache)`` returning a
     `~specjax.models.contract.ModelOutput`, ``init_cache`` and ``vocab_size``, plus the
     feature and tree extensions. Anything with the same members works as a target or
-    draft model (see the README's "Bring your own model").
+    draft model (see docs/models.md, "Bring your own model").
 
     Attributes:
         graphdef: static NNX graph definition of :class:`Transformer`.

@@ -16,8 +16,8 @@ product: XLA would then pick the row-first kernel again, so an
 ``optimization_barrier`` keeps the two apart (the transpose itself moves M · O
 floats, nothing next to the O · I weights). In the real 1.5B target a 4-token
 float32 forward costs 1.08x a one-token step this way
-(``docs/bench_pair/steps_weight_first.json``), against 1.64x row-first
-(``docs/bench_pair/results.json``).
+(``scripts/benchmarks/results/real_pair/steps_float32.json``), against 1.64x row-first
+(``scripts/benchmarks/results/real_pair/pair.json``).
 
 Only the float32 product on a CPU takes this path: other backends and dtypes
 have their own kernels, and one row (a plain decoding step) and more than 16

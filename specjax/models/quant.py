@@ -2,8 +2,8 @@
 
 At batch 1 a decode step reads every weight once, so its time is the weight bytes
 over the memory bandwidth, and the weights' dtype sets the speed. XLA:CPU makes the
-choice less simple than "fewer bytes, faster" (``../shared/research/probe_dots.py``,
-BENCHMARKS.md "Weight precision"): its one-row bf16 and int8 dots are about ten
+choice less simple than "fewer bytes, faster" (per-precision step costs:
+``scripts/benchmarks/results/real_pair/pair.json``): its one-row bf16 and int8 dots are about ten
 times slower than the f32 one, while from two rows an int8 × int8 → int32 dot runs
 about twice as fast as a one-row f32 dot. Two modes, both with one float32 scale per
 output row of each matrix (``w ≈ scale[o] · q[o, i]``, ``q`` int8, symmetric,
@@ -35,7 +35,7 @@ Exactness is relative to the model as loaded: an ``"int8-weights"`` target (its
 products are float32, like any float target's) with any drafter, and any target with
 a drafter of either mode, give greedy speculative == greedy plain (tested).
 
-Example:
+Examples:
     >>> import specjax
     >>> from specjax.models.quant import quantize
     >>> model = quantize(specjax.testing.tiny_model(seed=0), "int8")

@@ -1,7 +1,9 @@
 """Sampling: from a target's logits to the distribution a token is drawn from, and the draw.
 
-* `~specjax.sampling.distributions`: `SamplingConfig` and the processing of logits into
-  probabilities (vocabulary limit, bias, temperature, top-k/p, min-p) and sampling;
+* `~specjax.sampling.distributions`: `SamplingConfig` (the user's settings),
+  `RowSampling` (those settings with each row's token history, as the decoders hand
+  them to drafters and verification), the processing of logits into probabilities
+  (vocabulary limit, bias, temperature, top-k/p, min-p) and sampling;
 * `~specjax.sampling.noise`: the position-keyed noise streams every draw uses;
 * `~specjax.sampling.penalties`: repetition, presence and frequency penalties;
 * `~specjax.sampling.constraints`: regex and JSON-schema constraints as token automata;
@@ -10,6 +12,7 @@
 """
 
 from specjax.sampling.distributions import PENALTY_OFF as PENALTY_OFF
+from specjax.sampling.distributions import RowSampling as RowSampling
 from specjax.sampling.distributions import SamplingConfig as SamplingConfig
 from specjax.sampling.distributions import apply_sampling as apply_sampling
 from specjax.sampling.distributions import check_sampling_config as check_sampling_config
@@ -22,6 +25,7 @@ from specjax.sampling.distributions import sample as sample
 
 __all__ = [
     "PENALTY_OFF",
+    "RowSampling",
     "SamplingConfig",
     "apply_sampling",
     "check_sampling_config",

@@ -79,7 +79,7 @@ class Constraint:
         final: ``bool[S]`` the text so far is in the language (EOS is allowed).
         complete: ``bool[S]`` final and no token extends it (the row ends there).
 
-    Example:
+    Examples:
         >>> import specjax
         >>> vocab = [b"a", b"b", b"ab", b"0", b""]
         >>> c = specjax.Constraint.regex("(ab)+0", vocab)

@@ -21,11 +21,13 @@ Top-k and top-p need a threshold (the k-th largest probability, or the probabili
 which the sorted cumulative mass reaches ``top_p``). Sorting 128k entries per position is
 the obvious way and the slow one; here the threshold is found exactly by bisection over
 the int32 bit pattern of the probabilities (a non-negative float32's bits order the same
-way as its value), 30 passes of compare-and-reduce per row. See BENCHMARKS.md for the
-measured difference.
+way as its value), 30 passes of compare-and-reduce per row.
+``scripts/benchmarks/bench_verify.py`` measures the difference.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -35,9 +37,10 @@ from jax import lax
 
 from specjax.core.validation import INT32_MAX, as_prng_keys, is_concrete
 from specjax.sampling import noise
-from specjax.sampling.penalties import apply_logit_transforms
+from specjax.sampling.penalties import apply_logit_transforms, history
 
 __all__ = [
+    "RowSampling",
     "SamplingConfig",
     "apply_sampling",
     "check_sampling_config",
@@ -93,8 +96,13 @@ class SamplingConfig:
     Call `validate` (or `check_sampling_config`) on the host before jitting; traced
     values cannot be checked and are used as given.
 
+    The default is greedy decoding (temperature 0), as on the command line;
+    ``SamplingConfig(temperature=1.0)`` samples from the model's distribution.
+
     Attributes:
-        temperature: logits are divided by it; ``<= 0`` (or NaN) means greedy.
+        temperature: logits are divided by it; ``0`` (the default) means greedy: the
+            most probable token, lowest id on ties (so do a negative or NaN value
+            traced inside jit, where it is not checked).
         top_k: keep the ``top_k`` most probable tokens (all ties at the k-th probability
             included); ``0`` disables it.
         top_p: nucleus sampling: keep the smallest set of most probable tokens whose mass
@@ -129,20 +137,13 @@ class SamplingConfig:
         forbidden_ids: ``None``, or ids that are never tokens: ``[K]`` (every row), or
             one list per row (ragged lists are padded with ``-1``, which forbids
             nothing).
-        counts: the token history the penalties read (`specjax.sampling.penalties.TokenCounts`),
-            set by the decoders for each scored position and handed to the drafters;
-            leave it ``None``. Without it the penalties are not applied.
-        automaton: the rows' constraint states at the scored positions
-            (`specjax.sampling.constraints.AutomatonCursor`), set by the decoders when a row has
-            a constraint; leave it ``None``. Ids the constraint does not allow there get
-            ``-inf`` before every other transform.
 
     The logit transforms (forbidden ids, bias, penalties) act before the temperature
     and the filters; `specjax.sampling.penalties` says in which order and why speculation
     stays exact with them.
     """
 
-    temperature: jax.Array | float = 1.0
+    temperature: jax.Array | float = 0.0
     top_k: jax.Array | int = 0
     top_p: jax.Array | float = 1.0
     min_p: jax.Array | float = 0.0
@@ -152,8 +153,6 @@ class SamplingConfig:
     frequency_penalty: jax.Array | float | None = None
     logit_bias: jax.Array | None = None
     forbidden_ids: jax.Array | None = None
-    counts: object = None
-    automaton: object = None
 
     def __post_init__(self):
         # A Python float and a float32 array are different jit signatures; storing one
@@ -181,13 +180,53 @@ class SamplingConfig:
 
     @classmethod
     def greedy(cls) -> SamplingConfig:
-        """Argmax decoding (temperature 0)."""
+        """Argmax decoding (temperature 0), the default."""
         return cls(temperature=0.0)
 
     def validate(self, batch_size: int | None = None) -> SamplingConfig:
         """Raises ValueError for out-of-range concrete values or bad shapes; returns ``self``."""
         check_sampling_config(self, batch_size)
         return self
+
+
+@struct.dataclass
+class RowSampling(SamplingConfig):
+    """A user's `SamplingConfig` plus each row's token history, as the decoders hand it on.
+
+    The penalties and a constraint read the tokens before the position being scored.
+    The decoders build one of these for every step (users never construct it) and pass
+    it to the drafter's ``propose`` and to the verification's `probs_from_logits`, so
+    that the drafter's q and the target's p read the same history. A drafter passes it
+    on unchanged to `probs_from_logits` and `specjax.drafters.base.draw_draft`, and
+    advances it between drafts drawn one by one with
+    `specjax.sampling.penalties.after_token`. Given a plain `SamplingConfig` instead,
+    every function treats it as a `RowSampling` without history.
+
+    Attributes:
+        counts: the token counts the penalties read
+            (`specjax.sampling.penalties.TokenCounts`), ``None`` when no row has a
+            penalty in the program: the penalties are then not applied.
+        automaton: the rows' constraint states at the scored positions
+            (`specjax.sampling.constraints.AutomatonCursor`), ``None`` when no row has a
+            constraint. Ids the constraint does not allow there get ``-inf`` before
+            every other transform.
+    """
+
+    counts: object = None
+    automaton: object = None
+
+    @classmethod
+    def of(cls, config: SamplingConfig, **history) -> RowSampling:
+        """``config``'s settings with the fields in ``history`` set (``counts=``,
+        ``automaton=``, or a setting a decoder feature changes for the step).
+
+        History ``config`` already carries (when it is a `RowSampling`) is kept unless
+        ``history`` replaces it.
+        """
+        if isinstance(config, RowSampling):
+            return config.replace(**history)
+        settings = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        return cls(**{**settings, **history})
 
 
 def _host_top_k(value) -> np.ndarray:
@@ -504,8 +543,9 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     0. vocabulary limit: logits at ids ``>= config.vocab_limit`` become ``-inf`` (when it
        is set), so those ids get probability 0 in every later step and in the
        degenerate cases below; then the logit transforms of `specjax.sampling.penalties`
-       (the constraint's mask when ``config.automaton`` is set, forbidden ids, logit
-       bias, and the penalties when ``config.counts`` is set);
+       (a constraint's mask, forbidden ids, logit bias, then the penalties; the
+       constraint and the penalties need the rows' history, which only a `RowSampling`
+       from the decoders carries);
     1. temperature: ``softmax(logits / temperature)``; a temperature ``<= 0`` or NaN
        returns the one-hot of `greedy_tokens` (lowest index on ties) instead, chosen per
        row by a traced select, so greedy and sampled rows share one compiled program;
@@ -529,8 +569,9 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
 
     Args:
         logits: ``[B, ..., V]`` float array (bf16, f16, f32, ...).
-        config: a `SamplingConfig`; each leaf a scalar or ``[B]`` (one value per row of
-            the leading axis); any other shape raises ValueError naming the field.
+        config: a `SamplingConfig` (or the decoders' `RowSampling`); each setting a
+            scalar or ``[B]`` (one value per row of the leading axis); any other shape
+            raises ValueError naming the field.
 
     Returns:
         float32 ``[..., V]``, non-negative, each row summing to 1 up to rounding.
@@ -557,7 +598,7 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
 
     x_RxV = logits.astype(jnp.float32)
     x_RxV = mask_vocab(jnp.where(jnp.isnan(x_RxV), -jnp.inf, x_RxV), config.vocab_limit)
-    x_RxV = apply_logit_transforms(x_RxV, config, config.counts)
+    x_RxV = apply_logit_transforms(x_RxV, config, history(config)[0])
     greedy_R1 = ~(temperature_R1 > 0)
 
     def greedy():

@@ -43,7 +43,7 @@ from jax import lax
 
 __all__ = [
     "TokenCounts", "after_token", "along_drafts", "apply_logit_transforms", "constrain",
-    "has_penalties", "penalties_in_program", "prefix_counts", "token_counts",
+    "has_penalties", "history", "penalties_in_program", "prefix_counts", "token_counts",
 ]  # fmt: skip
 
 
@@ -180,8 +180,8 @@ def apply_logit_transforms(logits_RxV: jax.Array, config, counts: TokenCounts | 
 
     Args:
         logits_RxV: float32 logits, NaN already replaced by ``-inf``.
-        config: a `~specjax.sampling.SamplingConfig` (its penalty settings scalars or
-            ``[B]``, read along the leading axis).
+        config: a `~specjax.sampling.SamplingConfig` or `~specjax.sampling.RowSampling`
+            (its penalty settings scalars or ``[B]``, read along the leading axis).
         counts: `TokenCounts` ``[B, V]`` (broadcast over any middle axes) or with the
             logits' shape; ``None`` when no token history is known: the penalties are
             then not applied (``probs_from_logits`` on bare logits).
@@ -250,12 +250,21 @@ def along_drafts(config, counts_BV: TokenCounts, drafts_BG: jax.Array) -> TokenC
     )
 
 
+def history(config) -> tuple:
+    """``(counts, automaton)``: the rows' history that the decoders'
+    `~specjax.sampling.RowSampling` carries; ``(None, None)`` for a user's
+    `~specjax.sampling.SamplingConfig`, which has none."""
+    return getattr(config, "counts", None), getattr(config, "automaton", None)
+
+
 def constrain(logits_RxV: jax.Array, config) -> jax.Array:
     """``logits`` with ``-inf`` where the rows' constraint allows no token (unchanged when
-    ``config.automaton`` is None). Greedy drafters use it alone: argmax needs no more."""
-    if config.automaton is None:
+    ``config`` carries no constraint states). Greedy drafters use it alone: argmax needs
+    no more."""
+    automaton = history(config)[1]
+    if automaton is None:
         return logits_RxV
-    return jnp.where(config.automaton.allowed(logits_RxV), logits_RxV, -jnp.inf)
+    return jnp.where(automaton.allowed(logits_RxV), logits_RxV, -jnp.inf)
 
 
 def after_token(config, token_B: jax.Array):
@@ -265,7 +274,7 @@ def after_token(config, token_B: jax.Array):
     What a drafter that draws its drafts one by one calls between drafts, so that its
     i-th q reads its own drafts 0..i-1, as the target's p at that position does.
     """
-    counts, automaton = config.counts, config.automaton
+    counts, automaton = history(config)
     if counts is None and automaton is None:
         return config
     return config.replace(

@@ -122,7 +122,7 @@ class StopStrings:
 
         Raises:
             ValueError / TypeError naming ``stop``: an empty string, a non-string, a
-            list per prompt of the wrong length, or a string no token can spell.
+                list per prompt of the wrong length, or a string no token can spell.
         """
         if isinstance(stop, str) or not isinstance(stop, (list, tuple)):
             raise TypeError(

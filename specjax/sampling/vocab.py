@@ -5,7 +5,7 @@ Model families pad their embedding matrices past their tokenizer: Qwen2.5-0.5B h
 follow, and this module handles both.
 
 * **Padded rows are never tokens.** `SamplingConfig.vocab_limit` masks the logits of
-  ids ``>= vocab_limit`` inside `specjax.probs_from_logits`, which processes the
+  ids ``>= vocab_limit`` inside `specjax.sampling.probs_from_logits`, which processes the
   target's and the draft's logits alike, so a padded id is neither sampled nor chosen
   greedily by either. The decoders default it to `default_vocab_limit` (the target's
   tokenizer size where it is known and smaller than V).
@@ -76,8 +76,8 @@ def check_drafter_vocab(target, drafter) -> None:
     string as the target's for every id below ``V_d`` that both know.
 
     Raises:
-        ValueError naming both sizes (a larger drafter), or the first id on which the
-        tokenizers differ.
+        ValueError: naming both sizes (a larger drafter), or the first id on which the
+            tokenizers differ.
     """
     v_draft, v_target = _drafter_vocab(drafter), int(target.vocab_size)
     if v_draft is None:
@@ -135,7 +135,7 @@ def resolve_vocab_limit(sampling: SamplingConfig, target, drafter=None) -> Sampl
     for). Traced limits are used as given.
 
     Raises:
-        ValueError / TypeError naming ``SamplingConfig.vocab_limit`` and the sizes.
+        ValueError / TypeError: naming ``SamplingConfig.vocab_limit`` and the sizes.
     """
     vocab = int(target.vocab_size)
     if sampling.vocab_limit is None:

@@ -52,7 +52,7 @@ def train_drafter(
         an EAGLE head ``accuracy`` (step 0's top-1 agreement with the target), ``tau``
         (teacher-forced greedy tokens per call at γ = ttt_steps) and ``loss_step{i}``.
 
-    Example:
+    Examples:
         >>> import jax, numpy as np, specjax
         >>> from specjax.training import BlockTrainConfig, EagleTrainConfig, train_drafter
         >>> target = specjax.testing.tiny_model(seed=0, num_layers=4)

@@ -19,7 +19,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from specjax.core.validation import check_int_array, with_article
 from specjax.models.llama import Model
@@ -199,6 +198,10 @@ def train(
     deadline = None if config.max_minutes is None else time.monotonic() + 60 * config.max_minutes
     tokens_per_step = config.batch_size * config.seq_len
     pending: list[tuple[jax.Array, jax.Array]] = []  # (loss, grad norm) not yet fetched
+    # Imported here, not at the top: `import specjax` imports this module, and tqdm.auto
+    # warns at import in a Jupyter kernel without ipywidgets.
+    from tqdm.auto import tqdm
+
     bar = tqdm(
         total=config.steps, initial=start, disable=not config.progress, unit="step", smoothing=0.1
     )

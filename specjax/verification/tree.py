@@ -41,7 +41,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.sampling.distributions import mask_vocab, noise, probs_from_logits, sample
+from specjax.sampling.distributions import (
+    RowSampling,
+    mask_vocab,
+    noise,
+    probs_from_logits,
+    sample,
+)
+from specjax.sampling.penalties import history
 from specjax.verification.chain import target_samples
 
 __all__ = [
@@ -257,8 +264,9 @@ def tree_verify(
             ``every_node`` it may have more columns, ``[B, W, V]``, the last ``W - N -
             1`` of them padding that is never read.
         tree: the static `Tree`.
-        sampling: ``None``, or the rows' `~specjax.SamplingConfig` (``[B]`` leaves):
-            then ``target_BN1V`` holds logits, and p is
+        sampling: ``None``, or the rows' `~specjax.SamplingConfig` (``[B]`` leaves; the
+            decoders pass a `~specjax.sampling.RowSampling`, whose constraint states
+            follow the path): then ``target_BN1V`` holds logits, and p is
             ``probs_from_logits(logits, sampling)`` at the path's nodes.
         every_node: compute p and the target's sample at all W columns in one batched
             call (`specjax.verification.chain.target_samples`), as plain decoding at forward width
@@ -300,7 +308,7 @@ def tree_verify(
 
     # A constraint's automaton (`specjax.sampling.constraints`) follows the path: the node at
     # depth d is masked with the state after the path's first d tokens.
-    automaton = None if sampling is None else sampling.automaton
+    automaton = history(sampling)[1]
 
     if every_node:
         probs_BWV = target_BN1V.astype(jnp.float32)
@@ -311,7 +319,7 @@ def tree_verify(
                 cursor = automaton.along_tree(node_tokens_BN, tree.parents)
                 pad = jnp.repeat(cursor.states[:, :1], columns - n - 1, axis=1)
                 cursor = cursor.replace(states=jnp.concatenate([cursor.states, pad], axis=1))
-            probs_BWV = probs_from_logits(target_BN1V, sampling.replace(automaton=cursor))
+            probs_BWV = probs_from_logits(target_BN1V, RowSampling.of(sampling, automaton=cursor))
         # Each node draws with its depth's keys (nodes of one depth share them).
         depth_W = np.concatenate([tree.depths, np.zeros(columns - n - 1, np.int32)])
         samples_BW = target_samples(keys_BD1[:, depth_W], probs_BWV)
@@ -327,7 +335,7 @@ def tree_verify(
             if sampling is None:
                 p_BV = row_BV.astype(jnp.float32)
             else:
-                p_BV = probs_from_logits(row_BV, sampling.replace(automaton=automaton))
+                p_BV = probs_from_logits(row_BV, RowSampling.of(sampling, automaton=automaton))
             return p_BV, sample(sample_keys_BD1[:, d], p_BV)
 
     node_B = jnp.zeros((b,), jnp.int32)

@@ -14,11 +14,13 @@ One concern per module, each importing only those above it:
 * `harness.costs`: measured costs of a step's parts (`forward_costs`, `draft_cost`,
   `interleaved_cost`, `peak_matmul_flops`) and the speedup they predict
   (`predicted_speedup`, `speculative_prediction`);
-* `harness.machine`: what machine a benchmark ran on;
+* `harness.machine`: what machine, commit and command a benchmark ran on (`run_record`,
+  which every results file records), and where results go (`RESULTS`);
 * `harness.greedy`: the token-for-token check of greedy outputs;
 * `harness.pairs`: bench_e2e's models, prompts and log;
 * `harness.systems`: the systems bench_e2e compares (specjax and transformers
-  decoders, one pass of each over a workload);
+  decoders, one pass of each over a workload); transformers runs in a process of its
+  own, `harness/hf_worker.py`, which imports neither jax nor this package;
 * `harness.targets`: the performance targets and their verdicts;
 * `harness.e2e`: bench_e2e's measurements, from first pass to rows;
 * `harness.report` and `harness.plots`: its tables and figures.

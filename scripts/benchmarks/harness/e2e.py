@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from .costs import (
     predicted_speedup,
 )
 from .greedy import GreedyMismatchError, Mismatch, check_greedy_outputs
-from .machine import machine_info
+from .machine import run_record
 from .pairs import (
     Pair,
     describe_lengths,
@@ -233,7 +232,9 @@ def run_benchmark(args) -> dict:
             batch_probe = hf.probe_batch()
         finally:
             hf.close()
-    results["machine"] = dict(machine_info(), load_average_1m_start=load_start)
+    record = run_record()
+    results["date"], results["commit"] = record["date"], record["commit"]
+    results["machine"] = dict(record["machine"], load_average_1m_start=load_start)
     results["config"] = {
         "pair": pair.name,
         "target_dir": str(pair.target_dir),
@@ -255,7 +256,7 @@ def run_benchmark(args) -> dict:
         "block_gamma": args.block_gamma,
         "block_sweep": list(args.block_sweep),
         "block_drafter": pair.block_source,
-        "command": " ".join(["python", "scripts/benchmarks/bench_e2e.py", *sys.argv[1:]]),
+        "command": record["command"],
     }
     results["hf_batch_probe"] = batch_probe
     if pair.real:

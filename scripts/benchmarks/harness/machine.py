@@ -1,4 +1,9 @@
-"""What machine a benchmark ran on, for its report."""
+"""What machine, commit and command a benchmark ran on, for its results file.
+
+Every results file under ``scripts/benchmarks/results/`` records `run_record`: the
+date, the commit, the command, and `machine_info` (the CPU, the accelerator, jax's
+version).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,15 @@ import contextlib
 import os
 import platform
 import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
 
 import jax
+
+ROOT = Path(__file__).resolve().parents[3]  # the checkout
+RESULTS = ROOT / "scripts" / "benchmarks" / "results"  # one folder per benchmark
 
 
 def cpu_name(unknown: str = "unknown CPU") -> str:
@@ -31,17 +43,51 @@ def cpu_name(unknown: str = "unknown CPU") -> str:
 
 
 def machine_info() -> dict:
-    """The CPU, core count, load, JAX platform and library versions (torch included)."""
-    import torch
-    import transformers
+    """The CPU, core count, load, accelerator, JAX platform and library versions.
 
-    return {
+    torch's and transformers' versions are read from their installed metadata (not
+    imported), and left out where they are not installed.
+    """
+    devices = jax.devices()
+    info = {
         "cpu": cpu_name("unknown"),
         "cores": os.cpu_count(),
         "load_average_1m": os.getloadavg()[0],
-        "platform": jax.devices()[0].platform,
+        "platform": devices[0].platform,
+        "devices": f"{len(devices)} x {devices[0].device_kind}",
         "jax": jax.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
         "python": platform.python_version(),
+    }
+    for name in ("jaxlib", "torch", "transformers"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            info[name] = metadata.version(name)
+    return info
+
+
+def commit() -> str:
+    """The checkout's commit, marked when tracked files differ from it."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+    changed = subprocess.run(
+        [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    )
+    found = head.stdout.strip() or "unknown"
+    return found + (" (with uncommitted changes)" if changed.stdout.strip() else "")
+
+
+def run_record(argv: list[str] | None = None) -> dict:
+    """``{"date", "commit", "command", "machine"}`` of the running script.
+
+    Args:
+        argv: the script's arguments (default ``sys.argv[1:]``).
+    """
+    script = Path(sys.argv[0]).resolve()
+    with contextlib.suppress(ValueError):
+        script = script.relative_to(ROOT)
+    args = sys.argv[1:] if argv is None else argv
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "commit": commit(),
+        "command": " ".join(["python", str(script), *args]),
+        "machine": machine_info(),
     }

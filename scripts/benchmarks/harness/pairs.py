@@ -137,8 +137,8 @@ def load_block(args, target, bundled: bool, real: bool):
         try:
             # Sharing the pair's target (not the copy default_drafter loads): the
             # drafter's embedding and LM head are then the same arrays as the target's.
-            drafter = specjax.default_drafter("block").replace(target=target)
-            source = "bundled (specjax.default_drafter('block'))"
+            drafter = specjax.io.pretrained.default_drafter("block").replace(target=target)
+            source = "bundled (specjax.io.pretrained.default_drafter('block'))"
         except FileNotFoundError as e:
             log(f"WARNING: {e}; the block rows use a drafter with RANDOM weights")
     if drafter is None:

@@ -17,8 +17,9 @@ def _save(fig, path: Path, plt) -> Path:
     return path
 
 
-def plot(results: dict, out: Path) -> list[Path]:
-    """Writes every figure the results allow into ``out``; returns their paths."""
+def plot(results: dict, out: Path, name: str) -> list[Path]:
+    """Writes every figure the results allow into ``out`` as ``<name>_<figure>.png``;
+    returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -26,14 +27,16 @@ def plot(results: dict, out: Path) -> list[Path]:
 
     paths = []
     if results["sweep"]:
-        paths.append(plot_gamma_sweep(results["sweep"], out / "gamma_sweep.png", plt))
+        paths.append(plot_gamma_sweep(results["sweep"], out / f"{name}_gamma_sweep.png", plt))
     if results.get("block_sweep"):
-        paths.append(plot_block_sweep(results, out / "block_sweep.png", plt))
-    paths.append(plot_throughput(results, out / "throughput.png", plt))
+        paths.append(plot_block_sweep(results, out / f"{name}_block_sweep.png", plt))
+    paths.append(plot_throughput(results, out / f"{name}_throughput.png", plt))
     if len(results["config"]["workloads"]) > 1:
-        paths.append(plot_workloads(results, out / "workloads.png", plt))
+        paths.append(plot_workloads(results, out / f"{name}_workloads.png", plt))
     if any(r.get("acceptance_by_position") for r in results["rows"]):
-        paths.append(plot_acceptance_by_position(results, out / "acceptance_by_position.png", plt))
+        paths.append(
+            plot_acceptance_by_position(results, out / f"{name}_acceptance_by_position.png", plt)
+        )
     return paths
 
 

@@ -1,13 +1,17 @@
 """The systems ``scripts/benchmarks/bench_e2e.py`` compares: specjax's and transformers' decoders.
 
 A "pass" is one system decoding every prompt of a workload once; a `System` runs
-passes, and its `Outcome` counts what one produced.
+passes, and its `Outcome` counts what one produced. transformers runs in a process of
+its own (`Transformers`, `harness.hf_worker`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -73,6 +77,8 @@ class System:
     first_s: float | None = None
     outcome: Outcome | None = None
     timing: Timing | None = None
+    # A pass run in another process: the seconds it measured there, from its raw output.
+    seconds_of: Callable[[object], float] | None = None
 
     @property
     def name(self) -> str:
@@ -87,14 +93,21 @@ class System:
     def first(self) -> Outcome:
         """The outcome of the first pass, run (and timed, compilation included) once."""
         if self.outcome is None:
-            self.first_s, raw = time_call(self.run)
+            if self.seconds_of is None:
+                self.first_s, raw = time_call(self.run)
+            else:
+                raw = self.run()
+                self.first_s = self.seconds_of(raw)
             self.outcome = self.summarize(raw)
         return self.outcome
 
     def time(self, repeats: int) -> Timing:
         """Times ``repeats`` passes after the first; sets and returns `timing`."""
         self.first()
-        times, _ = time_runs(self.run, repeats=repeats)
+        if self.seconds_of is None:
+            times, _ = time_runs(self.run, repeats=repeats)
+        else:
+            times = [self.seconds_of(self.run()) for _ in range(repeats)]
         self.timing = Timing(self.first_s, statistics.median(times), times)
         return self.timing
 
@@ -172,161 +185,93 @@ def specjax_system(pair, method, prompts, batch, temperature, gamma, args, workl
     return System("specjax", method, batch, temperature, gamma, workload, run, _summarize_specjax)
 
 
-def hf_from_pretrained(path: Path):
-    """transformers' float32 model of a Hugging Face folder or a GGUF (file or folder)."""
-    import torch
-    import transformers
-
-    load = transformers.AutoModelForCausalLM.from_pretrained
+def _where(path: Path) -> dict:
+    """How the worker loads ``path``: a Hugging Face folder or a GGUF (file or folder)."""
     gguf = gguf_file(path)
-    if gguf is not None:  # transformers dequantizes it, as specjax did
-        return load(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
-    return load(path, dtype=torch.float32).eval()
+    if gguf is not None:
+        return {"folder": str(gguf.parent), "gguf": gguf.name}
+    return {"folder": str(path), "gguf": None}
 
 
 class Transformers:
-    """The same models in transformers (PyTorch, CPU, float32), from the same files.
+    """The same models in transformers (PyTorch, CPU, float32), from the same files,
+    in a process of their own (`harness.hf_worker`): no JAX runtime shares it.
 
-    It counts target forwards (a forward pre-hook) and drafted candidates, which
-    transformers does not expose: ``get_candidates`` of the two candidate
-    generators used here is wrapped until :meth:`close`.
+    Each call here is one job for that process, which runs while this one waits, so
+    only one framework decodes at a time. A pass is timed inside the worker, as
+    specjax's are here, without the pipe's round trip.
     """
 
     def __init__(self, pair: Pair, args):
-        import transformers
-        from transformers.generation import candidate_generator as cg
-
-        transformers.logging.set_verbosity_error()
-        transformers.logging.disable_progress_bar()
         self.args = args
-        self.target = hf_from_pretrained(pair.target_dir)
-        self.draft = None if pair.draft_dir is None else hf_from_pretrained(pair.draft_dir)
-        for m in (self.target, self.draft):
-            if m is None:
-                continue
-            # Never stop on EOS (specjax runs with eos_id=None): every system
-            # emits exactly max_new_tokens.
-            m.generation_config.eos_token_id = None
-            m.generation_config.pad_token_id = 0
-        if self.draft is not None:
-            # The assistant's settings are read from its own generation config: γ
-            # drafts every step, constant schedule, no confidence cut-off.
-            self.draft.generation_config.num_assistant_tokens = args.gamma
-            self.draft.generation_config.num_assistant_tokens_schedule = "constant"
-            self.draft.generation_config.assistant_confidence_threshold = 0.0
-        self.target_calls = self.drafted = 0
-        self._hook = self.target.register_forward_pre_hook(self._count_forward)
-        self._patched = []
-        for cls in (cg.AssistedCandidateGenerator, cg.PromptLookupCandidateGenerator):
-            original = cls.__dict__["get_candidates"]
-            cls.get_candidates = self._counting(original)
-            self._patched.append((cls, original))
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("hf_worker.py"))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._ask(
+            op="load",
+            target=_where(pair.target_dir),
+            draft=None if pair.draft_dir is None else _where(pair.draft_dir),
+            gamma=args.gamma,
+            ngram=args.ngram,
+            seed=args.seed,
+        )
 
-    def _count_forward(self, module, inputs):
-        self.target_calls += 1
-
-    def _counting(self, original):
-        def get_candidates(generator, input_ids, *args, **kwargs):
-            out = original(generator, input_ids, *args, **kwargs)
-            self.drafted += out[0].shape[1] - input_ids.shape[1]
-            return out
-
-        return get_candidates
+    def _ask(self, **job):
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the transformers worker stopped on the job {job['op']!r}")
+        return json.loads(line)
 
     def close(self):
-        """Removes the forward hook and restores the wrapped ``get_candidates``."""
-        self._hook.remove()
-        for cls, original in self._patched:
-            cls.get_candidates = original
-
-    def generation_config(self, method: str, temperature: float, max_new_tokens: int):
-        """transformers' settings for ``method`` (EOS off; γ and n-gram from the args)."""
-        from transformers import GenerationConfig
-
-        kw = dict(max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
-        if temperature > 0:
-            kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-        else:
-            kw.update(do_sample=False)
-        if method == "lookup":
-            g, n = self.args.gamma, self.args.ngram
-            kw.update(prompt_lookup_num_tokens=g, max_matching_ngram_size=n)
-        return GenerationConfig(**kw)
-
-    def generate(self, ids, config, method: str):
-        """The target's ``generate``, with the draft as assistant for ``method`` "draft"."""
-        import torch
-
-        extra = dict(assistant_model=self.draft) if method == "draft" else {}
-        with torch.inference_mode():
-            mask = torch.ones_like(ids)
-            return self.target.generate(ids, attention_mask=mask, generation_config=config, **extra)
+        """Ends the worker process."""
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
 
     def system(self, method: str, prompts, temperature: float, workload: str) -> System:
         """transformers decoding ``prompts`` (one workload) with ``method``, at batch 1."""
-        import torch
-
-        config = self.generation_config(method, temperature, self.args.max_new_tokens)
-        inputs = [torch.tensor([p], dtype=torch.long) for p in prompts]
+        job = dict(
+            op="one_pass",
+            method=method,
+            prompts=[list(map(int, p)) for p in prompts],
+            temperature=temperature,
+            max_new_tokens=self.args.max_new_tokens,
+        )
 
         def run():
-            self.target_calls = self.drafted = 0
-            out = []
-            for i, ids in enumerate(inputs):
-                torch.manual_seed(self.args.seed * 100_003 + i)
-                out.append(self.generate(ids, config, method)[0, ids.shape[1] :])
-            return out, self.target_calls, self.drafted
+            return self._ask(**job)
 
         def summarize(raw):
-            out, calls, drafted = raw
-            tokens = [o.tolist() for o in out]
+            tokens, calls = raw["tokens"], raw["calls"]
             # Every target forward emits its accepted candidates plus one token.
             accepted = sum(len(t) for t in tokens) - calls if method != "plain" else 0
-            return Outcome(tokens, calls, calls, drafted, accepted, None)
+            return Outcome(tokens, calls, calls, raw["drafted"], accepted, None)
 
         gamma = None if method == "plain" else self.args.gamma
-        return System("transformers", method, 1, temperature, gamma, workload, run, summarize)
+        return System(
+            "transformers", method, 1, temperature, gamma, workload, run, summarize,
+            seconds_of=lambda raw: raw["seconds"],
+        )  # fmt: skip
 
     def probe_batch(self) -> dict:
         """What transformers does with a batch of 2 rows, for each assisted method run."""
-        import torch
-
-        ids = torch.zeros((2, 4), dtype=torch.long)
-        found = {}
-        for method in ("draft", "lookup") if self.draft is not None else ("lookup",):
-            try:
-                self.generate(ids, self.generation_config(method, 0.0, 2), method)
-                found[method] = "ran"
-            except ValueError as e:
-                found[method] = f"ValueError: {e}"
-        return found
+        return self._ask(op="probe_batch")
 
     def last_logits(self, seq) -> np.ndarray:
         """The target's logits after ``seq`` (one full forward, no cache)."""
-        import torch
-
-        with torch.inference_mode():
-            return self.target(torch.tensor([seq], dtype=torch.long)).logits[0, -1].numpy()
+        return np.asarray(self._ask(op="last_logits", seq=[int(t) for t in seq]), np.float32)
 
     def pick_threads(self, prompt, choice: str) -> tuple[int, dict]:
-        """Sets torch's thread count: ``choice``, or with "auto" the faster of 1 and 2.
+        """Sets torch's thread count: ``choice``, or with "auto" the fastest of 1 .. every
+        core on a short greedy probe (`harness.hf_worker.Worker.threads`).
 
-        On a shared 2-core machine two OpenMP threads that spin-wait for a busy
-        core can make small decode steps many times slower than one thread, so
-        "auto" times 16 greedy tokens with each and keeps the faster.
+        Returns:
+            ``(threads, {count: ms per token})`` (the dict empty when not probed).
         """
-        import torch
-
-        if choice != "auto":
-            torch.set_num_threads(int(choice))
-            return int(choice), {}
-        ids = torch.tensor([prompt], dtype=torch.long)
-        config = self.generation_config("plain", 0.0, 16)
-        ms = {}
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            times, _ = time_runs(self.generate, ids, config, "plain", repeats=3)
-            ms[n] = statistics.median(times) / 16 * 1e3
-        best = min(ms, key=ms.get)
-        torch.set_num_threads(best)
-        return best, ms
+        found = self._ask(op="threads", prompt=[int(t) for t in prompt], choice=choice)
+        return found["threads"], {int(n): ms for n, ms in found["ms"].items()}

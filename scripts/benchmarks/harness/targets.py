@@ -20,7 +20,9 @@ TARGETS = [
     ),
     Target("realized_over_predicted", "realized / predicted speedup, same run", 0.85),
     Target(
-        "spec_over_hf_assisted", "specjax speculative / transformers assisted tok/s, T=0, b=1", 3.0
+        "spec_over_hf_fastest",
+        "specjax speculative / transformers' fastest (plain, assisted, lookup) tok/s, T=0, b=1",
+        3.0,
     ),
     Target("large_over_b1", "specjax speculative total tok/s, batch 16 / batch 1, T=0", 8.0),
     # The block drafter's (issue's targets on the bundled pair, batch 1).
@@ -35,7 +37,7 @@ TARGETS = [
 # one a user would pick) and for each method on its own; "{m}" names the method.
 REAL_TARGETS = [
     Target("over_plain", "specjax {m} / specjax plain tok/s, T=0, b=1", 2.0),
-    Target("over_hf_plain", "specjax {m} / transformers plain tok/s, T=0, b=1", 4.0),
+    Target("over_hf_fastest", "specjax {m} / transformers' fastest tok/s, T=0, b=1", 4.0),
     Target("over_plain_t1", "specjax {m} / specjax plain tok/s, T=1, b=1", 1.6),
     Target("realized_over_predicted", "specjax {m}: realized / predicted speedup, T=0, b=1", 0.9),
 ]
@@ -56,6 +58,20 @@ def find_row(rows, framework, method, batch, temperature) -> dict | None:
     want = (framework, method, batch, temperature)
     keys = ("framework", "method", "batch", "temperature")
     return next((r for r in rows if tuple(r[k] for k in keys) == want), None)
+
+
+def fastest_peer(rows, temperature: float = 0.0) -> dict | None:
+    """transformers' fastest system at batch 1 (plain decoding included), or None.
+
+    A ratio against one of its methods alone (say assisted generation, slower than
+    its plain decoding on a CPU) would flatter specjax.
+    """
+    found = [
+        r
+        for m in ("plain", "draft", "lookup")
+        if (r := find_row(rows, "transformers", m, 1, temperature))
+    ]
+    return max(found, key=lambda r: r["tok_s"], default=None)
 
 
 def judge(target: Target, value, **extra) -> dict:
@@ -81,7 +97,7 @@ def targets_of(rows, large, block_sweep=()) -> list[dict]:
     neither ran at γ = 7).
     """
     spec = find_row(rows, "specjax", "draft", 1, 0.0)
-    hf = find_row(rows, "transformers", "draft", 1, 0.0)
+    hf = fastest_peer(rows)
     spec_large = find_row(rows, "specjax", "draft", large, 0.0) if large > 1 else None
     block = find_row(rows, "specjax", "block", 1, 0.0) or {}
     block_t1 = find_row(rows, "specjax", "block", 1, 1.0) or {}
@@ -89,7 +105,7 @@ def targets_of(rows, large, block_sweep=()) -> list[dict]:
     measured = {
         "spec_over_plain": spec["speedup"],
         "realized_over_predicted": spec["realized_over_predicted"],
-        "spec_over_hf_assisted": spec["tok_s"] / hf["tok_s"],
+        "spec_over_hf_fastest": spec["tok_s"] / hf["tok_s"] if hf else None,
         "large_over_b1": spec_large["tok_s"] / spec["tok_s"] if spec_large else None,
         "block_over_plain": block.get("speedup"),
         "block_over_plain_t1": block_t1.get("speedup"),
@@ -111,7 +127,7 @@ def real_targets_of(rows, forward_ms: dict) -> list[dict]:
     temperature ("best") and for each method that ran; ``forward_ms`` is the batch-1
     target forward's cost by width (``{"1": ms, ...}``).
     """
-    hf_plain = find_row(rows, "transformers", "plain", 1, 0.0)
+    hf = fastest_peer(rows)
     speculative = {}  # T -> [(label, row)], the best first
     for t in (0.0, 1.0):
         found = [r for m in SPECULATIVE if (r := find_row(rows, "specjax", m, 1, t))]
@@ -121,7 +137,7 @@ def real_targets_of(rows, forward_ms: dict) -> list[dict]:
         speculative[t] = ([(f"best ({best[0]})", best[1])] if best else []) + pairs
     measure = {
         "over_plain": lambda r: r["speedup"],
-        "over_hf_plain": lambda r: r["tok_s"] / hf_plain["tok_s"] if hf_plain else None,
+        "over_hf_fastest": lambda r: r["tok_s"] / hf["tok_s"] if hf else None,
         "over_plain_t1": lambda r: r["speedup"],
         "realized_over_predicted": lambda r: r["realized_over_predicted"],
     }

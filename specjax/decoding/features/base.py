@@ -8,9 +8,10 @@ feature writes only the ones it needs.
 
 * `init` builds the state of the first slots, `reset` a slot's row when a refill
   hands it the next prompt;
-* `history` and `along` give the sampling settings the feature reads (penalty
-  counts, a constraint's automaton states) at the committed prefix, for the drafter,
-  and at each scored position of the step, for the target's p;
+* `history` and `along` give the rows' history the feature's settings read (penalty
+  counts, a constraint's automaton states; `~specjax.sampling.RowSampling` fields) at
+  the committed prefix, for the drafter, and at each scored position of the step, for
+  the target's p;
 * `cut` limits how many of a step's tokens a row emits, and may end the row there;
 * `commit` records the emitted tokens (`Emission`);
 * `empty_output`, `gather` and `result` hand the feature's per-row output on, per
@@ -92,7 +93,8 @@ class RowFeature:
         return state_B
 
     def history(self, state, state_B) -> dict:
-        """Sampling settings (`SamplingConfig` field: value) at the committed prefix."""
+        """The rows' history (`~specjax.sampling.RowSampling` field: value) at the
+        committed prefix."""
         return {}
 
     def along(self, history: dict, chain_BG: jax.Array, sampling) -> dict:

@@ -1,9 +1,9 @@
 """Constrained decoding: rows emit only text of their language (`specjax.sampling.constraints`).
 
 The feature's state is each row's automaton state after its committed tokens. Its
-cursor masks the drafter's q and the target's p at every scored position (the
-sampling settings' ``automaton``), and a row ends with the token that completes its
-language when nothing can follow.
+cursor masks the drafter's q and the target's p at every scored position
+(`~specjax.sampling.RowSampling`'s ``automaton``), and a row ends with the token that
+completes its language when nothing can follow.
 """
 
 from __future__ import annotations

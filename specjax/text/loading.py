@@ -1,0 +1,122 @@
+"""Models and drafters by path or name, for `specjax.Sampler.from_pretrained` and the CLI.
+
+Errors are ``ValueError`` (or ``FileNotFoundError``) naming the argument that was given,
+so the command line can report them under its own flag names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specjax.text.defaults import DEFAULTS
+
+__all__ = ["build_drafter", "load_model", "model_path"]
+
+
+def model_path(path, argname: str) -> Path:
+    """``path`` if it is a model folder or a GGUF file, else the file of the model *named*
+    ``path`` (`specjax.io.fetch.names`), fetched on first use.
+
+    Raises:
+        ValueError: naming ``argname``: no such folder or file, and no such name, or a
+            fetch that failed (with how to fetch by hand).
+    """
+    from specjax.io import fetch
+
+    p = Path(path)
+    if p.is_dir() or (p.suffix.lower() == ".gguf" and p.is_file()):
+        return p
+    if str(path) in fetch.names():
+        try:
+            return fetch.fetch(str(path))
+        except fetch.FetchError as e:
+            raise ValueError(f"{argname} {path}: {e}") from None
+    raise ValueError(
+        f"{argname} {path}: no such directory or .gguf file, and no model of that name "
+        f"(known: {', '.join(fetch.names())})"
+    )
+
+
+def load_model(path, argname: str, dtype=None):
+    """The `specjax.Model` at ``path`` (a Hugging Face folder, a GGUF file or a model name,
+    see `model_path`), in ``dtype`` (default float32).
+
+    Raises:
+        ValueError: naming ``argname``, for a path that holds no loadable model.
+    """
+    from specjax.io.hf import load_pretrained
+
+    path = model_path(path, argname)
+    try:
+        return load_pretrained(path) if dtype is None else load_pretrained(path, dtype)
+    except (FileNotFoundError, ValueError, OSError, KeyError) as e:
+        raise ValueError(f"{argname} {path}: {e}") from None
+
+
+def build_drafter(
+    name: str,
+    target,
+    *,
+    bundled: bool,
+    draft=None,
+    block_drafter=None,
+    gamma: int | None = None,
+    mode: str = DEFAULTS.draft_mode,
+    ngram: int = DEFAULTS.ngram,
+):
+    """The drafter called ``name`` for ``target``, at γ ``gamma`` (default its own).
+
+    Args:
+        name: ``"model"`` (``draft`` in a `specjax.DraftModel`), ``"block"`` (the
+            bundled block drafter, or the folder ``block_drafter``), ``"eagle"`` (the
+            bundled EAGLE head), ``"lookup"`` (`specjax.PromptLookup`), ``"none"``
+            (returns ``None``: plain decoding), or any other name of
+            `specjax.drafters.registry`. Resolve ``"auto"`` first
+            (`specjax.text.defaults.auto_drafter`).
+        target: the target the drafter serves.
+        bundled: ``target`` is the bundled target, which the bundled weights fit.
+        draft: the draft `specjax.Model` for ``"model"``.
+        block_drafter: a block drafter folder (``specjax train-drafter``).
+        gamma: tokens drafted per target call.
+        mode: ``"sample"`` or ``"argmax"`` drafts of the block and EAGLE drafters.
+        ngram: the longest n-gram prompt lookup matches.
+
+    Raises:
+        ValueError: a drafter that needs what was not given (a draft model, a block
+            drafter folder), bundled weights for another target, or files that do not
+            fit ``target``; the message says what to pass.
+    """
+    from specjax.drafters import registry
+    from specjax.io import drafter_weights
+    from specjax.io.pretrained import default_pair_path
+    from specjax.sampling.vocab import check_drafter_vocab
+
+    if name == "none":
+        return None
+    if name == "lookup":
+        drafter = registry.get("lookup").cls(ngram=ngram)
+    elif name == "model":
+        if draft is None:
+            raise ValueError("the drafter 'model' needs a draft model: pass draft=")
+        drafter = registry.get("model").cls(draft)
+        check_drafter_vocab(target, drafter)  # a smaller draft of a padded family is fine
+    elif name == "block" and block_drafter is not None:
+        entry = registry.get("block")
+        try:
+            drafter = drafter_weights.load(entry.cls, block_drafter, target, mode=mode)
+        except (FileNotFoundError, OSError, KeyError) as e:
+            raise ValueError(f"block drafter {block_drafter}: {e}") from None
+    else:
+        entry = registry.get(name)
+        if not entry.has_weights:
+            drafter = entry.cls()
+        elif not bundled:
+            hint = " (pass a block drafter folder trained for it)" if name == "block" else ""
+            raise ValueError(f"the bundled {entry.cls.noun} only fits the bundled target{hint}")
+        else:
+            path = default_pair_path() / entry.asset
+            try:
+                drafter = drafter_weights.load(entry.cls, path, target, mode=mode)
+            except (FileNotFoundError, OSError, KeyError) as e:
+                raise ValueError(f"bundled {entry.cls.noun} {path}: {e}") from None
+    return drafter if gamma is None else drafter.with_draft(gamma)

@@ -1,0 +1,532 @@
+"""`Sampler` and `ChatSampler`: text in, text out, over the functional decoders.
+
+They tokenize, pick the EOS ids, call `specjax.generate` or
+`specjax.speculative_generate` (or `specjax.decoding.init` and `~specjax.decoding.stream`
+when streaming) and detokenize; nothing else. Their defaults are those of
+``specjax generate`` (`specjax.text.defaults.DEFAULTS`).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from specjax.core.validation import check_int
+from specjax.decoding import api as decoding
+from specjax.drafters.base import Drafter
+from specjax.io.chat import apply_chat_template
+from specjax.sampling import SamplingConfig
+from specjax.text.defaults import DEFAULTS, auto_drafter
+from specjax.text.eos import stop_ids
+from specjax.text.loading import build_drafter, load_model
+from specjax.text.stream import TextStream
+
+__all__ = ["ChatSampler", "Sampler"]
+
+
+def _default_sampling() -> SamplingConfig:
+    return SamplingConfig(temperature=DEFAULTS.temperature)
+
+
+def _is_greedy(sampling: SamplingConfig) -> bool:
+    temperature = np.asarray(sampling.temperature, np.float32)
+    return bool(np.all(~(temperature > 0)))  # <= 0 or NaN is greedy
+
+
+class Sampler:
+    """Completes text with a target model, speculatively when it has a drafter.
+
+    Text goes in and text comes out, for one prompt or a batch; greedy by default, with
+    the defaults of ``specjax generate``. Each call decodes with `specjax.generate`
+    (no drafter) or `specjax.speculative_generate`, which compile once per batch size
+    and prompt-length bucket; for a loop you jit yourself, use those functions.
+
+    Args:
+        target: the model that defines the output (`specjax.Model`, or any model
+            following the model contract).
+        tokenizer: a ``tokenizers.Tokenizer``; default ``target.tokenizer``.
+        drafter: a `specjax.drafters.Drafter` sharing the target's ids; ``None`` for
+            plain decoding; or ``"auto"`` (default), ``"lookup"`` or ``"none"``: for a
+            target other than the bundled one, ``"auto"`` is prompt lookup
+            (`specjax.PromptLookup`), as for ``specjax generate --model``. Use
+            `from_pretrained` for drafters with weights by name.
+        gamma: tokens drafted per target call; default the drafter's own.
+        sampling: the default `specjax.SamplingConfig` of `sample`; default greedy.
+        max_new_tokens: the default budget of `sample` (EOS included).
+        forward_width: every target forward scores exactly this many tokens, so that
+            speculative output equals plain output at the same width token for token
+            (`specjax.speculative_generate`); default the verify's width.
+        verification: ``"rejection"`` (default) or ``"coupled"``.
+        draft_confidence: optional τ in ``[0, 1]``: a row stops drafting after its
+            first draft whose own probability is below τ (exact; pays for costly
+            draft models).
+        eos_ids: ids that end a row; default those of the tokenizer and the model's
+            config (`specjax.text.eos.stop_ids`); ``()`` never stops early.
+
+    Raises:
+        TypeError: a target that is a path, a drafter that is not a `Drafter`.
+        ValueError: no tokenizer, or a bad setting; the message names the fix.
+
+    Examples:
+        >>> import specjax
+        >>> target, _, _ = specjax.default_pair()
+        >>> sampler = specjax.Sampler(target)  # greedy, prompt lookup drafts
+        >>> text = sampler.sample("def add(a, b):", max_new_tokens=8)
+        >>> isinstance(text, str)
+        True
+    """
+
+    def __init__(
+        self,
+        target,
+        *,
+        tokenizer=None,
+        drafter: Drafter | str | None = DEFAULTS.drafter,
+        gamma: int | None = None,
+        sampling: SamplingConfig | None = None,
+        max_new_tokens: int = DEFAULTS.max_new_tokens,
+        forward_width: int | None = None,
+        verification: str = DEFAULTS.verification,
+        draft_confidence: float | None = None,
+        eos_ids: Sequence[int] | None = None,
+    ):
+        cls = type(self).__name__
+        if isinstance(target, (str, bytes)) or hasattr(target, "__fspath__"):
+            raise TypeError(
+                f"{cls}(target) takes a loaded model, got the path {target!r}: use "
+                f"{cls}.from_pretrained({str(target)!r})"
+            )
+        tokenizer = getattr(target, "tokenizer", None) if tokenizer is None else tokenizer
+        if tokenizer is None:
+            raise ValueError(
+                f"{cls} needs a tokenizer: the target has none (specjax.load_pretrained reads "
+                "tokenizer.json); pass tokenizer=tokenizers.Tokenizer.from_file(...)"
+            )
+        if not (hasattr(tokenizer, "encode") and hasattr(tokenizer, "decode")):
+            raise TypeError(
+                f"tokenizer must be a tokenizers.Tokenizer (encode and decode), got "
+                f"{type(tokenizer).__name__}"
+            )
+        if isinstance(drafter, str):
+            if drafter not in ("auto", "lookup", "none"):
+                raise ValueError(
+                    f"drafter={drafter!r}: {cls}(...) takes a Drafter, None, 'auto', 'lookup' "
+                    f"or 'none'; for drafters with weights use {cls}.from_pretrained(..., "
+                    f"drafter={drafter!r})"
+                )
+            name = auto_drafter(bundled=False) if drafter == "auto" else drafter
+            drafter = build_drafter(name, target, bundled=False)
+        if drafter is not None and not isinstance(drafter, Drafter):
+            hint = (
+                "; wrap a draft model as specjax.DraftModel(draft)"
+                if hasattr(drafter, "config") and hasattr(drafter, "vocab_size")
+                else ""
+            )
+            raise TypeError(
+                f"drafter must be a specjax.drafters.Drafter, None or 'auto', got "
+                f"{type(drafter).__name__}{hint}"
+            )
+        if gamma is not None and drafter is not None:
+            drafter = drafter.with_draft(gamma)
+        if sampling is not None and not isinstance(sampling, SamplingConfig):
+            raise TypeError(
+                f"sampling must be a specjax.SamplingConfig, got {type(sampling).__name__} "
+                "(e.g. sampling=specjax.SamplingConfig(temperature=0.7))"
+            )
+        if verification not in ("rejection", "coupled"):
+            raise ValueError(f"verification must be 'rejection' or 'coupled', got {verification!r}")
+        self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        self.sampling = _default_sampling() if sampling is None else sampling
+        self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, lo=1)
+        self.forward_width = forward_width
+        self.verification = verification
+        self.draft_confidence = draft_confidence
+        self.preset = None  # set by from_pretrained for a named pair with a preset
+        if eos_ids is None:
+            eos_ids = self._stop_ids()
+        self.eos_ids = tuple(int(i) for i in eos_ids)
+
+    def _stop_ids(self) -> tuple[int, ...]:
+        return stop_ids(self.target, self.tokenizer)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path=None,
+        draft=None,
+        *,
+        drafter: Drafter | str | None = DEFAULTS.drafter,
+        block_drafter=None,
+        dtype=None,
+        preset: bool = True,
+        **kwargs,
+    ):
+        """A sampler for the model at ``path``, as ``specjax generate --model --draft`` loads it.
+
+        Args:
+            path: a Hugging Face folder, a GGUF file, or a model name that specjax
+                fetches once (``specjax fetch --list``); ``None`` (default): the bundled
+                code-model pair, offline.
+            draft: the draft model for ``drafter="model"``, given the same ways
+                (with ``path``; the bundled pair brings its own).
+            drafter: a name (``"auto"``, ``"model"``, ``"block"``, ``"eagle"``,
+                ``"lookup"``, ``"none"``), a `~specjax.drafters.Drafter`, or ``None``.
+                ``"auto"`` (default) picks what ``specjax generate`` picks: for the
+                bundled pair the fastest measured (the draft model); else the draft
+                model if ``draft`` is given, else the block drafter of
+                ``block_drafter`` if given, else prompt lookup.
+            block_drafter: a block drafter folder for ``path``'s target
+                (``specjax train-drafter``).
+            dtype: the weights' dtype (default float32).
+            preset: for a target and draft named as a pair of `specjax.io.presets`
+                (e.g. ``"qwen2.5-coder-1.5b"`` with ``"qwen2.5-coder-0.5b"``), decode with
+                its settings, as ``specjax generate`` does: its quantization, γ and draft
+                confidence (``gamma=`` and ``draft_confidence=`` given here win). The
+                preset is kept in ``sampler.preset``.
+            **kwargs: the other arguments of the constructor (``gamma``,
+                ``sampling``, ``max_new_tokens``, ``forward_width``,
+                ``verification``, ``draft_confidence``, ``eos_ids``).
+
+        Raises:
+            ValueError: a path that holds no model, a drafter that needs what was not
+                given; the message names the argument.
+
+        Examples:
+            >>> import specjax
+            >>> sampler = specjax.Sampler.from_pretrained()  # the bundled pair
+            >>> type(sampler.drafter).__name__
+            'DraftModel'
+        """
+        from specjax.io.pretrained import default_pair
+
+        if path is None:
+            if draft is not None:
+                raise ValueError(
+                    "draft needs path: the bundled draft only fits the bundled target; "
+                    "pass path= (the target) with draft="
+                )
+            target, draft_model, _ = default_pair() if dtype is None else default_pair(dtype)
+        else:
+            target = load_model(path, "path", dtype)
+            draft_model = load_model(draft, "draft", dtype) if draft is not None else None
+        chosen = None
+        if preset and path is not None and draft is not None and drafter in ("auto", "model"):
+            from specjax.io.presets import find
+
+            chosen = find(str(path), str(draft))
+        if chosen is not None:
+            from specjax.models.quant import quantize
+
+            if chosen.quantize:
+                target = quantize(target, chosen.quantize)
+            if chosen.draft_quantize:
+                draft_model = quantize(draft_model, chosen.draft_quantize)
+            kwargs.setdefault("gamma", chosen.gamma)
+            if chosen.draft_confidence is not None:
+                kwargs.setdefault("draft_confidence", chosen.draft_confidence)
+        if isinstance(drafter, str):
+            name = drafter
+            if name == "auto":
+                name = auto_drafter(
+                    bundled=path is None,
+                    draft=draft is not None,
+                    block_drafter=block_drafter is not None,
+                )
+            if name == "model" and draft_model is None:
+                raise ValueError("drafter='model' needs draft= (a folder, GGUF file or name)")
+            drafter = build_drafter(
+                name, target, bundled=path is None, draft=draft_model, block_drafter=block_drafter
+            )
+        sampler = cls(target, drafter=drafter, **kwargs)
+        sampler.preset = chosen
+        return sampler
+
+    # ------------------------------------------------------------------------
+    # Completion.
+
+    def _encode(self, prompts: Sequence[str]) -> list[list[int]]:
+        ids = [self.tokenizer.encode(p, add_special_tokens=False).ids for p in prompts]
+        for i, row in enumerate(ids):
+            if not row:
+                raise ValueError(f"prompt {i} tokenizes to no ids ({prompts[i]!r}); give some text")
+        return ids
+
+    def _options(self, max_new_tokens, sampling, key, stop):
+        """``(key, keyword arguments of the decoders)``, checked."""
+        sampling = self.sampling if sampling is None else sampling
+        if not isinstance(sampling, SamplingConfig):
+            raise TypeError(
+                f"sampling must be a specjax.SamplingConfig, got {type(sampling).__name__} "
+                "(e.g. sampling=specjax.SamplingConfig(temperature=0.7))"
+            )
+        if key is None:
+            if not _is_greedy(sampling):
+                raise ValueError(
+                    "sampling at a temperature above 0 draws random tokens and needs a PRNG "
+                    "key: pass key=jax.random.key(0) (the same key gives the same text), or "
+                    "sample greedily with temperature 0"
+                )
+            key = jax.random.key(DEFAULTS.seed)  # greedy tokens do not depend on it
+        max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        kw = dict(
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_id=list(self.eos_ids) or None,
+            stop=stop,
+            forward_width=self.forward_width,
+        )
+        if self.drafter is not None:
+            kw["verification"] = self.verification
+            if self.draft_confidence is not None:
+                kw["draft_confidence"] = self.draft_confidence
+        return key, kw
+
+    def _text(self, row: list[int]) -> str:
+        stream = TextStream(self.tokenizer)
+        if row and row[-1] in self.eos_ids:
+            row = row[:-1]
+        stream.feed(row)
+        return stream.text()
+
+    def sample(
+        self,
+        prompt: str | Sequence[str],
+        *,
+        max_new_tokens: int | None = None,
+        sampling: SamplingConfig | None = None,
+        key: jax.Array | None = None,
+        stream: bool = False,
+        stop: Sequence[str] | None = None,
+        return_result: bool = False,
+    ):
+        """Completes ``prompt``: the generated text, without the prompt and the EOS token.
+
+        Args:
+            prompt: one string, or a list of strings (a batch, decoded together).
+            max_new_tokens: the budget per prompt (EOS included); default the sampler's.
+            sampling: a `specjax.SamplingConfig`; default the sampler's (greedy).
+            key: a PRNG key (``jax.random.key(seed)``); needed only when sampling at a
+                temperature above 0.
+            stream: return an iterator of text pieces as they are generated (one
+                prompt only); they join to the text ``stream=False`` returns.
+            stop: strings that end a row once its text contains one (kept in the text).
+            return_result: also return the `specjax.GenerationResult` (token ids,
+                acceptance statistics); not with ``stream``.
+
+        Returns:
+            the text (a ``str`` for a string, a ``list[str]`` for a list), or
+            ``(text, result)`` with ``return_result``, or an iterator of ``str`` pieces
+            with ``stream``.
+
+        Raises:
+            TypeError: a prompt that is not text.
+            ValueError: an empty prompt or list, a batch with ``stream``, sampling
+                without a key.
+
+        Examples:
+            >>> import specjax
+            >>> sampler = specjax.Sampler(specjax.default_pair()[0], drafter=None)
+            >>> one = sampler.sample("import os", max_new_tokens=4)
+            >>> two = sampler.sample(["import os", "def f(x):"], max_new_tokens=4)
+            >>> two[0] == one
+            True
+            >>> "".join(sampler.sample("import os", max_new_tokens=4, stream=True)) == one
+            True
+        """
+        single = isinstance(prompt, str)
+        prompts = self._check_prompts(prompt)
+        if stream and not single:
+            raise ValueError(
+                f"stream=True takes one prompt, got a list of {len(prompts)}: stream them "
+                "one at a time, or pass stream=False to complete the batch together"
+            )
+        if stream and return_result:
+            raise ValueError("return_result=True needs stream=False")
+        ids = self._encode(prompts)
+        key, kw = self._options(max_new_tokens, sampling, key, stop)
+        if stream:
+            return self._stream(key, ids, kw)
+        if self.drafter is None:
+            result = decoding.generate(key, self.target, ids, **kw)
+        else:
+            result = decoding.speculative_generate(key, self.target, self.drafter, ids, **kw)
+        texts = [self._text(row) for row in result.to_lists()]
+        text = texts[0] if single else texts
+        return (text, result) if return_result else text
+
+    def _stream(self, key, ids, kw) -> Iterator[str]:
+        """Text pieces of one prompt, chunk by chunk (arguments checked before the first)."""
+        state = decoding.init(key, self.target, ids, drafter=self.drafter, **kw)
+        text = TextStream(self.tokenizer, hide=self.eos_ids)
+
+        def pieces():
+            for _, new in decoding.stream(state, steps_per_chunk=DEFAULTS.steps_per_chunk):
+                piece = text.feed(new[0])
+                if piece:
+                    yield piece
+            rest = text.flush()
+            if rest:
+                yield rest
+
+        return pieces()
+
+    @staticmethod
+    def _check_prompts(prompt) -> list[str]:
+        if isinstance(prompt, str):
+            prompts = [prompt]
+        elif isinstance(prompt, (bytes, Mapping)) or not isinstance(prompt, Sequence):
+            raise TypeError(
+                f"prompt must be a str or a list of str, got {type(prompt).__name__}; "
+                "for token ids use specjax.generate or specjax.speculative_generate"
+            )
+        else:
+            prompts = list(prompt)
+            if not prompts:
+                raise ValueError("prompt is an empty list: give at least one string")
+        for i, p in enumerate(prompts):
+            where = "prompt" if isinstance(prompt, str) else f"prompt[{i}]"
+            if not isinstance(p, str):
+                raise TypeError(
+                    f"{where} must be a str, got {type(p).__name__}; for token ids use "
+                    "specjax.generate or specjax.speculative_generate"
+                )
+            if not p:
+                raise ValueError(f"{where} is empty: give some text to complete")
+        return prompts
+
+    def __repr__(self) -> str:
+        drafter = "None" if self.drafter is None else type(self.drafter).__name__
+        return (
+            f"{type(self).__name__}(target={type(self.target).__name__}, drafter={drafter}, "
+            f"max_new_tokens={self.max_new_tokens})"
+        )
+
+
+class ChatSampler(Sampler):
+    """Chats with an instruct model: each `chat` call is a turn, answered in its template.
+
+    The conversation so far (`turns`) is rendered with the model's chat template
+    (`specjax.apply_chat_template`) and the answer stops at the end of the assistant's
+    turn (`specjax.io.chat.end_of_turn_ids`) or at EOS. Each turn decodes the whole
+    conversation again; keep conversations short, or `reset` between topics.
+
+    Args:
+        target: an instruct model with a chat template (``chat_template.jinja``, the
+            ``chat_template`` of ``tokenizer_config.json``, or a GGUF's).
+        system: a system message put first in every rendering (``None``: none).
+        multi_turn: keep earlier turns in the conversation (default); ``False``
+            answers every message on its own.
+        chat_template: a Jinja template to use instead of the model's.
+        **kwargs: the arguments of `Sampler` (``tokenizer``, ``drafter``, ``sampling``,
+            ``max_new_tokens``, ...).
+
+    Raises:
+        ValueError: the model has no chat template, or a `Sampler` argument is bad.
+
+    Examples:
+        >>> import specjax
+        >>> from specjax.testing import tiny_model, tiny_tokenizer
+        >>> template = (
+        ...     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
+        ...     "{% if add_generation_prompt %}w9:{% endif %}"
+        ... )
+        >>> model = tiny_model().replace(tokenizer=tiny_tokenizer(), chat_template=template)
+        >>> chat = specjax.ChatSampler(model, drafter=None, max_new_tokens=4)
+        >>> answer = chat.chat("w1 w2")
+        >>> [turn["role"] for turn in chat.turns]
+        ['user', 'assistant']
+    """
+
+    def __init__(
+        self,
+        target,
+        *,
+        system: str | None = None,
+        multi_turn: bool = True,
+        chat_template: str | None = None,
+        **kwargs,
+    ):
+        template = chat_template or getattr(target, "chat_template", None)
+        if template is None:
+            raise ValueError(
+                "ChatSampler needs a chat template and the model has none (it is read "
+                "from chat_template.jinja, tokenizer_config.json or a GGUF file): pass "
+                "chat_template=, or use specjax.Sampler to complete text"
+            )
+        if system is not None and not isinstance(system, str):
+            raise TypeError(f"system must be a str or None, got {type(system).__name__}")
+        self.chat_template, self.system, self.multi_turn = template, system, bool(multi_turn)
+        self.turns: list[dict[str, str]] = []
+        super().__init__(target, **kwargs)
+
+    def _stop_ids(self) -> tuple[int, ...]:
+        return stop_ids(self.target, self.tokenizer, chat=True, chat_template=self.chat_template)
+
+    def _render(self, messages) -> str:
+        view = types.SimpleNamespace(
+            config=getattr(self.target, "config", None),
+            tokenizer=self.tokenizer,
+            chat_template=self.chat_template,
+        )
+        return apply_chat_template(view, messages)
+
+    def chat(
+        self,
+        message: str,
+        *,
+        max_new_tokens: int | None = None,
+        sampling: SamplingConfig | None = None,
+        key: jax.Array | None = None,
+        stream: bool = False,
+    ):
+        """The model's answer to ``message``, added to `turns` with it.
+
+        Args:
+            message: the user's turn.
+            max_new_tokens, sampling, key: as in `Sampler.sample`.
+            stream: return an iterator of text pieces; the turn is recorded once it
+                has been read to the end.
+
+        Returns:
+            the answer (``str``), or an iterator of its pieces with ``stream``.
+
+        Raises:
+            TypeError, ValueError: a message that is not a non-empty string, a template
+                that refuses the conversation, sampling without a key.
+        """
+        if not isinstance(message, str):
+            raise TypeError(f"message must be a str, got {type(message).__name__}")
+        if not message.strip():
+            raise ValueError("message is empty: give the user's turn")
+        history = self.turns if self.multi_turn else []
+        user = {"role": "user", "content": message}
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        prompt = self._render([*system, *history, user])
+        answer = self.sample(
+            prompt, max_new_tokens=max_new_tokens, sampling=sampling, key=key, stream=stream
+        )
+        if not stream:
+            self._record(user, answer)
+            return answer
+
+        def pieces():
+            parts = []
+            for piece in answer:
+                parts.append(piece)
+                yield piece
+            self._record(user, "".join(parts))
+
+        return pieces()
+
+    def _record(self, user, answer: str) -> None:
+        if self.multi_turn:
+            self.turns += [user, {"role": "assistant", "content": answer}]
+        else:
+            self.turns = [user, {"role": "assistant", "content": answer}]
+
+    def reset(self) -> None:
+        """Forgets the conversation (`turns`); the system message stays."""
+        self.turns = []
