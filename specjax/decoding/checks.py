@@ -482,8 +482,9 @@ def _check_key(key, sampling: SamplingConfig | None) -> jax.Array:
             else f"rows {rows} of sampling.temperature are > 0"
         )
         raise ValueError(
-            f"key is None, but {which}: sampling draws at random and needs a key; {fix} "
-            "(or decode greedily with SamplingConfig(temperature=0.0), which needs none)"
+            f"key is None, but {which}: sampling draws at random and needs a PRNG key: pass "
+            "key=jax.random.key(0) (the same key gives the same tokens), or decode greedily "
+            "with SamplingConfig(temperature=0.0), which needs none"
         )
     # Greedy rows read no noise: any key gives the same tokens.
     return jax.random.key(0)

@@ -20,7 +20,7 @@ class Defaults:
     Attributes:
         max_new_tokens: tokens generated per prompt (EOS included).
         temperature: 0 is greedy: the same text every run, and no PRNG key needed.
-        seed: the seed of the key of a greedy run (its tokens do not depend on it).
+        seed: ``specjax generate --seed`` (greedy tokens do not depend on it).
         drafter: who drafts; ``"auto"`` resolves with `auto_drafter`.
         bundled_drafter: what ``"auto"`` picks for the bundled pair: the fastest
             drafter measured for it (scripts/benchmarks/bench_e2e.py, BENCHMARKS.md).
@@ -28,9 +28,9 @@ class Defaults:
             (a block drafter keeps its trained γ).
         draft_mode: how drafters that read the target's hidden states (block, EAGLE)
             draft: ``"sample"`` draws each draft from the drafter's distribution and
-            verifies against it, which measured more accepted tokens than argmax
-            drafts at temperature 1 (BENCHMARKS.md); at temperature 0 both modes give
-            the same drafts. `specjax.BlockDrafter` defaults to the same value.
+            verifies it against that distribution (``"argmax"`` verifies a one-hot q);
+            at temperature 0 both modes give the same drafts. `specjax.BlockDrafter`
+            defaults to the same value.
         ngram: the longest n-gram prompt lookup matches.
         verification: ``"rejection"``: speculative rejection sampling.
         steps_per_chunk: decode-loop iterations between two streamed text pieces.

@@ -13,11 +13,9 @@ from __future__ import annotations
 import types
 
 from specjax.io.chat import end_of_turn_ids
+from specjax.training.tokenizer import EOS_TOKEN
 
-__all__ = ["EOS_TOKEN", "stop_ids"]
-
-EOS_TOKEN = "<|endoftext|>"
-"""The end-of-sequence token of GPT-2-style byte-level tokenizers (and specjax's own)."""
+__all__ = ["stop_ids"]
 
 
 def stop_ids(model, tokenizer=None, *, chat: bool = False, chat_template=None) -> tuple[int, ...]:

@@ -12,7 +12,6 @@ import types
 from collections.abc import Iterator, Mapping, Sequence
 
 import jax
-import numpy as np
 
 from specjax.core.validation import check_int
 from specjax.decoding import api as decoding
@@ -27,13 +26,13 @@ from specjax.text.stream import TextStream
 __all__ = ["ChatSampler", "Sampler"]
 
 
-def _default_sampling() -> SamplingConfig:
-    return SamplingConfig(temperature=DEFAULTS.temperature)
-
-
-def _is_greedy(sampling: SamplingConfig) -> bool:
-    temperature = np.asarray(sampling.temperature, np.float32)
-    return bool(np.all(~(temperature > 0)))  # <= 0 or NaN is greedy
+def _check_sampling(sampling) -> SamplingConfig:
+    if not isinstance(sampling, SamplingConfig):
+        raise TypeError(
+            f"sampling must be a specjax.SamplingConfig, got {type(sampling).__name__} "
+            "(e.g. sampling=specjax.SamplingConfig(temperature=0.7))"
+        )
+    return sampling
 
 
 class Sampler:
@@ -131,15 +130,14 @@ class Sampler:
             )
         if gamma is not None and drafter is not None:
             drafter = drafter.with_draft(gamma)
-        if sampling is not None and not isinstance(sampling, SamplingConfig):
-            raise TypeError(
-                f"sampling must be a specjax.SamplingConfig, got {type(sampling).__name__} "
-                "(e.g. sampling=specjax.SamplingConfig(temperature=0.7))"
-            )
         if verification not in ("rejection", "coupled"):
             raise ValueError(f"verification must be 'rejection' or 'coupled', got {verification!r}")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
-        self.sampling = _default_sampling() if sampling is None else sampling
+        self.sampling = (
+            SamplingConfig(temperature=DEFAULTS.temperature)
+            if sampling is None
+            else _check_sampling(sampling)
+        )
         self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, lo=1)
         self.forward_width = forward_width
         self.verification = verification
@@ -255,21 +253,9 @@ class Sampler:
         return ids
 
     def _options(self, max_new_tokens, sampling, key, stop):
-        """``(key, keyword arguments of the decoders)``, checked."""
-        sampling = self.sampling if sampling is None else sampling
-        if not isinstance(sampling, SamplingConfig):
-            raise TypeError(
-                f"sampling must be a specjax.SamplingConfig, got {type(sampling).__name__} "
-                "(e.g. sampling=specjax.SamplingConfig(temperature=0.7))"
-            )
-        if key is None:
-            if not _is_greedy(sampling):
-                raise ValueError(
-                    "sampling at a temperature above 0 draws random tokens and needs a PRNG "
-                    "key: pass key=jax.random.key(0) (the same key gives the same text), or "
-                    "sample greedily with temperature 0"
-                )
-            key = jax.random.key(DEFAULTS.seed)  # greedy tokens do not depend on it
+        """``(key, keyword arguments of the decoders)``, checked. A ``None`` key goes to
+        the decoders, which take it for greedy rows and refuse it for sampled ones."""
+        sampling = self.sampling if sampling is None else _check_sampling(sampling)
         max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         kw = dict(
             max_new_tokens=max_new_tokens,
