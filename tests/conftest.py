@@ -47,24 +47,18 @@ import pytest  # noqa: E402
 
 from specjax.core import compilation_cache  # noqa: E402
 
-# jax's default matmul precision, as users run: no test may rely on a higher one.
+# The tiers (fast, slow, real), their per-test limits and the fast tier's budget.
+pytest_plugins = ["tiers"]
+
+# An implicit broadcast between arrays of different ranks (a [B] against a [B, V]) is
+# a bug in this library, never an intent: make it an error. (The matmul precision is
+# left at jax's default, as users run it: no test may rely on a higher one.)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 # The run's shared cache above (`import specjax` turns nothing on by itself).
 compilation_cache.enable_from_environment()
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by the slow mark
-def pytest_collection_modifyitems(config, items):
-    # `first_case_fast`: the first case of each parametrize list stays in the fast tier
-    # (it checks the contract); the other cases are slow-marked (they widen it).
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        if item.get_closest_marker("first_case_fast") and callspec is not None:
-            if any(index != 0 for index in callspec.indices.values()):
-                item.add_marker(pytest.mark.slow)
-
-
-class _LongestModulesFirst:
+class _LongestGroupsFirst:
     """A plugin, because conftest.py can hold only one function per hook name."""
 
     @pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture scope
@@ -73,27 +67,36 @@ class _LongestModulesFirst:
 
 
 def pytest_configure(config):
-    config.pluginmanager.register(_LongestModulesFirst(), "specjax-longest-modules-first")
+    config.pluginmanager.register(_LongestGroupsFirst(), "specjax-longest-groups-first")
 
 
 def _sort_longest_modules_first(items):
-    # Longest modules first: xdist's --dist loadfile hands out whole modules in this
-    # order, and a long module started last keeps one core busy while the other idles
-    # (alphabetically, test_verify was among the last). Measured fast-tier times, not
-    # a contract: a module missing here just runs after these, in file order. The sort
-    # is stable, so tests keep their order within a module.
-    rank = {name: i for i, name in enumerate(_LONGEST_MODULES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+    # Longest groups first: xdist's --dist loadgroup hands out whole groups (a module,
+    # or a part of one that names its group, tests/tiers.py) in this order, and a long
+    # group started last keeps one core busy while the other idles. Measured times,
+    # not a contract: a group missing here just runs after these, in file order. The
+    # sort is stable, so tests keep their order within a group.
+    rank = {name: i for i, name in enumerate(_LONGEST_GROUPS_FIRST)}
+
+    def group(item):
+        marker = item.get_closest_marker("xdist_group")
+        return marker.args[0] if marker else item.path.stem
+
+    items.sort(key=lambda item: rank.get(group(item), len(rank)))
 
 
-# Fast-tier seconds per module on a 2-core CPU, most first (2026-12-03): decode 69,
-# verify 64, block_drafter 42, cli 39, bad_input 39, models 37, tree 35, gguf 31,
-# per_row 31, train 31, sampling 27, eagle 27; the rest below 25.
-_LONGEST_MODULES_FIRST = (
-    "test_numerics", "test_decode", "test_verify", "test_block_drafter", "test_cli",
-    "test_bad_input", "test_models", "test_tree", "test_gguf", "test_per_row", "test_train",
-    "test_sampling", "test_eagle", "test_compilation_cache", "test_vocab", "test_reproducible",
-    "test_hf_interop",
+# Seconds per group on a 2-core CPU, most first (2026-12-06), the two tiers merged:
+# slow tier numerics-int8, continuous_batching (about 500 s), the other numerics
+# precisions, constraints, exact_per_row, cli (about 250 s each), ...; fast tier
+# numerics (80 s), docs (40 s), features, verify; the rest below 25 s a tier.
+_LONGEST_GROUPS_FIRST = (
+    "test_numerics-int8", "test_continuous_batching", "test_numerics-float32",
+    "test_numerics-int8-weights", "test_numerics-bfloat16", "test_numerics", "test_constraints",
+    "test_exact_per_row", "test_cli", "test_bench_smoke", "test_docs", "test_hf_interop",
+    "test_notebooks", "test_penalties", "test_reproducible", "test_features", "test_decode",
+    "test_verify", "test_tree", "test_compilation_cache", "test_eagle", "test_block_drafter",
+    "test_sharding", "test_decoder_statistics", "test_bad_input", "test_models", "test_gguf",
+    "test_per_row", "test_train", "test_sampling", "test_vocab",
 )  # fmt: skip
 
 
@@ -110,6 +113,27 @@ def _deterministic_numpy():
     yield
 
 
+# Implicit dtype promotion (an int32 plus a bool, a Python float into an int32 array) is
+# an error in every module whose code allows it: a silent widening or narrowing in the
+# decoder is a bug. Not yet in these: optax's optimisers promote their int32 step count
+# (training: test_train, and the modules that train drafters or test training's
+# errors), RMSNorm multiplies bfloat16 weights into float32 activations (test_models),
+# and test_quant's round-trip checks mix int8 codes with float32 scales.
+_STANDARD_PROMOTION = frozenset(
+    {"test_train", "test_block_drafter", "test_eagle", "test_bad_input", "test_models",
+     "test_quant"}
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _strict_dtype_promotion(request):
+    if request.module.__name__ in _STANDARD_PROMOTION:
+        yield
+        return
+    with jax.numpy_dtype_promotion("strict"):
+        yield
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     # Each test module compiles hundreds of small XLA programs; kept for the whole
@@ -120,12 +144,24 @@ def _release_compiled_programs():
     jax.clear_caches()
 
 
-@pytest.fixture(scope="session")
-def smollm2_path():
-    """SmolLM2-135M-Instruct as llama.cpp's Q4_1 GGUF, fetched once into the cache."""
-    from specjax.io.fetch import FetchError, smollm2_gguf
+def _fetch_or_skip(name: str):
+    from specjax.io.fetch import FetchError, fetch
 
     try:
-        return smollm2_gguf()
+        return fetch(name)
     except FetchError as e:
-        pytest.skip(f"SmolLM2-135M-Instruct GGUF unavailable: {e}")
+        pytest.skip(f"{name} unavailable ({e}); `specjax fetch {name}` fetches it by hand")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """SmolLM2-135M-Instruct as llama.cpp's Q4_1 GGUF (98 MB), fetched once into the
+    cache. Real tier only (`pytest -m real`)."""
+    return _fetch_or_skip("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def real_pair_paths():
+    """The Qwen2.5-Coder 1.5B target and 0.5B draft GGUF files (about 1.6 GB), fetched
+    once into the cache. Real tier only (`pytest -m real`)."""
+    return _fetch_or_skip("qwen2.5-coder-1.5b"), _fetch_or_skip("qwen2.5-coder-0.5b")

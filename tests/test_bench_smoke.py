@@ -100,7 +100,7 @@ def test_quick_run_covers_the_block_drafter(quick_run):
     assert (tmp_path / "quick_block_sweep.png").stat().st_size > 0
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_quick_run_on_smollm2(smollm2_path, tmp_path):
     """``--quick --target`` benchmarks the real model end to end: every system at T=0
     and 1 on both workloads, greedy outputs equal, the real-model targets reported.

@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx, struct
+from support import group_rows, ragged_prompts
 
 import specjax
 from specjax import training as train
@@ -97,11 +98,6 @@ GROUPS = {
     "t1_minp0.1": dict(temperature=1.0, min_p=0.1),
 }
 _DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
-
-
-def _ragged_prompts(batch, seed):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, V, size=n).tolist() for n in rng.integers(1, 9, size=batch)]
 
 
 def _per_row(settings):
@@ -175,7 +171,7 @@ def trained(training):
 # --------------------------------------------------------------------------------------
 # 1. Greedy: speculative output == plain greedy output, at the same forward width.
 
-PROMPTS8 = _ragged_prompts(8, seed=8)
+PROMPTS8 = ragged_prompts(8, seed=8, high=V)
 
 
 def _plain(target, prompts, max_new_tokens, *, sampling=GREEDY, seeds=None, eos_id=None,
@@ -334,7 +330,7 @@ def test_batch_of_gamma_plus_one_rows_coupled_equals_plain(target, trained, mode
         GROUPS["t1_minp0.1"],
     ]
     sampling = _per_row(settings)
-    prompts = _ragged_prompts(5, seed=5)
+    prompts = ragged_prompts(5, seed=5, high=V)
     budgets = np.asarray([13, 9, 6, 11, 7], np.int32)
     seeds = np.asarray([7, 3, 11, 0, 5], np.int32)
     drafter = trained.with_draft(num_draft=4, mode=mode)
@@ -409,19 +405,14 @@ def exact(target):
     }
 
 
-def _group_rows(tokens, group):
-    rows = tokens[list(GROUPS).index(group) :: len(GROUPS)]
-    assert rows.shape == (N_PER_GROUP, K)
-    return rows
-
-
 @pytest.mark.parametrize("group", list(GROUPS))
 @pytest.mark.parametrize("mode", MODES)
 # Slow tier: 19 s: statistical, 10,000+ rows per group.
 @pytest.mark.slow
 def test_sampled_output_has_the_target_distribution(stat_samples, exact, mode, group):
     tokens, _ = stat_samples[mode]
-    p = chi_square_pvalue(sequence_counts(_group_rows(tokens, group), V), exact[group])
+    rows = group_rows(tokens, GROUPS, group, (N_PER_GROUP, K))
+    p = chi_square_pvalue(sequence_counts(rows, V), exact[group])
     assert p > FALSE_ALARM, f"{mode}/{group}: chi-square p = {p:.2e}"
 
 
@@ -443,7 +434,8 @@ def test_control_mislabelled_q_is_rejected(stat_samples, exact):
     """Negative control: the same test at the same N rejects the mislabelled drafter."""
     tokens, _ = stat_samples["mislabelled"]
     for group in GROUPS:
-        p = chi_square_pvalue(sequence_counts(_group_rows(tokens, group), V), exact[group])
+        rows = group_rows(tokens, GROUPS, group, (N_PER_GROUP, K))
+        p = chi_square_pvalue(sequence_counts(rows, V), exact[group])
         assert p < FALSE_ALARM, f"mislabelled/{group}: p = {p:.2e} (the test has no power)"
 
 
@@ -627,7 +619,7 @@ def test_feature_layers_are_the_residual_stream(target):
     np.testing.assert_allclose(np.asarray(hidden), np.asarray(final), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_shipped_smollm2_drafter_is_exact_on_smollm2(smollm2_path):
     """The bundled SmolLM2 drafter loads in one call, and greedy speculative decoding
     with it equals plain greedy decoding of the real model at the same forward width, at

@@ -400,7 +400,7 @@ def test_generate_chat_without_a_template_is_one_line_error(chat_folder, tmp_pat
     assert "has no chat template" in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.slow
+@pytest.mark.real
 def test_chat_with_smollm2_gguf_answers_and_stops_at_the_end_of_turn(smollm2_path, capsys):
     """Slow: loads the real SmolLM2-135M-Instruct GGUF and compiles its decode loop (~40 s).
 

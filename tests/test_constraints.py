@@ -315,7 +315,7 @@ def forward_logits(pair):
     return continuation_logits(pair[0], PROMPT, K)
 
 
-def _law(logits, group, num_tokens=K, variant="exact"):
+def _constrained_law(logits, group, num_tokens=K, variant="exact"):
     """The law of the first ``num_tokens`` outputs over ``(V + 1) ** num_tokens`` cells
     (id V: nothing, the row ended). ``variant``: "exact"; "stale" (every position
     masked with the state before the first step); "unmasked" (no mask on p)."""
@@ -401,7 +401,7 @@ def mixed_samples(pair, constraints):
 def test_each_group_follows_the_constrained_law(forward_logits, mixed_samples, decoder, group):
     rows = mixed_samples[decoder][GROUPS.index(group) :: 3]
     assert rows.shape == (N_PER_GROUP, K)
-    p = chi_square_pvalue(_cells(rows), _law(forward_logits, group))
+    p = chi_square_pvalue(_cells(rows), _constrained_law(forward_logits, group))
     assert p > FALSE_ALARM, f"{decoder}/{group}: chi-square p = {p:.2e}"
 
 
@@ -418,9 +418,9 @@ def test_coupled_output_equals_plain_output_token_for_token(mixed_samples):
 def test_sample_size_has_power_against_the_controls(forward_logits):
     """N_PER_GROUP against both broken variants' two-token laws, per constrained group."""
     for group in ("A", "B"):
-        law = _law(forward_logits, group, num_tokens=2)
+        law = _constrained_law(forward_logits, group, num_tokens=2)
         for variant in ("stale", "unmasked"):
-            alternative = _law(forward_logits, group, num_tokens=2, variant=variant)
+            alternative = _constrained_law(forward_logits, group, num_tokens=2, variant=variant)
             n_min = min_sample_size(law, alternative, FALSE_ALARM, power=0.999)
             assert 2 * n_min <= N_PER_GROUP, (group, variant, n_min)
             power = chi_square_power(law, alternative, N_PER_GROUP, FALSE_ALARM)
@@ -449,7 +449,9 @@ def test_control_broken_masks_are_rejected(pair, constraints, forward_logits, mo
         jax.clear_caches()
     for group in ("A", "B"):
         rows = tokens[GROUPS.index(group) :: 3]
-        p = chi_square_pvalue(_cells(rows, 2), _law(forward_logits, group, num_tokens=2))
+        p = chi_square_pvalue(
+            _cells(rows, 2), _constrained_law(forward_logits, group, num_tokens=2)
+        )
         assert p < FALSE_ALARM, f"{variant}/{group}: the broken variant passed, p = {p:.2e}"
 
 
@@ -458,7 +460,7 @@ def test_control_the_unconstrained_law_is_rejected(forward_logits, mixed_samples
     """The constrained groups' rows fail against the law without the constraint."""
     for group in ("A", "B"):
         rows = mixed_samples["draft_model", "rejection"][GROUPS.index(group) :: 3]
-        p = chi_square_pvalue(_cells(rows), _law(forward_logits, None))
+        p = chi_square_pvalue(_cells(rows), _constrained_law(forward_logits, None))
         assert p < FALSE_ALARM, f"{group}: p = {p:.2e}"
 
 

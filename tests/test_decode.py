@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
+from support import ragged_prompts
 
 import specjax
 from specjax import decoding
@@ -44,13 +45,6 @@ def target():
     return tiny_model(seed=0, vocab_size=V, init_scale=8.0)
 
 
-def _ragged_prompts(batch, seed=0):
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 9, size=batch)
-    # Repetitive prompts so that prompt lookup finds matches.
-    return [list(rng.integers(0, 8, size=n) % V) * 2 for n in lengths]
-
-
 def _drafters(target):
     return {
         "self": specjax.DraftModel(target, num_draft=4),
@@ -66,7 +60,7 @@ def _drafters(target):
 @pytest.mark.first_case_fast
 def test_greedy_speculative_equals_plain(target, name, batch):
     drafter = _drafters(target)[name]
-    prompts = _ragged_prompts(batch, seed=batch)
+    prompts = ragged_prompts(batch, seed=batch, high=8, repeat=2)
     key = jax.random.key(0)
     # Equal token for token at one forward width: the drafter's verify width.
     kw = dict(max_new_tokens=13, sampling=GREEDY, forward_width=specjax.drafters.lookahead(drafter))
@@ -90,6 +84,21 @@ def test_greedy_speculative_equals_plain(target, name, batch):
         assert float(spec.stats.acceptance_rate) == 1.0
 
 
+def test_tokens_per_call_of_a_drafter_always_accepted(target):
+    """tokens_per_call against a figure known without its formula: the target drafting
+    for itself under greedy decoding has every draft accepted, so each target call emits
+    γ + 1 = 5 tokens and 15 new tokens take 3 calls. (The setup of
+    test_greedy_speculative_equals_plain's fast case, so that it reuses its program.)"""
+    drafter = specjax.DraftModel(target, num_draft=4)
+    out = specjax.speculative_generate(
+        jax.random.key(0), target, drafter, ragged_prompts(1, seed=1, high=8, repeat=2),
+        max_new_tokens=15, sampling=GREEDY, forward_width=specjax.drafters.lookahead(drafter),
+    )  # fmt: skip
+    assert np.asarray(out.lengths).tolist() == [15]
+    assert np.asarray(out.stats.row_target_calls).tolist() == [3]
+    assert float(out.tokens_per_call) == 5.0
+
+
 def test_plain_greedy_matches_manual_argmax_loop(target):
     """generate() agrees with a naive full-recompute argmax loop (no cache)."""
     prompt = [3, 1, 4, 1, 5]
@@ -109,7 +118,7 @@ def test_plain_greedy_matches_manual_argmax_loop(target):
 # (test_a_row_does_not_depend_on_the_batch_around_it) and tests/test_models.py.
 @pytest.mark.slow
 def test_ragged_rows_equal_rows_alone(target):
-    prompts = _ragged_prompts(3, seed=3)
+    prompts = ragged_prompts(3, seed=3, high=8, repeat=2)
     drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
     key = jax.random.key(1)
     batched = specjax.speculative_generate(
@@ -220,7 +229,7 @@ def test_no_recompilation_for_traced_settings(target, tmp_path):
 def test_open_loop_step_compiles_once_for_any_chunk(target):
     drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
     sampling = specjax.SamplingConfig(temperature=jnp.asarray([1.0, 0.0, 0.6]))
-    prompts = _ragged_prompts(3, seed=4)
+    prompts = ragged_prompts(3, seed=4, high=8, repeat=2)
     state = decoding.init(
         jax.random.key(2), target, prompts, drafter=drafter, max_new_tokens=20, sampling=sampling
     )
@@ -235,7 +244,7 @@ def test_open_loop_step_compiles_once_for_any_chunk(target):
 @pytest.mark.slow
 def test_stats_consistent(target):
     drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
-    prompts = _ragged_prompts(5, seed=9)
+    prompts = ragged_prompts(5, seed=9, high=8, repeat=2)
     out = specjax.speculative_generate(
         jax.random.key(3),
         target,
@@ -255,13 +264,43 @@ def test_stats_consistent(target):
     # Each step emits at most accepted + 1 tokens, at least 1.
     assert np.all(lengths <= s.accepted + s.row_target_calls)
     assert np.all(lengths >= s.row_target_calls)
-    np.testing.assert_allclose(out.tokens_per_call, lengths.sum() / s.row_target_calls.sum())
     tokens = np.asarray(out.tokens)
     for row, n in zip(tokens, lengths, strict=True):
         assert np.all(row[n:] == -1) and np.all(row[:n] >= 0)
         assert 7 not in row[: n - 1]
     # from_draft marks exactly the accepted drafts that were emitted.
     assert np.asarray(out.from_draft).sum() <= s.accepted.sum()
+
+
+# Slow tier: 8 s, two decode programs; the fast tier checks tokens_per_call with a
+# drafter always accepted (test_tokens_per_call_of_a_drafter_always_accepted).
+@pytest.mark.slow
+def test_tokens_per_call_of_drafters_always_and_never_accepted_on_ragged_rows(target):
+    """tokens_per_call against figures known without its formula, on 3 ragged rows.
+
+    The target drafting for itself under greedy decoding has every draft accepted, so
+    each target call emits γ + 1 = 5 tokens: 10 new tokens take 2 calls per row. A
+    drafter that proposes a token greedy decoding never emits has its first draft
+    rejected at every call, so each call emits exactly 1 token.
+    """
+    prompts = ragged_prompts(3, seed=3, high=8, repeat=2)
+    kw = dict(max_new_tokens=10, sampling=GREEDY)  # 10 = 2 (γ + 1)
+    always = specjax.speculative_generate(
+        jax.random.key(0), target, specjax.DraftModel(target, num_draft=4), prompts, **kw
+    )
+    assert np.asarray(always.lengths).tolist() == [10, 10, 10]
+    assert np.asarray(always.stats.row_target_calls).tolist() == [2, 2, 2]
+    assert float(always.tokens_per_call) == 5.0
+
+    # The smallest id that greedy decoding (the run above) never emits, always drafted.
+    unused = min(set(range(V)) - set(np.asarray(always.tokens).ravel().tolist()))
+    never = specjax.speculative_generate(
+        jax.random.key(0), target, ConstantDrafter(token=unused, num_draft=4), prompts, **kw
+    )
+    assert unused not in np.asarray(never.tokens)  # so no draft was ever accepted
+    assert np.asarray(never.stats.accepted).tolist() == [0, 0, 0]
+    assert np.asarray(never.stats.row_target_calls).tolist() == [10, 10, 10]
+    assert float(never.tokens_per_call) == 1.0
 
 
 # Slow tier: 15 s; tests/test_bad_input.py keeps a truncated row in the fast tier.

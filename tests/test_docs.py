@@ -1,10 +1,10 @@
 """The docs site builds in strict mode, its links resolve, and its Python examples run.
 
 Every ```` ```python ```` block of ``docs/**/*.md`` and ``README.md`` runs, in order, in
-one namespace per page: a page is a tutorial, so its later blocks may use what its
-earlier ones defined. A block whose first line starts with ``# not run`` (it needs a
-download, devices or minutes that a reader must supply) is only compiled. Bash blocks
-are not run.
+one namespace per page (in the slow tier; the site's build and its links are checked
+in the fast one): a page is a tutorial, so its later blocks may use what its earlier
+ones defined. A block whose first line starts with ``# not run`` (it needs a download,
+devices or minutes that a reader must supply) is only compiled. Bash blocks are not run.
 
 The pages keep their examples cheap: tiny models or the bundled pair, a few tokens, and
 the same shapes wherever they can, so that one compiled program serves several pages.
@@ -104,6 +104,10 @@ def test_relative_links_resolve(page):
     assert not broken, broken
 
 
+# Slow tier: the pages share the bundled pair's compiled Sampler programs, so whichever
+# page runs first compiles them (about 15 s, over the fast tier's budget for one test),
+# and all of them together cost about a minute.
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=_name)
 def test_python_blocks_run(page):
     """The page's Python blocks run in order in one namespace; ``# not run`` blocks compile."""

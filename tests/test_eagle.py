@@ -59,6 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
+from support import group_rows, ragged_prompts
 
 import specjax
 from specjax import training as train
@@ -95,12 +96,7 @@ GROUPS = {
 _DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 
 
-def _ragged_prompts(batch, seed):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, V, size=n).tolist() for n in rng.integers(1, 9, size=batch)]
-
-
-PROMPTS8 = _ragged_prompts(8, seed=8)
+PROMPTS8 = ragged_prompts(8, seed=8, high=V)
 
 
 def _per_row(settings):
@@ -362,18 +358,13 @@ def exact(target):
     }
 
 
-def _group_rows(tokens, group):
-    rows = tokens[list(GROUPS).index(group) :: len(GROUPS)]
-    assert rows.shape == (N_PER_GROUP, K)
-    return rows
-
-
 @pytest.mark.parametrize("group", list(GROUPS))
 # Slow tier: 15 s: statistical, 10,000+ rows per group.
 @pytest.mark.slow
 def test_sampled_output_has_the_target_distribution(stat_samples, exact, group):
     tokens, _ = stat_samples["sample"]
-    p = chi_square_pvalue(sequence_counts(_group_rows(tokens, group), V), exact[group])
+    rows = group_rows(tokens, GROUPS, group, (N_PER_GROUP, K))
+    p = chi_square_pvalue(sequence_counts(rows, V), exact[group])
     assert p > FALSE_ALARM, f"{group}: chi-square p = {p:.2e}"
 
 
@@ -392,7 +383,8 @@ def test_statistical_test_exercises_accept_and_reject(stat_samples):
 def test_control_mislabelled_q_is_rejected(stat_samples, exact):
     tokens, _ = stat_samples["mislabelled"]
     for group in GROUPS:
-        p = chi_square_pvalue(sequence_counts(_group_rows(tokens, group), V), exact[group])
+        rows = group_rows(tokens, GROUPS, group, (N_PER_GROUP, K))
+        p = chi_square_pvalue(sequence_counts(rows, V), exact[group])
         assert p < FALSE_ALARM, f"mislabelled/{group}: p = {p:.2e} (the test has no power)"
 
 

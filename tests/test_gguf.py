@@ -693,8 +693,8 @@ def smollm2(smollm2_path):
     return model, hf_model, hf_tokenizer
 
 
-# Slow tier: the real SmolLM2 GGUF (98 MB): fetch and load, 29 s.
-@pytest.mark.slow
+# Real tier: the real SmolLM2 GGUF (98 MB): fetch and load, 29 s.
+@pytest.mark.real
 def test_smollm2_config(smollm2):
     model, hf_model, hf_tokenizer = smollm2
     c, h = model.config, hf_model.config
@@ -708,8 +708,8 @@ def test_smollm2_config(smollm2):
     assert model.chat_template == hf_tokenizer.chat_template
 
 
-# Slow tier: the real SmolLM2 GGUF through transformers.
-@pytest.mark.slow
+# Real tier: the real SmolLM2 GGUF through transformers.
+@pytest.mark.real
 def test_smollm2_logits_match_transformers(smollm2):
     model, hf_model, hf_tokenizer = smollm2
     prompts = [hf_tokenizer.encode(p) for p in SMOLLM2_PROMPTS]
@@ -726,9 +726,8 @@ def test_smollm2_logits_match_transformers(smollm2):
         assert diff <= SMOLLM2_ATOL, f"max |logit diff| {diff:.2e} on {SMOLLM2_PROMPTS[b]!r}"
 
 
-@pytest.mark.slow
-# Slow tier: the real SmolLM2 GGUF (98 MB, fetched once): its fixture loads it, about 29 s.
-@pytest.mark.slow
+# Real tier: the real SmolLM2 GGUF (98 MB, fetched once): its fixture loads it, about 29 s.
+@pytest.mark.real
 def test_smollm2_greedy_generation_matches_transformers(smollm2):
     """Slow: compiles the 30-layer decode loop and runs transformers' generate (~30 s)."""
     model, hf_model, hf_tokenizer = smollm2
@@ -747,8 +746,8 @@ def test_smollm2_greedy_generation_matches_transformers(smollm2):
         assert ours == ref[0, len(ids) :].tolist()
 
 
-# Slow tier: the real SmolLM2 GGUF (98 MB, fetched once): its fixture loads it, about 29 s.
-@pytest.mark.slow
+# Real tier: the real SmolLM2 GGUF (98 MB, fetched once): its fixture loads it, about 29 s.
+@pytest.mark.real
 def test_smollm2_tokenizer_matches_transformers(smollm2):
     model, _, hf_tokenizer = smollm2
     ours = model.tokenizer

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
+from support import group_rows
 
 import specjax
 from specjax.sampling.vocab import frequent_ids
@@ -189,11 +190,8 @@ def samples(pair):
     return out
 
 
-def _rows(tokens, group):
-    return tokens[list(GROUPS).index(group) :: len(GROUPS)]
-
-
-def _law(model, group):
+def _exact_law(model, group):
+    """The exact law of a group's first K tokens (``[V] * K``) under ``model``."""
     return exact_sequence_probs(model, PROMPT, K, specjax.SamplingConfig(temperature=GROUPS[group]))
 
 
@@ -201,17 +199,16 @@ def _law(model, group):
 @pytest.mark.parametrize("group", list(GROUPS))
 @pytest.mark.parametrize("verification", ["rejection", "coupled"])
 def test_sampled_output_has_the_target_law(pair, samples, verification, group):
-    p = chi_square_pvalue(
-        sequence_counts(_rows(samples[verification], group), V), _law(pair[0], group)
-    )
+    rows = group_rows(samples[verification], GROUPS, group, (N_PER_GROUP, K))
+    p = chi_square_pvalue(sequence_counts(rows, V), _exact_law(pair[0], group))
     assert p > FALSE_ALARM, f"{verification}/{group}: p = {p:.2e}"
 
 
 @pytest.mark.slow  # the negative control of the test above, on the same draw
 def test_control_prefix_padded_q_is_rejected(pair, samples):
     for group in GROUPS:
-        counts = sequence_counts(_rows(samples["prefix-padded q"], group), V)
-        p = chi_square_pvalue(counts, _law(pair[0], group))
+        rows = group_rows(samples["prefix-padded q"], GROUPS, group, (N_PER_GROUP, K))
+        p = chi_square_pvalue(sequence_counts(rows, V), _exact_law(pair[0], group))
         assert p < FALSE_ALARM, f"{group}: p = {p:.2e} (the test has no power)"
 
 
@@ -220,6 +217,6 @@ def test_sample_size_has_power(pair):
     target, _, restricted = pair
     for group in GROUPS:
         need = min_sample_size(
-            _law(target, group), _law(restricted, group), FALSE_ALARM, power=0.999
+            _exact_law(target, group), _exact_law(restricted, group), FALSE_ALARM, power=0.999
         )
         assert 2 * need <= N_PER_GROUP, (group, need)

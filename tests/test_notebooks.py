@@ -16,7 +16,8 @@ Fast, static checks (no kernel), each shown to fail on a mutated copy:
 
 Slow: each notebook runs top to bottom in a fresh Jupyter kernel (nbclient) with
 ``SPECJAX_NOTEBOOK_SMALL=1`` on CPU, against this checkout's specjax; a cell that
-raises (a failed assertion included) fails the test.
+raises (a failed assertion included) fails the test. Real tier (``pytest -m real``):
+each runs again at full size, as a reader runs it.
 
 The stored outputs come from a full-size CPU run: ``python tests/test_notebooks.py``
 executes every notebook again and writes it back with its outputs.
@@ -320,13 +321,24 @@ def _execute(nb, workdir: Path, small: bool):
     return nb
 
 
+def _runs(path: Path, workdir: Path, small: bool) -> None:
+    try:
+        _execute(_read(path), workdir, small=small)
+    except nbclient.exceptions.CellExecutionError as e:
+        pytest.fail(f"{path.name}: a cell failed:\n{e}", pytrace=False)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(path, tmp_path):
-    try:
-        _execute(_read(path), tmp_path, small=True)
-    except nbclient.exceptions.CellExecutionError as e:
-        pytest.fail(f"{path.name}: a cell failed:\n{e}", pytrace=False)
+    _runs(path, tmp_path, small=True)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_at_full_size(path, tmp_path):
+    """As a reader runs it: full sizes, jax's default flags (what the stored outputs show)."""
+    _runs(path, tmp_path, small=False)
 
 
 def store_outputs(paths) -> None:

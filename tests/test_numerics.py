@@ -12,13 +12,13 @@ rest of the suite compiles with the optimisation off, for time (tests/conftest.p
 Every check decodes the bundled pair's five prompts, B = W = γ + 1 = 5, rows greedy,
 at temperature 1 and truncated (top-p, top-k), 24 tokens, all at once in one batch.
 
-Fast tier (9 compiled programs): float32, bfloat16 and int8, every drafter and a
-tree, each drafter in one of them (float32: the draft model; bfloat16: the block
-drafter and a draft-model tree; int8: the EAGLE head and prompt lookup), coupled
-verification; a row's independence from its neighbours; and the negative control.
-Slow tier: the rest of the cross product, int8-weights, rejection verification (its
-greedy rows), and, with an int8 target and draft, the decoder features (penalties, a
-constraint, stop strings, refill, adaptive γ with draft confidence).
+Fast tier: float32, bfloat16 and int8, one case each with coupled verification
+(float32: the draft model; bfloat16: a draft-model tree; int8: the EAGLE head), and
+the negative control. Slow tier, one worker process per precision: the rest of the
+cross product (every drafter and a tree in each precision), int8-weights, rejection
+verification (its greedy rows), a row's independence from its neighbours, and, with
+an int8 target and draft, the decoder features (penalties, a constraint, stop
+strings, refill, adaptive γ with draft confidence).
 
 The negative control runs on the float32 target with a head of near-duplicate rows
 (twin tokens whose logits differ by about 1e-7 of their size), where a different
@@ -42,25 +42,25 @@ import pytest
 WORKER = Path(__file__).with_name("numerics_worker.py")
 
 FAST = {
-    "float32": ("model-coupled", "neighbours", "control"),
-    "bfloat16": ("block-coupled", "tree-coupled"),
-    "int8": ("eagle-coupled", "lookup-coupled"),
+    "float32": ("model-coupled", "control"),
+    "bfloat16": ("tree-coupled",),
+    "int8": ("eagle-coupled",),
 }
 FEATURES = ("penalties", "constraint", "stop", "refill", "adaptive")
 SLOW = {
     "float32": ("block-coupled", "eagle-coupled", "lookup-coupled", "tree-coupled",
-                "model-rejection", "lookup-rejection"),
-    "bfloat16": ("model-coupled", "eagle-coupled", "lookup-coupled", "model-rejection",
-                 "neighbours"),
-    "int8": ("model-coupled", "block-coupled", "tree-coupled", "model-rejection",
-             "neighbours", *FEATURES),
+                "model-rejection", "lookup-rejection", "neighbours"),
+    "bfloat16": ("model-coupled", "block-coupled", "eagle-coupled", "lookup-coupled",
+                 "model-rejection", "neighbours"),
+    "int8": ("model-coupled", "block-coupled", "tree-coupled", "lookup-coupled",
+             "model-rejection", "neighbours", *FEATURES),
     "int8-weights": ("model-coupled", "block-coupled", "eagle-coupled", "lookup-coupled",
                      "tree-coupled", "model-rejection"),
 }  # fmt: skip
 
 
 def _run_worker(cases: dict[str, tuple[str, ...]], tmp: Path) -> dict:
-    """One worker process for every case, precision after precision, at the caller's
+    """One worker process for these cases, precision after precision, at the caller's
     XLA flags (jax's defaults unless the caller set some). One process at a time: it
     runs while this test's xdist worker waits, so the suite stays one process a core."""
     env = dict(os.environ, XLA_FLAGS=os.environ.get("SPECJAX_TEST_CALLER_XLA_FLAGS", ""))
@@ -84,7 +84,25 @@ def fast_reports(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def slow_reports(tmp_path_factory):
-    return _run_worker(SLOW, tmp_path_factory.mktemp("numerics-slow"))
+    """One worker process per precision, started by the first test that needs it.
+
+    Programs at one precision share nothing compiled with another's, so a process per
+    precision costs only its start and the models' load, and lets xdist run the
+    precisions on different cores (each is an `xdist_group` of its own)."""
+    reports: dict[str, dict | Exception] = {}
+
+    def report(precision: str) -> dict:
+        if precision not in reports:
+            try:
+                tmp = tmp_path_factory.mktemp(f"numerics-slow-{precision}")
+                reports[precision] = _run_worker({precision: SLOW[precision]}, tmp)[precision]
+            except Exception as e:  # one failed process fails its cases, once
+                reports[precision] = e
+        if isinstance(reports[precision], Exception):
+            raise reports[precision]
+        return reports[precision]
+
+    return report
 
 
 def _check(comparisons: list[dict], case: str, precision: str) -> None:
@@ -122,9 +140,15 @@ def test_negative_control_a_plain_step_narrower_than_the_verify_is_caught(fast_r
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision, case", _cases(SLOW))
+@pytest.mark.parametrize(
+    "precision, case",
+    [
+        pytest.param(p, c, marks=pytest.mark.xdist_group(f"test_numerics-{p}"))
+        for p, c in _cases(SLOW)
+    ],
+)
 def test_speculative_equals_plain_at_one_width_everywhere(slow_reports, precision, case):
-    _check(slow_reports[precision][case]["comparisons"], case, precision)
+    _check(slow_reports(precision)[case]["comparisons"], case, precision)
 
 
 def _head_rows(vocab: int, **decode_kw) -> set[int]:

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import group_rows
 
 import specjax
 from specjax.decoding.features import penalties as loop
@@ -152,7 +153,7 @@ def forward_logits(pair):
     return conts, continuation_logits(pair[0], PROMPT, K)
 
 
-def _law(forward_logits, group, num_tokens=K, **variant):
+def _penalised_law(forward_logits, group, num_tokens=K, **variant):
     """Exact ``[V] * num_tokens`` law of a group's first tokens (or a control's)."""
     conts, logits = forward_logits
     s = _settings(group)
@@ -338,17 +339,12 @@ def mixed_samples(pair):
     return {d: _sample(pair, *d, num_rows, width) for d in DECODERS}
 
 
-def _group_rows(tokens, group):
-    return tokens[list(GROUPS).index(group) :: len(GROUPS)]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("group", list(GROUPS))
 @pytest.mark.parametrize("decoder", DECODERS, ids=lambda d: "-".join(d))
 def test_each_group_follows_the_penalised_law(forward_logits, mixed_samples, decoder, group):
-    rows = _group_rows(mixed_samples[decoder], group)
-    assert rows.shape == (N_PER_GROUP, K)
-    p = chi_square_pvalue(sequence_counts(rows, V), _law(forward_logits, group))
+    rows = group_rows(mixed_samples[decoder], GROUPS, group, (N_PER_GROUP, K))
+    p = chi_square_pvalue(sequence_counts(rows, V), _penalised_law(forward_logits, group))
     assert p > FALSE_ALARM, f"{decoder}/{group}: chi-square p = {p:.2e}"
 
 
@@ -367,9 +363,9 @@ def test_sample_size_has_power_against_the_controls(forward_logits):
     must be at most N_PER_GROUP / 2 (so N is at least twice it).
     """
     for group in GROUPS:
-        law = _law(forward_logits, group)
+        law = _penalised_law(forward_logits, group)
         for variant in (dict(blind=True), dict(plain=True)):
-            alternative = _law(forward_logits, group, **variant)
+            alternative = _penalised_law(forward_logits, group, **variant)
             n_min = min_sample_size(law, alternative, FALSE_ALARM, power=0.999)
             assert 2 * n_min <= N_PER_GROUP, (group, variant, n_min)
             power = chi_square_power(law, alternative, N_PER_GROUP, FALSE_ALARM)
@@ -396,8 +392,8 @@ def test_control_penalties_without_the_steps_drafts_is_rejected(pair, forward_lo
         monkeypatch.undo()
         jax.clear_caches()
     for group in GROUPS:
-        rows = _group_rows(tokens, group)
-        p = chi_square_pvalue(sequence_counts(rows, V), _law(forward_logits, group))
+        rows = group_rows(tokens, GROUPS, group, (N_PER_GROUP, K))
+        p = chi_square_pvalue(sequence_counts(rows, V), _penalised_law(forward_logits, group))
         assert p < FALSE_ALARM, f"{group}: the broken variant passed, p = {p:.2e}"
 
 
@@ -405,6 +401,10 @@ def test_control_penalties_without_the_steps_drafts_is_rejected(pair, forward_lo
 def test_control_the_law_without_penalties_is_rejected(forward_logits, mixed_samples):
     """A group's rows (draft model, rejection) fail against the law of the bare logits."""
     for group in GROUPS:
-        rows = _group_rows(mixed_samples["draft_model", "rejection"], group)
-        p = chi_square_pvalue(sequence_counts(rows, V), _law(forward_logits, group, plain=True))
+        rows = group_rows(
+            mixed_samples["draft_model", "rejection"], GROUPS, group, (N_PER_GROUP, K)
+        )
+        p = chi_square_pvalue(
+            sequence_counts(rows, V), _penalised_law(forward_logits, group, plain=True)
+        )
         assert p < FALSE_ALARM, f"{group}: p = {p:.2e}"

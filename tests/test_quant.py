@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import ragged_prompts
 
 import specjax
 from specjax.models.quant import MODES, quantize, quantize_rows
@@ -91,11 +92,6 @@ def test_scanned_and_unrolled_quantized_models_agree(target):
     np.testing.assert_allclose(_logits(scanned, tokens), _logits(unrolled, tokens), atol=1e-5)
 
 
-def _ragged_prompts(batch, seed=0):
-    rng = np.random.default_rng(seed)
-    return [list(rng.integers(0, 8, size=n) % V) * 2 for n in rng.integers(1, 9, size=batch)]
-
-
 @pytest.mark.parametrize("draft_mode", MODES)
 @pytest.mark.parametrize("drafter_name", ["draft_model", "lookup"])
 @pytest.mark.parametrize("batch", [1, 5])  # 5 == γ + 1 for the draft model
@@ -115,7 +111,7 @@ def test_greedy_speculative_equals_plain_with_quantized_models(
         ),
         "lookup": specjax.PromptLookup(ngram=2, num_draft=3),
     }[drafter_name]
-    prompts = _ragged_prompts(batch, seed=batch)
+    prompts = ragged_prompts(batch, seed=batch, high=8, repeat=2)
     key = jax.random.key(0)
     kw = dict(max_new_tokens=13, sampling=GREEDY, forward_width=specjax.drafters.lookahead(drafter))
     plain = specjax.generate(key, qtarget, prompts, **kw)
@@ -131,7 +127,7 @@ def test_coupled_at_t1_equals_plain_sampling_with_an_int8_draft(target):
     """Coupled verification's guarantee (output == plain for the same key, at the same
     forward width) holds for a float target with an int8 draft of itself, at T = 1."""
     drafter = specjax.DraftModel(quantize(target, "int8"), num_draft=3)
-    prompts = _ragged_prompts(4, seed=11)
+    prompts = ragged_prompts(4, seed=11, high=8, repeat=2)
     sampling = specjax.SamplingConfig(temperature=1.0)
     key = jax.random.key(5)
     kw = dict(
@@ -151,7 +147,7 @@ def test_an_int8_activation_target_speculates_and_equals_plain_at_its_width(targ
     forward width its speculative output is its plain output, token for token."""
     qtarget = quantize(target, "int8")
     drafter = specjax.PromptLookup(ngram=2, num_draft=3)
-    prompts = _ragged_prompts(4, seed=3)  # B == γ + 1 == W
+    prompts = ragged_prompts(4, seed=3, high=8, repeat=2)  # B == γ + 1 == W
     key = jax.random.key(0)
     kw = dict(max_new_tokens=13, sampling=GREEDY, forward_width=4)
     plain = specjax.generate(key, qtarget, prompts, **kw)

@@ -7,7 +7,7 @@ own plain decoding at the same forward width: greedy speculative decoding with t
 plain sampling's tokens for the same key, and an int8 target with an int8 draft (the
 fastest configuration) gives its plain decoding's tokens over 128 tokens.
 
-Slow tier: the two files are about 1.6 GB, fetched once into the cache (the tests
+Real tier (`pytest -m real`): the two files are about 1.6 GB, fetched once into the cache (the tests
 skip, saying how to fetch them, when that cannot be done). What is slow is kept to
 once per machine where that is sound:
 
@@ -39,14 +39,13 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.io.fetch import FetchError
 from specjax.models.quant import quantize
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 ATOL = 2e-3  # the bound on |logit difference| against transformers
@@ -54,16 +53,9 @@ PROMPTS = ["def quicksort(items):\n    ", "import json\n\n\ndef load_config(path
 NEW_TOKENS = 12
 
 
-def _fetch(name):
-    try:
-        return specjax.fetch(name)
-    except FetchError as e:
-        pytest.skip(f"{name} unavailable: {e}")
-
-
 @pytest.fixture(scope="module")
-def paths():
-    return _fetch(TARGET), _fetch(DRAFT)
+def paths(real_pair_paths):
+    return real_pair_paths
 
 
 # First in the module, before the fixtures below load the float32 models into this

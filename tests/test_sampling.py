@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
+from support import samples_chi2_pvalue
 
 from specjax.sampling import (
     SamplingConfig,
@@ -299,18 +300,6 @@ def test_greedy_tokens_equal_numpy_argmax_with_nan_as_minus_inf(logits):
 # sample.
 
 
-def _chi2_pvalue(samples, weights):
-    probs = np.asarray(weights, np.float64)
-    probs = np.where(probs > 0, probs, 0.0) / probs[probs > 0].sum()
-    counts = np.bincount(samples, minlength=probs.shape[0]).astype(np.float64)
-    assert counts[probs == 0].sum() == 0, "drew a zero-probability token"
-    expected, observed = probs[probs > 0] * samples.shape[0], counts[probs > 0]
-    small = expected < 5
-    expected = np.append(expected[~small], expected[small].sum())
-    observed = np.append(observed[~small], observed[small].sum())
-    return float(stats.chisquare(observed[expected > 0], expected[expected > 0]).pvalue)
-
-
 @functools.partial(jax.jit, static_argnums=2)
 def _sample_many(key, weights_V, num_draws):
     # vmap over keys with shared weights: the weights are never copied num_draws times.
@@ -345,7 +334,7 @@ def test_sample_follows_weights_and_never_draws_zeros(weights):
     assert draws.dtype == np.int32
     valid = np.nan_to_num(weights, nan=0.0) > 0
     assert valid[draws].all(), "drew a token with weight <= 0 or NaN"
-    assert _chi2_pvalue(draws, np.nan_to_num(weights, nan=0.0)) > ALPHA
+    assert samples_chi2_pvalue(draws, np.where(valid, weights, 0.0)) > ALPHA
 
 
 def test_sample_shapes_determinism_and_degenerate_rows():

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import group_rows
 
 import specjax
 from specjax.testing import (
@@ -98,15 +99,18 @@ def samples(target):
     return out
 
 
+def _exact_law(target, group):
+    """The exact law of a group's first K tokens (``[V] * K``)."""
+    return exact_sequence_probs(target, PROMPT, K, specjax.SamplingConfig(**GROUPS[group]))
+
+
 @pytest.mark.parametrize("group", list(GROUPS))
 @pytest.mark.parametrize("decoder", list(DECODERS))
 def test_each_group_follows_its_exact_distribution(target, samples, decoder, group):
     tokens, accepted_per_step = samples[decoder]
     assert accepted_per_step > 0.2, accepted_per_step
-    rows = tokens[list(GROUPS).index(group) :: len(GROUPS)]
-    assert rows.shape == (N_PER_GROUP, K)
-    exact = exact_sequence_probs(target, PROMPT, K, specjax.SamplingConfig(**GROUPS[group]))
-    p = chi_square_pvalue(sequence_counts(rows, V), exact)
+    rows = group_rows(tokens, GROUPS, group, (N_PER_GROUP, K))
+    p = chi_square_pvalue(sequence_counts(rows, V), _exact_law(target, group))
     assert p > FALSE_ALARM, f"{decoder}/{group}: chi-square p = {p:.2e}"
 
 
@@ -117,13 +121,11 @@ CONTROL_PAIRS = (
 )  # fmt: skip
 
 
-def _law(target, group):
-    return exact_sequence_probs(target, PROMPT, K, specjax.SamplingConfig(**GROUPS[group]))
-
-
 def test_sample_size_has_power_against_every_control(target):
     for group, other in CONTROL_PAIRS:
-        power = chi_square_power(_law(target, other), _law(target, group), N_PER_GROUP, FALSE_ALARM)
+        power = chi_square_power(
+            _exact_law(target, other), _exact_law(target, group), N_PER_GROUP, FALSE_ALARM
+        )
         assert power > 0.999, (group, other, power)
 
 
@@ -131,8 +133,8 @@ def test_sample_size_has_power_against_every_control(target):
 def test_control_other_groups_distribution_is_rejected(target, samples, decoder):
     tokens, _ = samples[decoder]
     for group, other in CONTROL_PAIRS:
-        rows = tokens[list(GROUPS).index(group) :: len(GROUPS)]
-        p = chi_square_pvalue(sequence_counts(rows, V), _law(target, other))
+        rows = group_rows(tokens, GROUPS, group, (N_PER_GROUP, K))
+        p = chi_square_pvalue(sequence_counts(rows, V), _exact_law(target, other))
         assert p < FALSE_ALARM, f"{decoder}: {group} vs {other}: p = {p:.2e}"
 
 

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
+from support import samples_chi2_pvalue
 
 from specjax.decoding.loop import _confident_drafts
 from specjax.sampling import SamplingConfig, noise, probs_from_logits, sample
@@ -45,31 +46,6 @@ MIN_CONDITIONAL_DRAWS = 2_000
 
 # --------------------------------------------------------------------------------------
 # Statistical helpers.
-
-
-def _chi2_pvalue(samples: np.ndarray, probs: np.ndarray) -> float:
-    """Chi-square goodness-of-fit p-value of integer ``samples`` against ``probs``.
-
-    Zero-probability cells must be empty (asserted: a single hit is a certain bug) and are
-    left out of the test. Cells expecting fewer than 5 hits are pooled into one cell.
-    """
-    probs = np.asarray(probs, np.float64)
-    probs = probs / probs.sum()
-    counts = np.bincount(samples, minlength=probs.shape[0]).astype(np.float64)
-    assert counts.shape == probs.shape, "sample outside the vocabulary"
-    impossible = probs == 0
-    assert counts[impossible].sum() == 0, (
-        f"drew zero-probability tokens {np.flatnonzero(counts * impossible)}"
-    )
-    expected = probs[~impossible] * samples.shape[0]
-    observed = counts[~impossible]
-    small = expected < 5
-    if small.any():
-        expected = np.append(expected[~small], expected[small].sum())
-        observed = np.append(observed[~small], observed[small].sum())
-    if expected.shape[0] < 2:
-        return 1.0
-    return float(stats.chisquare(observed, expected).pvalue)
 
 
 def _draft_cdf(draft_probs_GxV):
@@ -102,7 +78,7 @@ def _position_pvalues(tokens, num_accepted, target_probs) -> list[float]:
     for i in range(target_probs.shape[0]):
         reached = num_accepted >= i
         if reached.sum() >= MIN_CONDITIONAL_DRAWS:
-            pvalues.append(_chi2_pvalue(tokens[reached, i], target_probs[i]))
+            pvalues.append(samples_chi2_pvalue(tokens[reached, i], target_probs[i]))
     return pvalues
 
 
@@ -579,10 +555,10 @@ def test_empirical_exactness_on_random_distributions(p, q, seed):
     q[0] += q.sum() == 0
     p, q = _normalise(p), _normalise(q)
     tokens, n = _run(rejection_sample_single, q[None], p, seed=seed, num_draws=50_000)
-    assert _chi2_pvalue(tokens[:, 0], p[0]) > ALPHA
+    assert samples_chi2_pvalue(tokens[:, 0], p[0]) > ALPHA
     assert _acceptance_pvalue(n, q[None], p) > ALPHA
     if (n == 1).sum() >= MIN_CONDITIONAL_DRAWS:
-        assert _chi2_pvalue(tokens[n == 1, 1], p[1]) > ALPHA
+        assert samples_chi2_pvalue(tokens[n == 1, 1], p[1]) > ALPHA
 
 
 # --------------------------------------------------------------------------------------
@@ -688,9 +664,11 @@ def test_jit_matches_eager_and_same_key_is_reproducible():
     jitted = _rejection_sample(key, x, q, p)
     _assert_same(rejection_sample(key, x, q, p), jitted)
     _assert_same(_rejection_sample(key, x, q, p), jitted)
-    # Legacy uint32 keys work too.
+    # Legacy uint32 keys work too, as the typed key holding the same key data: a
+    # threefry PRNGKey(9) draws exactly what key(9) drew above.
     legacy = jax.random.PRNGKey(9)
-    _assert_same(_rejection_sample(legacy, x, q, p), _rejection_sample(legacy, x, q, p))
+    np.testing.assert_array_equal(legacy, jax.random.key_data(key))
+    _assert_same(_rejection_sample(legacy, x, q, p), jitted)
     # Different keys give different draws somewhere in a batch of 6 x 4 positions.
     other = _rejection_sample(jax.random.key(10), x, q, p)
     assert not all(np.array_equal(a, b) for a, b in zip(other, jitted, strict=True))

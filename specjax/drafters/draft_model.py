@@ -145,7 +145,7 @@ class DraftModel(Drafter):
             else:
                 logits_BV, cache = forward(cache)
             next_token, probs = draw(keys_B, logits_BV, settings)
-            num_drafted_B = num_drafted_B + going_B
+            num_drafted_B = num_drafted_B + going_B.astype(num_drafted_B.dtype)
             going_B = going_B & confident(logits_BV, next_token, probs)
             history = (settings.counts, settings.automaton)
             carry = (next_token, position_B + 1, cache, history, going_B, num_drafted_B)

@@ -206,7 +206,8 @@ def apply_logit_transforms(logits_RxV: jax.Array, config, counts: TokenCounts | 
         x = jnp.where(seen, jnp.where(x > 0, x / repetition, x * repetition), x)
         presence = _leading(_value(config, "presence_penalty", 0.0), x, jnp.float32)
         frequency = _leading(_value(config, "frequency_penalty", 0.0), x, jnp.float32)
-        return x - presence * (counts_generated > 0) - frequency * counts_generated
+        generated = (counts_generated > 0).astype(jnp.float32)
+        return x - presence * generated - frequency * counts_generated
 
     return lax.cond(has_penalties(config), penalize, lambda x: x, x)
 
