@@ -551,3 +551,67 @@ def test_a_named_pair_gets_its_preset_unless_a_flag_sets_it(capsys):
     args = parse(["generate", "hi", "--model", preset.target, "--draft", preset.draft,
                   "--drafter", "lookup"])  # fmt: skip
     assert _apply_preset(args) is None and args.gamma is None
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--gamma", "three"], "--gamma: must be a whole number or 'auto', got 'three'"),
+        (["--gamma", "auto", "--drafter", "none"], "--gamma auto chooses a chain's γ"),
+        (["--gamma", "auto", "--tree", "2,1"], "--gamma auto chooses a chain's γ"),
+    ],
+    ids=["not-a-number", "no-drafter", "tree"],
+)
+def test_gamma_auto_bad_input_is_named(cli_in_process, args, fragment):
+    proc = cli_in_process("generate", "def f(x):", *args)
+    assert proc.returncode == 2
+    assert fragment in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_gamma_auto_measures_once_chooses_and_equals_plain(tmp_path):
+    """The bundled pair with its block drafter (γ = 2): the first run times this machine
+    (widths 1..3, γ 1..2) and says what it chose and why; the output equals plain
+    decoding at the chosen width; a second run reads the costs from the cache instead of
+    timing again."""
+    env_cache = {"SPECJAX_CACHE": str(tmp_path)}
+    args = ("generate", "def fibonacci(n):", "--max-new-tokens", "12", "--compare", "--json",
+            "--no-eos", "--drafter", "block", "--gamma", "auto", "--repeats", "1")  # fmt: skip
+    first = subprocess.run(
+        [sys.executable, "-m", "specjax.cli", *args], capture_output=True, text=True,
+        timeout=600, env=dict(os.environ, NO_COLOR="1", **env_cache),
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    assert "timing plain decoding at widths 1..3" in first.stderr
+    out = json.loads(first.stdout)
+    auto = out["auto"]
+    assert len(auto["target_forward_seconds_by_width"]) == 3
+    assert len(auto["draft_seconds_by_gamma"]) == 2
+    assert auto["expected_speedup_by_gamma"][0] == 1.0
+    gamma = auto["gamma"]
+    assert out["gamma"] == gamma and out["forward_width"] == gamma + 1
+    assert auto["expected_speedup"] == max(
+        [1.0] + [s for s in auto["expected_speedup_by_gamma"][1:] if s >= 1.05]
+    )
+    assert out["drafter"] == ("none" if gamma == 0 else "block")
+    if gamma:
+        assert out["equals_plain_at_width"] is True
+    assert f"--gamma auto: {auto['reason']}" in first.stderr
+    second = subprocess.run(
+        [sys.executable, "-m", "specjax.cli", *args], capture_output=True, text=True,
+        timeout=600, env=dict(os.environ, NO_COLOR="1", **env_cache),
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    assert "timing plain decoding" not in second.stderr
+    again = json.loads(second.stdout)["auto"]
+    assert again["target_forward_seconds_by_width"] == auto["target_forward_seconds_by_width"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "shown"),
+    [("--temperature", "-1", "got -1.0"), ("--top-k", "-3", "got -3"), ("--top-p", "2", "got 2.0")],
+)
+def test_bad_settings_show_the_value_as_given(cli_in_process, flag, value, shown):
+    proc = cli_in_process("generate", "def f(x):", flag, value)
+    assert proc.returncode == 2
+    assert shown in proc.stderr and "array(" not in proc.stderr, proc.stderr

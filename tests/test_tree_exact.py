@@ -179,7 +179,7 @@ def _biased_node(key, p_V, q_V, child_tokens):
     """Per node: accept child i with min(1, r/q), r the running residual; else sample r."""
     keys = jax.random.split(key, len(child_tokens) + 1)
     r = p_V
-    chosen, done = jnp.int32(-1), False
+    chosen, done = jnp.int32(-1), jnp.bool_(False)
     for i, c in enumerate(child_tokens):
         u = jax.random.uniform(keys[i])
         accept = (~done) & (u * q_V[c] < r[c])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -220,6 +221,71 @@ def _apply_preset(args):
     return preset
 
 
+@dataclasses.dataclass
+class _AutoChoice:
+    """``--gamma auto``'s choice, the numbers it came from and where they are kept."""
+
+    choice: object  # specjax.decoding.cost_model.Choice
+    costs: object  # specjax.decoding.cost_model.StepCosts
+    acceptance: tuple[float, ...]
+    cache: object  # specjax.decoding.cost_model.CostCache
+    key: str
+
+    def describe(self) -> dict:
+        """The choice and its numbers, for ``--json``."""
+        return {
+            "gamma": self.choice.gamma,
+            "forward_width": self.choice.forward_width,
+            "reason": self.choice.reason,
+            "expected_speedup": self.choice.expected_speedup,
+            "expected_speedup_by_gamma": list(self.choice.speedups),
+            "target_forward_seconds_by_width": list(self.costs.target_s),
+            "draft_seconds_by_gamma": list(self.costs.draft_s),
+            "acceptance_by_position": list(self.acceptance),
+        }
+
+    def learn(self, stats) -> None:
+        """Keeps the acceptance this run measured at the positions it judged, for the
+        next choice (the costs stay as measured)."""
+        import numpy as np
+
+        reached = np.asarray(stats.position_reached)
+        alpha = list(self.acceptance)
+        for i, a in enumerate(np.asarray(stats.acceptance_by_position).tolist()):
+            if i < len(alpha) and reached[i] > 0:
+                alpha[i] = float(a)
+        self.cache.store(self.key, self.costs, alpha)
+
+
+def _auto_gamma(args, target, drafter, prompts) -> _AutoChoice:
+    """``--gamma auto``: this machine's step costs (measured once, then cached) and the
+    acceptance last measured choose γ (`specjax.decoding.cost_model`); says why on
+    stderr."""
+    from specjax.decoding import cost_model
+
+    cache = cost_model.CostCache()
+    key = cache.key(
+        target=cost_model.model_id(target), drafter=cost_model.model_id(drafter),
+        batch=len(prompts), max_gamma=drafter.num_draft,
+    )  # fmt: skip
+    hit = cache.load(key)
+    if hit is None:
+        print(
+            f"specjax: --gamma auto: timing plain decoding at widths 1..{drafter.num_draft + 1} "
+            f"and speculation at gamma 1..{drafter.num_draft} on this machine (once; kept in "
+            f"{cache.root})",
+            file=sys.stderr,
+        )
+        hit = cost_model.measure(
+            target, drafter, prompts, max_new_tokens=min(args.max_new_tokens, 32),
+            log=lambda line: print(f"  {line}", file=sys.stderr),
+        )  # fmt: skip
+        cache.store(key, *hit)
+    choice = cost_model.choose(*hit)
+    print(f"specjax: --gamma auto: {choice.reason}", file=sys.stderr)
+    return _AutoChoice(choice, *hit, cache, key)
+
+
 def _forward_width(args, verify_width: int) -> int:
     """``--forward-width``, checked against the verify's width; default the verify's."""
     if args.forward_width is None:
@@ -307,7 +373,14 @@ def cmd_generate(args) -> int:
         raise UserError("give a PROMPT to complete, or --chat MESSAGE")
     elif not args.prompt.strip():
         raise UserError("the prompt is empty")
+    auto = args.gamma == "auto"
+    if auto and (args.drafter == "none" or args.tree is not None):
+        raise UserError(
+            "--gamma auto chooses a chain's γ for a drafter: drop --drafter none and --tree"
+        )
     for name in ("max_new_tokens", "gamma", "batch", "ngram", "repeats", "forward_width"):
+        if name == "gamma" and auto:
+            continue
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     from specjax.core.validation import check_int
@@ -334,6 +407,8 @@ def cmd_generate(args) -> int:
     preset = _apply_preset(args)
     if args.draft_confidence is not None and not 0.0 <= args.draft_confidence <= 1.0:
         raise UserError(f"--draft-confidence must be in [0, 1], got {args.draft_confidence}")
+    if auto:  # the drafter's own γ is the largest measured
+        args.gamma = None
     target, draft, tokenizer = _load_models(args)
     if args.gamma is None:  # the drafter's own: a block drafter's trained γ, else 4
         args.gamma = draft.num_draft if draft is not None else DEFAULTS.gamma
@@ -346,6 +421,12 @@ def cmd_generate(args) -> int:
         prompt_text = shown_prompt = args.prompt
         ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
         stop_ids = text_stop_ids(target, tokenizer)
+    choice = None
+    if auto:
+        choice = _auto_gamma(args, target, draft.with_draft(args.gamma), [ids] * args.batch)
+        args.gamma = choice.gamma
+        if choice.gamma == 0:
+            args.drafter, args.draft_confidence = "none", None
     context = target.config.max_position_embeddings
     verify_width = (tree.num_nodes if tree is not None else args.gamma) + 1
     if args.drafter == "none":
@@ -440,6 +521,8 @@ def cmd_generate(args) -> int:
         # Round robin (speculative, plain, ...): slow drifts of the machine hit both alike.
         runs, last = time_interleaved(fns, repeats)
         result, seconds = last[0], statistics.median(runs[0])
+    if choice is not None and args.gamma > 0:
+        choice.learn(result.stats)
     rows = result.to_lists()
     from_draft = np.asarray(result.from_draft)
     total = int(np.sum(np.asarray(result.lengths)))
@@ -449,6 +532,7 @@ def cmd_generate(args) -> int:
         "forward_width": width,
         "verification": args.verification,
         "preset": None if preset is None else preset.describe(),
+        "auto": None if choice is None else choice.describe(),
         "tokens": total,
         "seconds": seconds,
         "tokens_per_second": total / seconds,

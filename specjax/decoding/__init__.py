@@ -99,7 +99,9 @@ One mechanism per module, each importing only those above it:
 * `~specjax.decoding.loop`: one decode step (draft, score, verify a chain or a tree)
   and the ``lax.while_loop`` that runs it;
 * `~specjax.decoding.api`: the jitted programs and the public `init`, `step`,
-  `result`, `stream`, `generate` and `speculative_generate`.
+  `result`, `stream`, `generate` and `speculative_generate`;
+* `~specjax.decoding.cost_model`: step costs measured on this machine, cached, and the
+  γ they and the acceptance make fastest (``specjax generate --gamma auto``).
 """
 
 from specjax.decoding.api import generate as generate

@@ -161,14 +161,8 @@ def load_pretrained(
         displaced = atomic.find_displaced(folder)
         if not folder.exists() and displaced:
             hint = f"; a save into it was interrupted, the previous checkpoint is {displaced[-1]}"
-        elif not folder.exists() and _looks_like_hub_id(str(path)):
-            raise FileNotFoundError(
-                f"{path} is not a folder or file here; load_pretrained reads local "
-                f"checkpoints, not Hugging Face Hub ids: download it first (for example "
-                f"`hf download {path} --local-dir DIR`) and pass DIR; models specjax fetches "
-                f"by name load as load_pretrained(specjax.fetch(NAME)), NAME one of "
-                f"{', '.join(_fetch_names())}"
-            )
+        elif not folder.exists() and hub_id_hint(path):
+            raise FileNotFoundError(f"{path} is not a folder or file here; {hub_id_hint(path)}")
         raise FileNotFoundError(
             f"{folder} has no config.json (expected a Hugging Face folder){hint}"
         )
@@ -222,10 +216,19 @@ def load_pretrained(
     return model
 
 
-def _looks_like_hub_id(text: str) -> bool:
-    """``owner/name`` with no other path syntax, as on the Hugging Face Hub."""
+def hub_id_hint(path) -> str | None:
+    """How to load ``path`` if it reads as a Hugging Face Hub id (``owner/name`` with no
+    other path syntax) that is not a local path, else None."""
+    text = str(path)
     parts = text.split("/")
-    return len(parts) == 2 and all(parts) and not text.startswith((".", "~"))
+    if len(parts) != 2 or not all(parts) or text.startswith((".", "~")) or Path(text).exists():
+        return None
+    return (
+        "specjax reads local checkpoints, not Hugging Face Hub ids: download it first (for "
+        f"example `hf download {text} --local-dir DIR`) and pass DIR; models specjax fetches "
+        f"by name load as load_pretrained(specjax.fetch(NAME)), NAME one of "
+        f"{', '.join(_fetch_names())}"
+    )
 
 
 def _fetch_names() -> list[str]:

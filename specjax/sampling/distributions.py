@@ -302,6 +302,12 @@ def _host_forbidden_ids(value) -> np.ndarray:
     return arr.astype(np.int32)
 
 
+def _shown(value: np.ndarray) -> str:
+    """A concrete setting as a user writes it: ``-1.0``, or ``[0.5, 2.0]`` for one per row
+    (not ``array(-1., dtype=float32)``)."""
+    return f"{value.item() if value.ndim == 0 else value.tolist()!r:.80}"
+
+
 def check_sampling_config(config: SamplingConfig, batch_size: int | None = None) -> None:
     """Raises ValueError naming the first field with a bad shape or out-of-range value.
 
@@ -361,10 +367,10 @@ def check_sampling_config(config: SamplingConfig, batch_size: int | None = None)
         value = np.asarray(value)
         # Written as "all valid" rather than "any invalid" so that NaN fails.
         if not np.all(is_valid(value)):
-            raise ValueError(f"SamplingConfig.{name} {requirement}; got {value!r}")
+            raise ValueError(f"SamplingConfig.{name} {requirement}; got {_shown(value)}")
         if name == "top_k" and not np.issubdtype(value.dtype, np.integer):
             if not np.all(value == np.round(value)):
-                raise ValueError(f"SamplingConfig.top_k must be an integer; got {value!r}")
+                raise ValueError(f"SamplingConfig.top_k must be an integer; got {_shown(value)}")
     for name in ("logit_bias", "forbidden_ids"):
         value = getattr(config, name)
         if value is None:

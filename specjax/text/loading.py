@@ -31,6 +31,11 @@ def model_path(path, argname: str) -> Path:
             return fetch.fetch(str(path))
         except fetch.FetchError as e:
             raise ValueError(f"{argname} {path}: {e}") from None
+    from specjax.io.hf import hub_id_hint
+
+    hint = hub_id_hint(path)
+    if hint:
+        raise ValueError(f"{argname} {path}: no such directory here; {hint}")
     raise ValueError(
         f"{argname} {path}: no such directory or .gguf file, and no model of that name "
         f"(known: {', '.join(fetch.names())})"

@@ -13,9 +13,9 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import jax
 
-from specjax.core.validation import check_int
+from specjax.core.validation import check_float, check_int
 from specjax.decoding import api as decoding
-from specjax.drafters.base import Drafter
+from specjax.drafters.base import Drafter, lookahead
 from specjax.io.chat import apply_chat_template
 from specjax.sampling import SamplingConfig
 from specjax.text.defaults import DEFAULTS, auto_drafter
@@ -128,10 +128,24 @@ class Sampler:
                 f"drafter must be a specjax.drafters.Drafter, None or 'auto', got "
                 f"{type(drafter).__name__}{hint}"
             )
-        if gamma is not None and drafter is not None:
-            drafter = drafter.with_draft(gamma)
+        # Settings are checked here, where they are given, not at the first sample.
+        if gamma is not None:
+            gamma = check_int("gamma", gamma, lo=1)
+            if drafter is not None:
+                drafter = drafter.with_draft(gamma)
         if verification not in ("rejection", "coupled"):
             raise ValueError(f"verification must be 'rejection' or 'coupled', got {verification!r}")
+        if forward_width is not None:
+            forward_width = check_int("forward_width", forward_width, lo=1)
+            verify = 1 if drafter is None else lookahead(drafter)
+            if forward_width < verify:
+                raise ValueError(
+                    f"forward_width={forward_width} is narrower than one verify forward "
+                    f"({verify} tokens: gamma {verify - 1} drafts and the target's own "
+                    f"token); use forward_width={verify} or more, or a smaller gamma"
+                )
+        if draft_confidence is not None:
+            draft_confidence = check_float("draft_confidence", draft_confidence, lo=0.0, hi=1.0)
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.sampling = (
             SamplingConfig(temperature=DEFAULTS.temperature)
@@ -256,7 +270,9 @@ class Sampler:
         """``(key, keyword arguments of the decoders)``, checked. A ``None`` key goes to
         the decoders, which take it for greedy rows and refuse it for sampled ones."""
         sampling = self.sampling if sampling is None else _check_sampling(sampling)
-        max_new_tokens = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if max_new_tokens is None:
+            max_new_tokens = self.max_new_tokens
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, lo=1)
         kw = dict(
             max_new_tokens=max_new_tokens,
             sampling=sampling,
@@ -269,6 +285,22 @@ class Sampler:
             if self.draft_confidence is not None:
                 kw["draft_confidence"] = self.draft_confidence
         return key, kw
+
+    def _check_context(self, ids: list[list[int]], max_new_tokens: int) -> None:
+        """Refuses a budget that, after the longest prompt, runs past the model's context."""
+        context = getattr(getattr(self.target, "config", None), "max_position_embeddings", None)
+        if not context:
+            return
+        width = self.forward_width or (1 if self.drafter is None else lookahead(self.drafter))
+        longest = max(len(row) for row in ids)
+        needed = longest + max_new_tokens + width
+        if needed > context:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens}: the longest prompt is {longest} tokens and "
+                f"one forward is {width} wide, so it needs {needed} positions, more than the "
+                f"model's context of {context}; use max_new_tokens={context - longest - width} "
+                "or less, or a shorter prompt"
+            )
 
     def _text(self, row: list[int]) -> str:
         stream = TextStream(self.tokenizer)
@@ -310,7 +342,7 @@ class Sampler:
         Raises:
             TypeError: a prompt that is not text.
             ValueError: an empty prompt or list, a batch with ``stream``, sampling
-                without a key.
+                without a key, a budget past the model's context.
 
         Examples:
             >>> import specjax
@@ -333,6 +365,7 @@ class Sampler:
             raise ValueError("return_result=True needs stream=False")
         ids = self._encode(prompts)
         key, kw = self._options(max_new_tokens, sampling, key, stop)
+        self._check_context(ids, kw["max_new_tokens"])
         if stream:
             return self._stream(key, ids, kw)
         if self.drafter is None:

@@ -1,0 +1,176 @@
+"""`specjax.decoding.cost_model`: choosing γ from measured costs, and caching them.
+
+The chooser is checked on cost tables written here: one where a wide forward costs
+what it costs on a CPU whose multi-row kernels are slow (speculation must lose, and
+γ = 0 is chosen), one where it is nearly free (the largest γ that pays is chosen).
+E(γ) is checked against the outcome distribution summed directly. The cache is reused for the
+same machine and models and missed after a change of jax version, model or batch.
+Slow: `measure` on tiny models, and decoding at the chosen width equals plain
+decoding at that width.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import specjax
+from specjax.decoding import cost_model
+from specjax.decoding.cost_model import (
+    CostCache,
+    StepCosts,
+    choose,
+    expected_tokens,
+    model_id,
+)
+from specjax.testing import tiny_model
+
+# A 2-row forward twice a 1-row one, drafts cheap: speculation cannot pay.
+SLOW_WIDE = StepCosts(target_s=(0.10, 0.20, 0.30, 0.40), draft_s=(0.005, 0.010, 0.015))
+# Wide forwards nearly free, drafts cheap: every γ pays, the largest most.
+FLAT_WIDE = StepCosts(target_s=(0.10, 0.102, 0.104, 0.106), draft_s=(0.005, 0.010, 0.015))
+
+
+def _expected_by_outcomes(alpha, gamma) -> float:
+    """Σ_k (k + 1) P(exactly k drafts accepted): each outcome of a step, summed."""
+    total = 0.0
+    for k in range(gamma + 1):
+        reach = np.prod(alpha[:k]) if k else 1.0
+        stop = 1.0 - alpha[k] if k < gamma else 1.0
+        total += (k + 1) * reach * stop
+    return total
+
+
+@pytest.mark.parametrize("alpha", [(0.9, 0.8, 0.5), (1.0, 1.0, 1.0), (0.0, 0.7, 0.7), (0.3,)])
+def test_expected_tokens_is_the_mean_over_a_steps_outcomes(alpha):
+    padded = tuple(alpha) + (0.0,) * (3 - len(alpha))
+    for gamma in range(4):
+        assert expected_tokens(alpha, gamma) == pytest.approx(
+            _expected_by_outcomes(padded, gamma), abs=1e-12
+        )
+
+
+def test_plain_decoding_is_chosen_where_wide_forwards_cost_what_rows_do():
+    choice = choose(SLOW_WIDE, acceptance=(0.9, 0.9, 0.9))
+    assert (choice.gamma, choice.forward_width) == (0, 1)
+    assert choice.expected_speedup == 1.0
+    assert all(s < 1.0 for s in choice.speedups[1:]), choice.speedups
+    assert choice.reason.startswith("plain decoding") and "2-wide" in choice.reason
+
+
+def test_the_largest_paying_gamma_is_chosen_where_wide_forwards_are_cheap():
+    choice = choose(FLAT_WIDE, acceptance=(0.9, 0.9, 0.9))
+    assert (choice.gamma, choice.forward_width) == (3, 4)
+    # Each γ's speedup, from the table by hand: E(γ) / step(γ) * step(0).
+    by_hand = [
+        expected_tokens((0.9,) * 3, g)
+        / (FLAT_WIDE.target_s[g] + sum(FLAT_WIDE.draft_s[g - 1 : g]))
+        * FLAT_WIDE.target_s[0]
+        for g in range(4)
+    ]
+    np.testing.assert_allclose(choice.speedups, by_hand)
+    assert choice.expected_speedup == pytest.approx(max(by_hand))
+
+
+def test_acceptance_that_falls_off_stops_gamma_where_it_stops_paying():
+    # The first draft is usually accepted, the second rarely: γ = 1.
+    choice = choose(FLAT_WIDE, acceptance=(0.9, 0.05, 0.05))
+    assert choice.gamma == 1
+
+
+def test_a_gain_within_the_margin_decodes_plainly():
+    costs = StepCosts(target_s=(0.10, 0.15), draft_s=(0.005,))
+    alpha = (0.65,)  # 1.65 tokens for 0.155 s: 1.065x plain
+    assert choose(costs, alpha, min_gain=1.05).gamma == 1
+    assert choose(costs, alpha, min_gain=1.10).gamma == 0
+
+
+@pytest.mark.parametrize(
+    ("target_s", "draft_s", "match"),
+    [
+        ((), (), "target_s must be positive"),
+        ((0.1, 0.0), (0.01,), "target_s must be positive"),
+        ((0.1, 0.2), (-0.01,), "draft_s must be non-negative"),
+        ((0.1,), (0.01,), "needs target_s up to width 2"),
+    ],
+)
+def test_bad_costs_are_refused_by_name(target_s, draft_s, match):
+    with pytest.raises(ValueError, match=match):
+        StepCosts(target_s, draft_s)
+
+
+def test_acceptance_outside_zero_one_is_refused():
+    with pytest.raises(ValueError, match=r"acceptance must hold probabilities in \[0, 1\]"):
+        choose(FLAT_WIDE, (1.2, 0.5))
+
+
+@pytest.fixture
+def cache(tmp_path):
+    return CostCache(tmp_path / "tuning")
+
+
+def test_the_cache_gives_back_what_was_stored_for_the_same_key(cache):
+    key = cache.key(target="t", drafter="d", batch=1, max_gamma=3)
+    assert cache.load(key) is None
+    cache.store(key, FLAT_WIDE, (0.9, 0.8, 0.7))
+    assert cache.load(key) == (FLAT_WIDE, (0.9, 0.8, 0.7))
+    assert cache.key(target="t", drafter="d", batch=1, max_gamma=3) == key  # a later run
+
+
+def test_the_cache_misses_after_a_change_of_jax_version_model_or_batch(cache, monkeypatch):
+    parts = dict(target=model_id(tiny_model(seed=0)), drafter="d", batch=1, max_gamma=3)
+    key = cache.key(**parts)
+    cache.store(key, FLAT_WIDE, (0.9,))
+    assert cache.key(**{**parts, "batch": 2}) != key
+    assert cache.key(**{**parts, "target": model_id(tiny_model(seed=0, num_layers=3))}) != key
+    monkeypatch.setattr(cost_model.jax, "__version__", "0.0.1")
+    assert cache.key(**parts) != key
+    assert cache.load(cache.key(**parts)) is None
+
+
+def test_model_id_follows_shapes_dtypes_and_precision_not_values():
+    a, b = tiny_model(seed=0), tiny_model(seed=1)
+    assert model_id(a) == model_id(b)  # the same architecture costs the same
+    assert model_id(a) != model_id(tiny_model(seed=0, vocab_size=a.vocab_size * 2))
+    from specjax.models.quant import quantize
+
+    assert model_id(quantize(a, "int8")) != model_id(a)
+
+
+def test_an_unreadable_entry_is_a_miss_and_is_replaced(cache):
+    key = cache.key(x=1)
+    cache.root.mkdir(parents=True)
+    cache.path(key).write_text("{not json")
+    assert cache.load(key) is None
+    cache.store(key, SLOW_WIDE, (0.5,))
+    assert cache.load(key) == (SLOW_WIDE, (0.5,))
+    assert [p.name for p in cache.root.iterdir()] == [f"{key}.json"]  # no temporary left
+
+
+@pytest.mark.slow
+def test_measure_then_decode_at_the_chosen_width_equals_plain_decoding():
+    """Tiny target and draft: `measure` times widths 1..3 and γ 1..2, the choice is
+    one of them, and greedy decoding at the chosen width equals plain decoding there."""
+    target = tiny_model(seed=0)
+    drafter = specjax.DraftModel(tiny_model(seed=0), num_draft=2)  # the target itself
+    prompts = [[1, 2, 3], [4, 5, 6, 7]]
+    lines = []
+    costs, alpha = cost_model.measure(
+        target, drafter, prompts, max_new_tokens=12, repeats=2, log=lines.append
+    )
+    assert len(costs.target_s) == 3 and len(costs.draft_s) == 2 and len(lines) == 5
+    assert alpha == pytest.approx((1.0, 1.0))  # a drafter that is the target: all accepted
+    choice = choose(costs, alpha)
+    assert 0 <= choice.gamma <= 2 and choice.forward_width == choice.gamma + 1
+    greedy = specjax.SamplingConfig.greedy()
+    plain = specjax.generate(
+        None, target, prompts, max_new_tokens=12, sampling=greedy,
+        forward_width=choice.forward_width,
+    )  # fmt: skip
+    if choice.gamma:
+        out = specjax.speculative_generate(
+            None, target, drafter.with_draft(choice.gamma), prompts, max_new_tokens=12,
+            sampling=greedy, forward_width=choice.forward_width,
+        )  # fmt: skip
+        assert out.to_lists() == plain.to_lists()
+    assert all(len(row) == 12 for row in plain.to_lists())
