@@ -231,6 +231,11 @@ class _AutoChoice:
     cache: object  # specjax.decoding.cost_model.CostCache
     key: str
 
+    @property
+    def gamma(self) -> int:
+        """The chosen γ (0: plain decoding)."""
+        return self.choice.gamma
+
     def describe(self) -> dict:
         """The choice and its numbers, for ``--json``."""
         return {
