@@ -428,7 +428,7 @@ def cmd_generate(args) -> int:
         stop_ids = text_stop_ids(target, tokenizer)
     choice = None
     if auto:
-        choice = _auto_gamma(args, target, draft.with_draft(args.gamma), [ids] * args.batch)
+        choice = _auto_gamma(args, target, draft, [ids] * args.batch)
         args.gamma = choice.gamma
         if choice.gamma == 0:
             args.drafter, args.draft_confidence = "none", None

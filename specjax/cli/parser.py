@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"tokens drafted per target call (γ); default: {DEFAULTS.gamma}, or the block "
         "drafter's own (2 for the bundled one). auto: the γ from 0 (plain decoding) up to "
         "that default with the most expected tokens per second, from step costs measured "
-        "on this machine once (cached) and the acceptance on this prompt",
+        "on this machine once (cached) and the acceptance last measured",
     )  # fmt: skip
     g.add_argument(
         "--draft-confidence", type=float, default=None, metavar="TAU",

@@ -102,10 +102,12 @@ class StepCosts:
         return self.target_s[gamma] + (self.draft_s[gamma - 1] if gamma else 0.0)
 
     def to_json(self) -> dict:
+        """``{"target_s": [...], "draft_s": [...]}``, as `CostCache` stores it."""
         return {"target_s": list(self.target_s), "draft_s": list(self.draft_s)}
 
     @classmethod
     def from_json(cls, data: dict) -> StepCosts:
+        """The costs `to_json` wrote."""
         return cls(tuple(map(float, data["target_s"])), tuple(map(float, data["draft_s"])))
 
 
@@ -251,6 +253,7 @@ class CostCache:
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
     def path(self, key: str) -> Path:
+        """The file of ``key``'s entry."""
         return self.root / f"{key}.json"
 
     def load(self, key: str) -> tuple[StepCosts, tuple[float, ...]] | None:
