@@ -36,6 +36,12 @@ if "SPECJAX_COMPILATION_CACHE" not in os.environ:
     _RUN_CACHE = tempfile.mkdtemp(prefix="specjax-test-xla-")
     os.environ["SPECJAX_COMPILATION_CACHE"] = _RUN_CACHE
 
+# gamma="auto" keeps the step costs it measures (specjax.decoding.cost_model) in a
+# folder that is fresh each run, as on a new machine, and shared by the workers the
+# same way: each target, drafter and batch size is measured once per run.
+if "SPECJAX_TUNING_CACHE" not in os.environ:
+    os.environ["SPECJAX_TUNING_CACHE"] = tempfile.mkdtemp(prefix="specjax-test-tuning-")
+
 # GGUF loads convert every time in tests unless a test turns the converted-weights
 # cache on (tests/test_gguf.py, "converted-weights cache"): several tests load one
 # file twice with the conversion patched, which a cache hit would silently skip.

@@ -147,6 +147,51 @@ def test_an_unreadable_entry_is_a_miss_and_is_replaced(cache):
     assert [p.name for p in cache.root.iterdir()] == [f"{key}.json"]  # no temporary left
 
 
+def test_a_run_held_to_a_width_chooses_within_it_at_that_width_s_cost():
+    """``forward_width=W``: γ at most W - 1, and every γ, 0 included, pays the W-wide
+    forward; the speedups stay over plain decoding at width 1."""
+    alpha = (0.9, 0.9, 0.9)
+    held = choose(FLAT_WIDE, alpha, forward_width=3)
+    assert (held.gamma, held.forward_width) == (2, 3) and len(held.speedups) == 3
+    step = FLAT_WIDE.target_s[2] + FLAT_WIDE.draft_s[1]
+    assert held.expected_speedup == pytest.approx(
+        expected_tokens(alpha, 2) / step * FLAT_WIDE.target_s[0]
+    )
+    assert held.speedups[0] == pytest.approx(FLAT_WIDE.target_s[0] / FLAT_WIDE.target_s[2])
+    lost = choose(SLOW_WIDE, alpha, forward_width=4)
+    assert (lost.gamma, lost.forward_width) == (0, 4)  # plain, still at the held width
+    with pytest.raises(ValueError, match="forward_width=5: the costs cover widths 1..4"):
+        choose(FLAT_WIDE, alpha, forward_width=5)
+
+
+def test_tune_reads_the_cache_and_measures_only_on_a_miss(cache, monkeypatch):
+    """`tune` keys by target, drafter and batch: a stored entry is used without timing
+    anything; a miss measures once and stores; `learn` keeps a run's acceptance."""
+    target = tiny_model(seed=0)
+    drafter = specjax.DraftModel(tiny_model(seed=1), num_draft=3)
+    calls = []
+
+    def fake_measure(target, drafter, prompts, **kw):
+        calls.append(len(prompts))
+        return FLAT_WIDE, (0.9, 0.9, 0.9)
+
+    monkeypatch.setattr(cost_model, "measure", fake_measure)
+    first = cost_model.tune(target, drafter, [[1, 2]], cache=cache)
+    assert first.measured and calls == [1] and first.gamma == 3
+    again = cost_model.tune(target, drafter, [[5, 6, 7]], cache=cache)
+    assert not again.measured and calls == [1] and again.key == first.key
+    batch = cost_model.tune(target, drafter, [[1, 2], [3, 4]], cache=cache)
+    assert batch.measured and calls == [1, 2]  # another batch size: measured for it
+
+    class Stats:  # what a run reports: only position 0 was judged
+        acceptance_by_position = np.array([0.0, 0.5, 0.5])
+        position_reached = np.array([5, 0, 0])
+
+    again.learn(Stats())
+    assert cache.load(first.key) == (FLAT_WIDE, (0.0, 0.9, 0.9))
+    assert cost_model.tune(target, drafter, [[1]], cache=cache).gamma == 0
+
+
 @pytest.mark.slow
 def test_measure_then_decode_at_the_chosen_width_equals_plain_decoding():
     """Tiny target and draft: `measure` times widths 1..3 and γ 1..2, the choice is

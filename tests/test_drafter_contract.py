@@ -110,4 +110,6 @@ def test_memory_check_counts_its_state_bytes(registered, target, monkeypatch):
                 jax.random.key(0), target, drafter, PROMPTS, max_new_tokens=MAX_NEW,
                 cache_len=cache_len,
             )  # fmt: skip
-    assert asked["RepeatLast"] - asked["NoDraft"] == len(PROMPTS) * cache_len * 4
+    # The state's statistics add int32 counters per draft position: three [γ] and [γ + 1].
+    counters = 16 * drafter.num_draft
+    assert asked["RepeatLast"] - asked["NoDraft"] == len(PROMPTS) * cache_len * 4 + counters

@@ -654,4 +654,6 @@ def test_memory_check_counts_the_heads_cache(target, random_head, monkeypatch):
     itemsize = np.dtype(target.dtype).itemsize
     head_cache = 2 * 1 * len(prompts) * c.num_kv_heads * c.head_dim * cache_len * itemsize
     head_cache += len(prompts) * 4  # lengths: int32[B]
+    # The state's statistics add int32 counters per draft position: three [γ] and [γ + 1].
+    head_cache += 16 * random_head.num_draft
     assert asked["EagleDrafter"] - asked["NoDraft"] == head_cache

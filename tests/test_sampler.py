@@ -67,22 +67,26 @@ def test_text_in_text_out_and_a_batch(model):
 
 
 def test_streamed_pieces_join_to_the_same_text(model):
-    sampler = Sampler(model, drafter=specjax.PromptLookup(), max_new_tokens=16)
+    sampler = Sampler(model, drafter=specjax.PromptLookup(), gamma=4, max_new_tokens=16)
     pieces = list(sampler.sample(PROMPT, stream=True))
     assert len(pieces) > 1  # streamed, not returned whole
     assert "".join(pieces) == sampler.sample(PROMPT)
 
 
-def test_greedy_needs_no_key_and_sampling_does(model):
+def test_sampling_without_a_key_uses_the_seed_and_a_key_wins(model):
     sampler = Sampler(model, drafter=None, max_new_tokens=6)
     hot = specjax.SamplingConfig(temperature=1.0)
-    with pytest.raises(ValueError, match=r"needs a PRNG key: pass key=jax\.random\.key\(0\)"):
-        sampler.sample(PROMPT, sampling=hot)
-    a = sampler.sample(PROMPT, sampling=hot, key=jax.random.key(1))
-    assert a == sampler.sample(PROMPT, sampling=hot, key=jax.random.key(1))
+    # No key: jax.random.key(seed), the sampler's seed (0 by default, as --seed).
+    assert sampler.seed == DEFAULTS.seed
+    a = sampler.sample(PROMPT, sampling=hot)
+    assert a == sampler.sample(PROMPT, sampling=hot, key=jax.random.key(DEFAULTS.seed))
+    seeded = Sampler(model, drafter=None, max_new_tokens=6, seed=3)
+    assert seeded.sample(PROMPT, sampling=hot) == sampler.sample(
+        PROMPT, sampling=hot, key=jax.random.key(3)
+    )
     others = {sampler.sample(PROMPT, sampling=hot, key=jax.random.key(k)) for k in range(2, 6)}
     assert others - {a}, "sampled text does not depend on the key"
-    # Greedy: the key is irrelevant and not needed.
+    # Greedy: the key is irrelevant.
     greedy = sampler.sample(PROMPT)
     assert greedy == sampler.sample(PROMPT, key=jax.random.key(7))
 
@@ -113,7 +117,9 @@ def test_eos_is_taken_from_the_tokenizer(model):
 def test_speculative_equals_plain_at_the_same_forward_width(model, drafter):
     draft = specjax.DraftModel(model) if drafter == "draft_model" else specjax.PromptLookup()
     width = draft.num_draft + 1
-    spec = Sampler(model, drafter=draft, forward_width=width, max_new_tokens=16)
+    spec = Sampler(
+        model, drafter=draft, gamma=draft.num_draft, forward_width=width, max_new_tokens=16
+    )
     plain = Sampler(model, drafter=None, forward_width=width, max_new_tokens=16)
     text, result = spec.sample([PROMPT, "w9 w9 w9"], return_result=True)
     assert text == plain.sample([PROMPT, "w9 w9 w9"])
@@ -183,6 +189,118 @@ def test_chat_streams_and_records_the_turn(model):
     assert chat.chat("w1 w2") == "".join(pieces)
 
 
+def test_chat_takes_stop_strings_and_returns_the_result(model):
+    tok = _word_tokenizer(words=ROLES)
+    chat_model = model.replace(tokenizer=tok, chat_template=TEMPLATE)
+    chat = ChatSampler(chat_model, drafter=None, max_new_tokens=8)
+    answer, result = chat.chat("w1 w2", return_result=True)
+    assert isinstance(result, specjax.GenerationResult)
+    assert chat.turns[-1] == {"role": "assistant", "content": answer}
+    words = answer.split()
+    cut = next(i for i in range(1, len(words)) if words[i] not in words[:i])
+    chat.reset()
+    stopped = chat.chat("w1 w2", stop=[words[cut]])
+    assert stopped.split() == words[: cut + 1]  # ends with the stop string, kept
+    assert chat.turns[-1]["content"] == stopped
+
+
+def test_quantize_and_draft_quantize_reach_the_models(model):
+    """As --quantize and --draft-quantize: the draft follows the target unless set;
+    "none" keeps the draft's precision; a drafter without a model is refused."""
+    draft = specjax.DraftModel(tiny_model(seed=1))
+    both = Sampler(model, drafter=draft, gamma=2, quantize="int8")
+    assert both.target.quantization == both.drafter.model.quantization == "int8"
+    target_only = Sampler(model, drafter=draft, gamma=2, quantize="int8", draft_quantize="none")
+    assert target_only.drafter.model.quantization is None
+    draft_only = Sampler(model, drafter=draft, gamma=2, draft_quantize="int8-weights")
+    assert draft_only.target.quantization is None
+    assert draft_only.drafter.model.quantization == "int8-weights"
+    with pytest.raises(ValueError, match="quantize must be one of"):
+        Sampler(model, quantize="int4")
+    with pytest.raises(ValueError, match="draft_quantize='int8' sets a draft model's precision"):
+        Sampler(model, drafter=specjax.PromptLookup(), draft_quantize="int8")
+
+
+def test_a_tree_of_drafts_equals_plain_at_its_width(model):
+    sampler = Sampler(model, drafter=specjax.DraftModel(model), tree="2,1", max_new_tokens=10)
+    assert sampler.drafter.tree is not None and sampler.drafter.num_draft == 2
+    assert not sampler.auto  # a tree has no γ to choose
+    width = sampler.drafter.tree.num_nodes + 1
+    plain = Sampler(model, drafter=None, forward_width=width, max_new_tokens=10)
+    assert sampler.sample(PROMPT) == plain.sample(PROMPT)
+    with pytest.raises(ValueError, match="tree='2,1' needs a drafter that proposes trees"):
+        Sampler(model, drafter=specjax.PromptLookup(), tree="2,1")
+    with pytest.raises(ValueError, match="gamma=3 and tree='2,1' disagree"):
+        Sampler(model, drafter=specjax.DraftModel(model), tree="2,1", gamma=3)
+
+
+@pytest.mark.slow
+def test_regex_and_json_schema_shape_the_text():
+    """The bundled pair: the text matches the regex, and parses as the schema says."""
+    import json
+    import re
+
+    sampler = specjax.Sampler.from_pretrained(drafter="none", max_new_tokens=24)
+    pattern = r"[0-9]{1,3}(, [0-9]{1,3}){2}"
+    assert re.fullmatch(pattern, sampler.sample("x = ", regex=pattern))
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"}},
+        "required": ["name", "ok"],
+    }
+    doc = json.loads(sampler.sample("config = ", json_schema=schema, max_new_tokens=40))
+    assert set(doc) == {"name", "ok"} and isinstance(doc["ok"], bool)
+    with pytest.raises(ValueError, match="regex= or json_schema=, not both"):
+        sampler.sample("x", regex=pattern, json_schema=schema)
+
+
+# Each argument of the Sampler (its constructor, from_pretrained, sample) and the
+# `specjax generate` flag that sets the same thing.
+SAMPLER_FLAGS = {
+    "target": "model", "drafter": "drafter", "gamma": "gamma",
+    "max_new_tokens": "max_new_tokens", "forward_width": "forward_width",
+    "verification": "verification", "draft_confidence": "draft_confidence",
+    "quantize": "quantize", "draft_quantize": "draft_quantize", "tree": "tree",
+    "seed": "seed", "path": "model", "draft": "draft", "block_drafter": "block_drafter",
+    "stop": "stop", "regex": "regex", "json_schema": "json_schema",
+}  # fmt: skip
+# Arguments that are several flags, or none, in the command, and why.
+SAMPLER_WITHOUT_A_FLAG = {
+    "sampling": "--temperature, --top-k, --top-p, --min-p and the penalties, below",
+    "tokenizer": "the command reads the model's own tokenizer.json",
+    "eos_ids": "the tokenizer's and config's ids, as the Sampler's default; --no-eos: ()",
+    "dtype": "the command loads float32 weights, the Sampler's default; --quantize",
+    "preset": "a named pair's preset applies unless a flag sets it, as preset=True",
+    "prompt": "PROMPT", "key": "--seed", "stream": "streams unless --no-stream",
+    "return_result": "--json", "kwargs": "the constructor's arguments",
+}  # fmt: skip
+
+
+def test_every_sampler_argument_has_a_cli_flag_with_the_same_default():
+    from specjax.cli.parser import build_parser
+
+    parser = build_parser()
+    generate = next(a for a in parser._actions if a.dest == "command").choices["generate"]
+    flags = {a.dest: a.default for a in generate._actions}
+    args = {}
+    for fn in (Sampler.__init__, Sampler.from_pretrained, Sampler.sample, ChatSampler.chat):
+        for name, p in inspect.signature(fn).parameters.items():
+            if name not in ("self", "cls", "message", "system", "multi_turn", "chat_template"):
+                args.setdefault(name, p.default)
+    assert set(args) == set(SAMPLER_FLAGS) | set(SAMPLER_WITHOUT_A_FLAG)
+    for name, dest in SAMPLER_FLAGS.items():
+        assert dest in flags, f"Sampler's {name} has no flag --{dest.replace('_', '-')}"
+        if args[name] is not inspect.Parameter.empty:
+            assert args[name] == flags[dest], (name, args[name], flags[dest])
+    # sampling: SamplingConfig()'s fields are the flags' defaults; a penalty is None
+    # (off) in the config and its neutral value on the command line.
+    config = specjax.SamplingConfig()
+    for field in ("temperature", "top_k", "top_p", "min_p", *specjax.sampling.PENALTY_OFF):
+        value = getattr(config, field)
+        value = specjax.sampling.PENALTY_OFF[field] if value is None else float(value)
+        assert value == float(flags[field]), field
+
+
 def test_defaults_equal_the_cli_defaults():
     """The parsed defaults of ``specjax generate`` and those of the Sampler, one by one."""
     from specjax.cli import generate as cli_generate
@@ -196,6 +314,8 @@ def test_defaults_equal_the_cli_defaults():
     assert args.verification == sampler.verification == DEFAULTS.verification
     assert args.seed == DEFAULTS.seed
     assert args.forward_width is None and sampler.forward_width is None
+    gamma = inspect.signature(Sampler.__init__).parameters["gamma"].default
+    assert args.gamma == gamma == "auto" and sampler.auto
     for fn in (Sampler.__init__, Sampler.from_pretrained):
         assert inspect.signature(fn).parameters["drafter"].default == args.drafter == "auto"
     # The drafter "auto" picks for the bundled pair, at the same γ.
@@ -235,13 +355,38 @@ def test_a_named_pair_gets_its_preset_as_in_the_cli(model, monkeypatch):
     assert sampler.preset is preset
     assert sampler.target.quantization == args.quantize == preset.quantize
     assert sampler.drafter.model.quantization == args.draft_quantize
-    assert sampler.drafter.num_draft == args.gamma == preset.gamma
+    # γ is not the preset's: both choose it on the machine (gamma auto) up to the
+    # drafter's own.
+    assert args.gamma == "auto" and sampler.auto
+    assert sampler.drafter.num_draft == DEFAULTS.gamma
     assert sampler.draft_confidence == args.draft_confidence
     # Without the preset, or with an explicit γ, the settings are the caller's.
     own = Sampler.from_pretrained(preset.target, preset.draft, preset=False)
     assert own.preset is None and own.target.quantization is None
     assert own.drafter.num_draft == DEFAULTS.gamma
     assert Sampler.from_pretrained(preset.target, preset.draft, gamma=3).drafter.num_draft == 3
+
+
+@pytest.mark.slow
+def test_gamma_auto_chooses_once_per_batch_size_and_equals_plain_at_its_width(model, capsys):
+    """The default ``gamma="auto"``: the first sample of a batch size measures this
+    machine (progress on stderr), the choice is kept per batch size and in the cache (a
+    new sampler does not measure again), and the text equals plain decoding's at the
+    chosen width."""
+    sampler = Sampler(model, drafter=specjax.DraftModel(model, num_draft=2), max_new_tokens=12)
+    assert sampler.auto and not sampler.tuned
+    text = sampler.sample(PROMPT)
+    tuned = sampler.tuned[1]
+    assert tuned.measured and "timing plain decoding" in capsys.readouterr().err
+    assert 0 <= tuned.gamma <= 2 and tuned.forward_width == tuned.gamma + 1
+    plain = Sampler(model, drafter=None, forward_width=tuned.forward_width, max_new_tokens=12)
+    assert text == plain.sample(PROMPT)
+    assert sampler.sample(PROMPT) == text and sampler.tuned[1] is tuned  # kept
+    again = Sampler(model, drafter=specjax.DraftModel(model, num_draft=2), max_new_tokens=12)
+    again.sample(PROMPT)
+    assert not again.tuned[1].measured and "timing" not in capsys.readouterr().err
+    # A draft model that is the target is always accepted; the cache keeps what was seen.
+    assert again.tuned[1].acceptance == pytest.approx((1.0, 1.0))
 
 
 def _raw_model():
@@ -275,6 +420,7 @@ def _raw_model():
          r"max_new_tokens=1000000: the longest prompt is \d+ tokens.*model's context of"),
         (lambda m: Sampler(m, gamma=0), None, ValueError, r"gamma must be in \[1, "),
         (lambda m: Sampler(m, gamma=2.0), None, TypeError, "gamma must be an integer"),
+        (lambda m: Sampler(m, gamma="fast"), None, ValueError, "gamma must be 'auto' or an int"),
         (lambda m: Sampler(m, forward_width=0), None, ValueError,
          r"forward_width must be in \[1, "),
         (lambda m: Sampler(m, gamma=3, forward_width=2), None, ValueError,
@@ -291,7 +437,7 @@ def _raw_model():
     ids=["token ids", "an int", "empty list", "empty prompt", "stream a batch",
          "sampling dict", "no tokenizer", "a path", "a raw model drafter",
          "named drafter", "zero budget", "bad verification", "past the context", "gamma 0",
-         "float gamma",
+         "float gamma", "gamma a word",
          "width 0", "width under the verify", "confidence 5", "no chat template",
          "draft without path", "missing folder", "a Hub id"],
 )  # fmt: skip

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -183,7 +182,7 @@ def _load_block_drafter(args, target):
     try:
         return build_drafter(
             "block", target, bundled=not args.model, block_drafter=args.block_drafter,
-            gamma=args.gamma, mode=args.block_mode,
+            gamma=None if args.gamma == "auto" else args.gamma, mode=args.block_mode,
         )  # fmt: skip
     except ValueError as e:
         tree = f" (--tree {args.tree} has depth {args.gamma})" if args.tree else ""
@@ -204,7 +203,6 @@ def _apply_preset(args):
     settings = {
         "quantize": preset.quantize,
         "draft_quantize": preset.draft_quantize,
-        "gamma": preset.gamma,
         "draft_confidence": preset.draft_confidence,
     }
     for flag, value in settings.items():
@@ -221,74 +219,20 @@ def _apply_preset(args):
     return preset
 
 
-@dataclasses.dataclass
-class _AutoChoice:
-    """``--gamma auto``'s choice, the numbers it came from and where they are kept."""
-
-    choice: object  # specjax.decoding.cost_model.Choice
-    costs: object  # specjax.decoding.cost_model.StepCosts
-    acceptance: tuple[float, ...]
-    cache: object  # specjax.decoding.cost_model.CostCache
-    key: str
-
-    @property
-    def gamma(self) -> int:
-        """The chosen γ (0: plain decoding)."""
-        return self.choice.gamma
-
-    def describe(self) -> dict:
-        """The choice and its numbers, for ``--json``."""
-        return {
-            "gamma": self.choice.gamma,
-            "forward_width": self.choice.forward_width,
-            "reason": self.choice.reason,
-            "expected_speedup": self.choice.expected_speedup,
-            "expected_speedup_by_gamma": list(self.choice.speedups),
-            "target_forward_seconds_by_width": list(self.costs.target_s),
-            "draft_seconds_by_gamma": list(self.costs.draft_s),
-            "acceptance_by_position": list(self.acceptance),
-        }
-
-    def learn(self, stats) -> None:
-        """Keeps the acceptance this run measured at the positions it judged, for the
-        next choice (the costs stay as measured)."""
-        import numpy as np
-
-        reached = np.asarray(stats.position_reached)
-        alpha = list(self.acceptance)
-        for i, a in enumerate(np.asarray(stats.acceptance_by_position).tolist()):
-            if i < len(alpha) and reached[i] > 0:
-                alpha[i] = float(a)
-        self.cache.store(self.key, self.costs, alpha)
-
-
-def _auto_gamma(args, target, drafter, prompts) -> _AutoChoice:
+def _auto_gamma(args, target, drafter, prompts):
     """``--gamma auto``: this machine's step costs (measured once, then cached) and the
-    acceptance last measured choose γ (`specjax.decoding.cost_model`); says why on
-    stderr."""
+    acceptance last measured choose γ (`specjax.decoding.cost_model.tune`); progress of a
+    measurement on stderr, and the reason with --verbose."""
     from specjax.decoding import cost_model
 
-    cache = cost_model.CostCache()
-    key = cache.key(
-        target=cost_model.model_id(target), drafter=cost_model.model_id(drafter),
-        batch=len(prompts), max_gamma=drafter.num_draft,
-    )  # fmt: skip
-    hit = cache.load(key)
-    if hit is None:
-        print(
-            f"specjax: --gamma auto: timing plain decoding at widths 1..{drafter.num_draft + 1} "
-            f"and speculation at gamma 1..{drafter.num_draft} on this machine (once; kept in "
-            f"{cache.root})",
-            file=sys.stderr,
-        )
-        hit = cost_model.measure(
-            target, drafter, prompts, max_new_tokens=min(args.max_new_tokens, 32),
-            log=lambda line: print(f"  {line}", file=sys.stderr),
-        )  # fmt: skip
-        cache.store(key, *hit)
-    choice = cost_model.choose(*hit)
-    print(f"specjax: --gamma auto: {choice.reason}", file=sys.stderr)
-    return _AutoChoice(choice, *hit, cache, key)
+    log = lambda line: print(f"specjax: gamma auto: {line}", file=sys.stderr)  # noqa: E731
+    width = args.forward_width
+    if width is not None and width > drafter.num_draft + 1:
+        width = None  # wider than any γ measured: each γ is costed at its own width
+    tuned = cost_model.tune(target, drafter, prompts, forward_width=width, log=log)
+    if args.verbose or tuned.measured:
+        log(tuned.choice.reason)
+    return tuned
 
 
 def _forward_width(args, verify_width: int) -> int:
@@ -378,11 +322,11 @@ def cmd_generate(args) -> int:
         raise UserError("give a PROMPT to complete, or --chat MESSAGE")
     elif not args.prompt.strip():
         raise UserError("the prompt is empty")
+    # --gamma auto (the default) chooses a chain's γ; a tree drafts its depth and plain
+    # decoding nothing, so there it has nothing to choose.
+    if args.gamma == "auto" and (args.drafter == "none" or args.tree is not None):
+        args.gamma = None
     auto = args.gamma == "auto"
-    if auto and (args.drafter == "none" or args.tree is not None):
-        raise UserError(
-            "--gamma auto chooses a chain's γ for a drafter: drop --drafter none and --tree"
-        )
     for name in ("max_new_tokens", "gamma", "batch", "ngram", "repeats", "forward_width"):
         if name == "gamma" and auto:
             continue
@@ -426,12 +370,6 @@ def cmd_generate(args) -> int:
         prompt_text = shown_prompt = args.prompt
         ids = tokenizer.encode(args.prompt, add_special_tokens=False).ids
         stop_ids = text_stop_ids(target, tokenizer)
-    choice = None
-    if auto:
-        choice = _auto_gamma(args, target, draft, [ids] * args.batch)
-        args.gamma = choice.gamma
-        if choice.gamma == 0:
-            args.drafter, args.draft_confidence = "none", None
     context = target.config.max_position_embeddings
     verify_width = (tree.num_nodes if tree is not None else args.gamma) + 1
     if args.drafter == "none":
@@ -481,6 +419,17 @@ def cmd_generate(args) -> int:
         specjax.sampling.vocab.resolve_vocab_limit(sampling, target, drafter)
     except ValueError as e:
         raise UserError(str(e)) from None
+    choice = None
+    if auto:  # after every check (checked up to the largest γ): measuring compiles
+        choice = _auto_gamma(args, target, drafter, prompts)
+        args.gamma = choice.gamma
+        width = args.forward_width or choice.forward_width
+        if choice.gamma == 0:
+            args.drafter, drafter = "none", None
+            kw["forward_width"] = width
+        else:
+            drafter = drafter.with_draft(choice.gamma)
+            spec_kw["forward_width"] = width
 
     def run(d, on_chunk=None, width=None):
         options = kw if d is None else spec_kw
@@ -527,7 +476,7 @@ def cmd_generate(args) -> int:
         runs, last = time_interleaved(fns, repeats)
         result, seconds = last[0], statistics.median(runs[0])
     if choice is not None and args.gamma > 0:
-        choice.learn(result.stats)
+        choice.learn(result.stats)  # the next choice starts from this run's acceptance
     rows = result.to_lists()
     from_draft = np.asarray(result.from_draft)
     total = int(np.sum(np.asarray(result.lengths)))
@@ -559,6 +508,8 @@ def cmd_generate(args) -> int:
         summary["plain_seconds_runs"] = runs[1]
         summary["plain_tokens_per_second"] = plain_total / plain_s
         summary["speedup"] = summary["tokens_per_second"] / summary["plain_tokens_per_second"]
+        if choice is not None:
+            summary["auto"]["achieved_speedup"] = summary["speedup"]
         # Token for token at the same width: greedy rows with any verification, every
         # row with coupled verification. Rejection sampling is exact in distribution only.
         if args.temperature == 0 or args.verification == "coupled":

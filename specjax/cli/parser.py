@@ -123,11 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="block drafter folder for --drafter block with --model (specjax train-drafter)",
     )  # fmt: skip
     g.add_argument(
-        "--gamma", type=_gamma, default=None, metavar="{N,auto}",
-        help=f"tokens drafted per target call (γ); default: {DEFAULTS.gamma}, or the block "
-        "drafter's own (2 for the bundled one). auto: the γ from 0 (plain decoding) up to "
-        "that default with the most expected tokens per second, from step costs measured "
-        "on this machine once (cached) and the acceptance last measured",
+        "--gamma", type=_gamma, default="auto", metavar="{N,auto}",
+        help="tokens drafted per target call (γ). auto: the γ from 0 (plain decoding) up "
+        f"to the drafter's own ({DEFAULTS.gamma}, or a block drafter's trained γ) with the "
+        "most expected tokens per second, from step costs measured on this machine once "
+        "(cached; the first run shows the measuring) and the acceptance last measured; "
+        "--verbose says why. A tree (--tree) and --drafter none have no γ to choose",
     )  # fmt: skip
     g.add_argument(
         "--draft-confidence", type=float, default=None, metavar="TAU",
@@ -215,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"{COMPARE_REPEATS} with --compare",
     )  # fmt: skip
     g.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    g.add_argument(
+        "--verbose", action="store_true",
+        help="say why gamma auto chose its γ (also in --json's auto section)",
+    )  # fmt: skip
     g.add_argument("--no-color", action="store_true", help="do not colour accepted draft tokens")
     g.add_argument(
         "--no-stream", action="store_true", help="print the completion at the end, not as it grows"

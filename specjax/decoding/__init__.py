@@ -91,10 +91,13 @@ One mechanism per module, each importing only those above it:
 * `~specjax.decoding.features`: the per-row features (statistics, draft flags,
   log-probabilities, penalties, stop strings, constraints), each one file behind the
   `RowFeature` protocol;
-* `~specjax.decoding.checks`: every check of the decoders' inputs, on the host,
-  before anything compiles (`_prepare`, which builds the `Decoder`);
 * `~specjax.decoding.refill`: filling the slots, by the first prefill and by handing
   a finished slot on to the next prompt, on device;
+* `~specjax.decoding.build`: a call's options (`DecodeOptions`) built into the
+  `Decoder` (features, EOS ids, γ table), and the bytes its state will take;
+* `~specjax.decoding.checks`: every check of the decoders' inputs, on the host,
+  before anything compiles (`_prepare`, which has the `Decoder` built; the drafter's
+  own checks are `specjax.drafters.checks`);
 * `~specjax.decoding.commit`: cutting a verified step and writing it;
 * `~specjax.decoding.loop`: one decode step (draft, score, verify a chain or a tree)
   and the ``lax.while_loop`` that runs it;
@@ -110,7 +113,6 @@ from specjax.decoding.api import result as result
 from specjax.decoding.api import speculative_generate as speculative_generate
 from specjax.decoding.api import step as step
 from specjax.decoding.api import stream as stream
-from specjax.decoding.checks import check_drafter as check_drafter
 from specjax.decoding.checks import pad_prompts as pad_prompts
 from specjax.decoding.checks import resolve_cache_len as resolve_cache_len
 from specjax.decoding.features import RowFeature as RowFeature
@@ -122,6 +124,7 @@ from specjax.decoding.state import Decoder as Decoder
 from specjax.decoding.state import DecodeState as DecodeState
 from specjax.decoding.state import GenerationResult as GenerationResult
 from specjax.decoding.state import GenerationStats as GenerationStats
+from specjax.drafters.checks import check_drafter as check_drafter
 
 __all__ = [
     "CACHE_BUCKET",

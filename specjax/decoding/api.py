@@ -17,7 +17,8 @@ import numpy as np
 
 from specjax.core.typed_jit import typed_jit
 from specjax.core.validation import check_int, is_concrete
-from specjax.decoding.checks import DecodeOptions, _output_width, _prepare
+from specjax.decoding.build import DecodeOptions, output_width
+from specjax.decoding.checks import _prepare
 from specjax.decoding.loop import _run
 from specjax.decoding.refill import _hand_on, _init_state
 from specjax.decoding.state import DecodeState, GenerationResult
@@ -30,7 +31,7 @@ _RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationResult))
 def _result(state: DecodeState) -> GenerationResult:
     """Every prompt's output in prompt order: those handed on, plus those still in a slot.
 
-    ``tokens`` and the per-position outputs are ``[N, S, ...]`` (padded); `_output_width`
+    ``tokens`` and the per-position outputs are ``[N, S, ...]`` (padded); `output_width`
     says how much of the width to keep. Each feature's result fills the
     `GenerationResult` fields it names, the rest go to ``extras`` under their keys.
     """
@@ -163,7 +164,7 @@ def result(state: DecodeState) -> GenerationResult:
     what the cache can hold).
     """
     q = state.queue
-    width = _output_width(q.max_new_tokens, q.prompt_lengths, state.seq.shape[1])
+    width = output_width(q.max_new_tokens, q.prompt_lengths, state.seq.shape[1])
     return _trim(_result_jit(state), width)
 
 

@@ -8,8 +8,8 @@ A speculative step with γ drafts costs one proposal of γ drafts and one target
 tokens, where ``α_i`` is the probability that draft ``i`` is accepted given that the
 drafts before it were. Plain decoding (γ = 0) costs one forward one token wide per
 token. Which γ is fastest therefore depends on the machine (what a W-wide forward
-costs against a one-wide one: about the same on one CPU, twice as much on another)
-and on the prompt (the α_i), so it is measured rather than assumed:
+costs against a one-wide one differs between CPUs and precisions) and on the prompt
+(the α_i), so it is measured rather than assumed:
 
 * `measure` times the decoders themselves on this machine: plain decoding at every
   width W from 1 to γ_max + 1 (the target's forward cost at W) and speculative
@@ -22,7 +22,10 @@ and on the prompt (the α_i), so it is measured rather than assumed:
 * `CostCache` keeps measured costs in ``<cache>/tuning/``, keyed by the machine, the
   backend, the jax version, the models (configuration, precision, parameter shapes)
   and the batch, so that later runs choose for free and a change of any of those
-  measures again.
+  measures again;
+* `tune` puts them together for ``gamma="auto"``, the default of `specjax.Sampler` and
+  ``specjax generate``: the cached costs, or a measurement stored for next time, and
+  the choice.
 
 The output does not depend on the choice's being right: whatever γ is chosen,
 decoding at the chosen forward width is exact (`specjax.decoding.numerics`).
@@ -54,11 +57,13 @@ __all__ = [
     "Choice",
     "CostCache",
     "StepCosts",
+    "Tuned",
     "choose",
     "expected_tokens",
     "machine_id",
     "measure",
     "model_id",
+    "tune",
 ]
 
 # Speculation is chosen only where it is expected to beat plain decoding by this much:
@@ -147,7 +152,13 @@ def expected_tokens(acceptance: Sequence[float], gamma: int) -> float:
     return total
 
 
-def choose(costs: StepCosts, acceptance: Sequence[float], min_gain: float = MIN_GAIN) -> Choice:
+def choose(
+    costs: StepCosts,
+    acceptance: Sequence[float],
+    min_gain: float = MIN_GAIN,
+    *,
+    forward_width: int | None = None,
+) -> Choice:
     """The γ in ``0..costs.max_gamma`` with the most expected tokens per second.
 
     Args:
@@ -155,29 +166,46 @@ def choose(costs: StepCosts, acceptance: Sequence[float], min_gain: float = MIN_
         acceptance: α_i by draft position (``GenerationStats.acceptance_by_position``).
         min_gain: a γ > 0 is chosen only if its expected speedup over plain decoding
             is at least this; otherwise γ = 0.
+        forward_width: a width W the run is held to (every target forward W wide, so
+            that the output equals plain decoding's at W): then γ is at most W - 1 and
+            every γ, 0 included, pays a W-wide forward. Default: each γ at γ + 1, and
+            γ = 0 at width 1. Speedups are always over plain decoding at width 1.
 
     Returns:
         The `Choice`, with every γ's expected speedup and the reason in words.
+
+    Raises:
+        ValueError: acceptance outside [0, 1], or a ``forward_width`` wider than the
+            costs measured.
     """
     alpha = [float(a) for a in acceptance]
     if any(not (0.0 <= a <= 1.0) for a in alpha):
         raise ValueError(f"acceptance must hold probabilities in [0, 1], got {alpha}")
+    if forward_width is not None and not 1 <= forward_width <= len(costs.target_s):
+        raise ValueError(
+            f"forward_width={forward_width}: the costs cover widths 1..{len(costs.target_s)}"
+        )
     plain_rate = 1.0 / costs.step_s(0)
-    speedups = tuple(
-        expected_tokens(alpha, g) / costs.step_s(g) / plain_rate for g in range(costs.max_gamma + 1)
-    )
+
+    def step_s(g: int) -> float:
+        if forward_width is None:
+            return costs.step_s(g)
+        return costs.target_s[forward_width - 1] + (costs.draft_s[g - 1] if g else 0.0)
+
+    top = costs.max_gamma if forward_width is None else min(costs.max_gamma, forward_width - 1)
+    speedups = tuple(expected_tokens(alpha, g) / step_s(g) / plain_rate for g in range(top + 1))
     best = 0
-    if costs.max_gamma:
+    if top:
         spec = max(range(1, len(speedups)), key=lambda g: (speedups[g], -g))
         if speedups[spec] >= min_gain:
             best = spec
     if best:
         reason = (
             f"gamma {best}: {expected_tokens(alpha, best):.2f} tokens a step expected for "
-            f"{costs.step_s(best) / costs.step_s(0):.2f}x a plain step's time, "
+            f"{step_s(best) / costs.step_s(0):.2f}x a plain step's time, "
             f"{speedups[best]:.2f}x plain"
         )
-    elif costs.max_gamma:
+    elif top:
         width_cost = costs.target_s[spec] / costs.target_s[0]
         reason = (
             f"plain decoding: the best speculation, gamma {spec}, is expected at "
@@ -189,7 +217,7 @@ def choose(costs: StepCosts, acceptance: Sequence[float], min_gain: float = MIN_
         reason = "plain decoding: no drafts were measured"
     return Choice(
         gamma=best,
-        forward_width=best + 1,
+        forward_width=best + 1 if forward_width is None else forward_width,
         tokens_per_step=expected_tokens(alpha, best),
         expected_speedup=speedups[best],
         speedups=speedups,
@@ -237,13 +265,17 @@ class CostCache:
     """Measured `StepCosts` on disk, one JSON file per key, in ``<cache>/tuning/``.
 
     Args:
-        root: the folder; default ``<specjax cache>/tuning`` (`specjax.core.paths`).
+        root: the folder; default ``$SPECJAX_TUNING_CACHE``, else ``<specjax
+            cache>/tuning`` (`specjax.core.paths`), beside the compiled programs.
     """
 
     def __init__(self, root: str | os.PathLike | None = None):
         from specjax.core.paths import cache_root
 
-        self.root = Path(root) if root is not None else cache_root() / "tuning"
+        if root is None:
+            env = os.environ.get("SPECJAX_TUNING_CACHE")
+            root = env if env else cache_root() / "tuning"
+        self.root = Path(root)
 
     @staticmethod
     def key(**parts) -> str:
@@ -284,13 +316,16 @@ def measure(
     repeats: int = 3,
     log=None,
 ) -> tuple[StepCosts, tuple[float, ...]]:
-    """Times the decoders on this machine: ``(StepCosts, acceptance by position)``.
+    """Times the decode loop on this machine: ``(StepCosts, acceptance by position)``.
 
     Plain decoding at each width W in ``1..γ + 1`` gives the target's forward cost at
-    W (one forward a token); speculative decoding greedy at each γ' in ``1..γ``, at
-    width γ' + 1, gives a step's cost, and the step less the target's forward is the
-    proposal's. Each program runs once to compile, then ``repeats`` times; the median
-    counts. The acceptance is read off the γ run.
+    W (one forward a step); speculative decoding, greedy, at each γ' in ``1..γ`` and
+    width γ' + 1 gives a step's cost, and the step less the target's forward is the
+    proposal's. Only the loop is timed (`specjax.decoding.step` over a prefilled
+    state), so the prompt's prefill does not count as step time. Each program runs once
+    to compile, then ``repeats`` times; the fastest run counts (what the machine
+    adds, another process's work, only slows a run). The acceptance is read off the γ
+    run.
 
     Args:
         target: the target model.
@@ -300,8 +335,9 @@ def measure(
         repeats: timed runs per program.
         log: optional ``log(str)`` for progress, one line a program.
     """
-    from specjax.core.timing import time_runs
-    from specjax.decoding.api import generate, speculative_generate
+    import time
+
+    from specjax.decoding.api import init, step
     from specjax.sampling import SamplingConfig
 
     greedy = SamplingConfig.greedy()
@@ -309,35 +345,144 @@ def measure(
     if max_gamma < 1:
         raise ValueError(f"drafter.num_draft must be >= 1 to measure, got {max_gamma}")
 
-    def median_s(run) -> tuple[float, object]:
-        times, out = time_runs(run, repeats=repeats, warmup=1)
-        return float(np.median(times)), out
+    def loop_s(drafter_or_none, width: int):
+        """The fastest of ``repeats`` loops: (seconds a step, the last final state)."""
+        best, state = float("inf"), None
+        for i in range(repeats + 1):  # the first compiles
+            state = jax.block_until_ready(
+                init(
+                    None, target, prompts, drafter=drafter_or_none,
+                    max_new_tokens=max_new_tokens, sampling=greedy, forward_width=width,
+                )
+            )  # fmt: skip
+            start = time.perf_counter()
+            state = jax.block_until_ready(step(state, max_new_tokens))
+            if i:
+                best = min(best, time.perf_counter() - start)
+        calls = max(int(jax.device_get(state.stats.target_calls)), 1)
+        return best / calls, state
 
     target_s = []
     for width in range(1, max_gamma + 2):
-        seconds, out = median_s(
-            lambda w=width: generate(
-                None, target, prompts, max_new_tokens=max_new_tokens, sampling=greedy,
-                forward_width=w,
-            )
-        )  # fmt: skip
-        calls = int(jax.device_get(out.stats.target_calls))
-        target_s.append(seconds / max(calls, 1))
+        seconds, _ = loop_s(None, width)
+        target_s.append(seconds)
         if log:
-            log(f"plain, forward width {width}: {1e3 * target_s[-1]:.2f} ms a step")
+            log(f"plain, forward width {width}: {1e3 * seconds:.2f} ms a step")
     draft_s, acceptance = [], ()
     for gamma in range(1, max_gamma + 1):
-        seconds, out = median_s(
-            lambda g=gamma: speculative_generate(
-                None, target, drafter.with_draft(g), prompts, max_new_tokens=max_new_tokens,
-                sampling=greedy, forward_width=g + 1,
-            )
-        )  # fmt: skip
-        stats = jax.device_get(out.stats)
-        step = seconds / max(int(stats.target_calls), 1)
-        draft_s.append(max(step - target_s[gamma], 0.0))
+        seconds, state = loop_s(drafter.with_draft(gamma), gamma + 1)
+        draft_s.append(max(seconds - target_s[gamma], 0.0))
         if gamma == max_gamma:
+            stats = jax.device_get(state.stats)
             acceptance = tuple(float(a) for a in np.asarray(stats.acceptance_by_position))
         if log:
-            log(f"gamma {gamma}: {1e3 * step:.2f} ms a step, drafts {1e3 * draft_s[-1]:.2f} ms")
+            log(f"gamma {gamma}: {1e3 * seconds:.2f} ms a step, drafts {1e3 * draft_s[-1]:.2f} ms")
     return StepCosts(tuple(target_s), tuple(draft_s)), acceptance
+
+
+# Tokens per timed run when `tune` measures: enough steps for a stable median, few
+# enough that the first ``gamma="auto"`` call stays short on a large target.
+TUNE_TOKENS = 16
+
+
+@dataclasses.dataclass
+class Tuned:
+    """``gamma="auto"``'s choice for one target, drafter and batch size, the numbers it
+    came from, and where they are kept (`tune` makes it).
+
+    Attributes:
+        choice: the `Choice` (γ, width, expected speedup, reason).
+        costs: the measured `StepCosts`.
+        acceptance: α_i by draft position that the choice used.
+        cache: the `CostCache` holding them.
+        key: their key in ``cache``.
+        measured: True where this call measured the costs (a cache miss).
+    """
+
+    choice: Choice
+    costs: StepCosts
+    acceptance: tuple[float, ...]
+    cache: CostCache
+    key: str
+    measured: bool = False
+
+    @property
+    def gamma(self) -> int:
+        """The chosen γ (0: plain decoding)."""
+        return self.choice.gamma
+
+    @property
+    def forward_width(self) -> int:
+        """The chosen width of every target forward of the run."""
+        return self.choice.forward_width
+
+    def describe(self) -> dict:
+        """The choice and its numbers, as plain JSON values."""
+        return {
+            "gamma": self.choice.gamma,
+            "forward_width": self.choice.forward_width,
+            "reason": self.choice.reason,
+            "expected_speedup": self.choice.expected_speedup,
+            "expected_speedup_by_gamma": list(self.choice.speedups),
+            "target_forward_seconds_by_width": list(self.costs.target_s),
+            "draft_seconds_by_gamma": list(self.costs.draft_s),
+            "acceptance_by_position": list(self.acceptance),
+            "measured_now": self.measured,
+            "cache": str(self.cache.path(self.key)),
+        }
+
+    def learn(self, stats) -> None:
+        """Stores the acceptance a run measured (``GenerationStats``) at the positions it
+        judged, for the next choice; the costs stay as measured. Runs on the host, after
+        the decode."""
+        reached = np.asarray(stats.position_reached)
+        alpha = list(self.acceptance)
+        for i, a in enumerate(np.asarray(stats.acceptance_by_position).tolist()):
+            if i < len(alpha) and reached[i] > 0:
+                alpha[i] = float(a)
+        self.acceptance = tuple(alpha)
+        self.cache.store(self.key, self.costs, alpha)
+
+
+def tune(
+    target,
+    drafter,
+    prompts: Sequence[Sequence[int]],
+    *,
+    forward_width: int | None = None,
+    cache: CostCache | None = None,
+    log=None,
+) -> Tuned:
+    """Chooses γ for ``target`` and ``drafter`` on this machine: from the cache, or
+    measured once (`measure`) and stored.
+
+    Args:
+        target: the target model.
+        drafter: a chain drafter; its ``num_draft`` is the largest γ considered.
+        prompts: token-id prompts of the run; their number is the batch size the
+            costs are for (a miss measures on them).
+        forward_width: the width the run is held to, if any (`choose`).
+        cache: where costs are kept; default `CostCache()`.
+        log: optional ``log(str)``: what is measured and why, one line each.
+
+    Returns:
+        The `Tuned` choice. Decode with ``drafter.with_draft(t.gamma)`` at width
+        ``t.forward_width``, or plainly (`specjax.generate`) where ``t.gamma == 0``.
+    """
+    cache = CostCache() if cache is None else cache
+    key = cache.key(
+        target=model_id(target), drafter=model_id(drafter), batch=len(prompts),
+        max_gamma=drafter.num_draft,
+    )  # fmt: skip
+    hit = cache.load(key)
+    measured = hit is None
+    if measured:
+        if log:
+            log(
+                f"timing plain decoding at widths 1..{drafter.num_draft + 1} and speculation "
+                f"at gamma 1..{drafter.num_draft} on this machine, once (kept in {cache.root})"
+            )
+        hit = measure(target, drafter, prompts, max_new_tokens=TUNE_TOKENS, repeats=2, log=log)
+        cache.store(key, *hit)
+    choice = choose(*hit, forward_width=forward_width)
+    return Tuned(choice, *hit, cache=cache, key=key, measured=measured)

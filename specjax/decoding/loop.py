@@ -412,8 +412,8 @@ def _run(state: DecodeState, num_steps=None) -> DecodeState:
     active rows to the fewest, each with its own γ. That is the table exactly: the
     number of active rows never grows (refill keeps every slot busy until the prompts
     run out, and then rows only finish), so the entry only ever moves down. Choosing
-    the variant per step with ``lax.switch`` instead made XLA:CPU copy the loop state
-    (caches included) into the branch every step: 2.2x slower at one slot.
+    the variant per step with ``lax.switch`` instead makes XLA:CPU copy the loop state
+    (caches included) into the branch every step, which slows every step down.
     """
     if num_steps is None:
         running = lambda s: ~jnp.all(s.done)  # noqa: E731

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.core.typed_jit import typed_jit
-from specjax.decoding.checks import check_drafter
+from specjax.drafters.checks import check_drafter
 from specjax.models.contract import (
     ModelContractError,
     check_logits_shape,

@@ -1,11 +1,11 @@
 """Filling the slots, on device: the first prefill, then refills as rows finish.
 
 `_init_state` prefills the first ``num_slots`` prompts (in serving order) into the
-slots and builds the `DecodeState`, with each feature's first state. With more
-prompts than slots, `_refill` runs inside the decode loop after every step: a
-finished slot hands its output on to the per-prompt buffers (`_hand_on`) and `_load`
-prefills the next waiting prompt into it. The containers this moves data between are
-`specjax.decoding.slots`.
+slots of the `DecodeState` that `_unfilled_state` builds, with each feature's first
+state. With more prompts than slots, `_refill` runs inside the decode loop after every
+step: a finished slot hands its output on to the per-prompt buffers (`_hand_on`) and
+`_load` prefills the next waiting prompt into it. The containers this moves data
+between are `specjax.decoding.slots`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,23 @@ from specjax.drafters.base import prefill
 from specjax.sampling import noise
 
 
-def _init_state(
+def _init_state(*traced, cache_len: int, num_slots: int) -> DecodeState:
+    """Prefills the first ``num_slots`` prompts into the slots (one batched forward).
+
+    ``traced`` are `_unfilled_state`'s arguments, as `specjax.decoding.checks._prepare`
+    returns them.
+    """
+    state = _unfilled_state(*traced, cache_len=cache_len, num_slots=num_slots)
+    decoder, prompts_BP = state.decoder, state.queue.prompts[state.queue.slot_prompt]
+    _, target_cache, features = prefill(
+        decoder.target, prompts_BP, state.prompt_lengths, cache_len, decoder.drafter.target_layers
+    )
+    drafter_state = decoder.drafter.init(prompts_BP, state.prompt_lengths, cache_len, features)
+    # Slots whose first prompt is done before it starts are handed on at once.
+    return _refill(state.replace(target_cache=target_cache, drafter_state=drafter_state))
+
+
+def _unfilled_state(
     key,
     decoder: Decoder,
     prompts_NP,
@@ -31,7 +47,12 @@ def _init_state(
     cache_len: int,
     num_slots: int,
 ) -> DecodeState:
-    """Prefills the first ``num_slots`` prompts into the slots (one batched forward)."""
+    """`_init_state`'s state before the prefill: the target's cache and the drafter's
+    state are ``None``, every other buffer (each feature's state and output included)
+    is built.
+
+    It runs no model, so `specjax.decoding.build.state_bytes` sizes it from shapes.
+    """
     num_prompts, p = prompts_NP.shape
     order_N = serving_order(max_new_N, num_slots)
     first_B = order_N[:num_slots]
@@ -39,21 +60,18 @@ def _init_state(
         keys=noise.row_keys(key, seeds_N), sampling=sampling_N, max_new_tokens=max_new_N
     )
     prompts_BP, prompt_lengths_B = prompts_NP[first_B], prompt_lengths_N[first_B]
-    _, target_cache, features = prefill(
-        decoder.target, prompts_BP, prompt_lengths_B, cache_len, decoder.drafter.target_layers
-    )
     done, truncated = _starts_done(
         prompt_lengths_B, max_new_N[first_B], decoder.lookahead, cache_len
     )
-    state = DecodeState(
+    return DecodeState(
         decoder=decoder,
         seq=jnp.zeros((num_slots, cache_len), jnp.int32).at[:, :p].set(prompts_BP[:, :cache_len]),
         seq_lengths=prompt_lengths_B,
         prompt_lengths=prompt_lengths_B,
         status=RowStatus.starting(done, truncated),
         settings=jax.tree.map(lambda x_N: x_N[first_B], settings_N),
-        target_cache=target_cache,
-        drafter_state=decoder.drafter.init(prompts_BP, prompt_lengths_B, cache_len, features),
+        target_cache=None,
+        drafter_state=None,
         features=tuple(f.init(decoder, first_B, cache_len) for f in decoder.features),
         queue=PromptQueue(
             prompts=prompts_NP,
@@ -65,8 +83,6 @@ def _init_state(
         ),
         outputs=PromptOutputs.empty(num_prompts, cache_len, decoder.features),
     )
-    # Slots whose first prompt is done before it starts are handed on at once.
-    return _refill(state)
 
 
 def _starts_done(prompt_lengths, max_new_tokens, slots_per_step: int, cache_len: int):
@@ -85,7 +101,7 @@ def _slot_outputs(state: DecodeState, slots_M) -> PromptOutputs:
     every feature's output.
 
     The full width keeps the output shape static per cache length, so that budgets of
-    any size share the compiled program; `~specjax.decoding.checks._output_width` then
+    any size share the compiled program; `~specjax.decoding.build.output_width` then
     says how much to keep.
     """
     width = state.seq.shape[1]

@@ -3,7 +3,8 @@
 `DecodeState` is the loop's carry (plus its models), `GenerationResult` what a
 decoder returns, and `GenerationStats` the counters both hold. Nothing here runs a
 model: the loop is `specjax.decoding.loop`, the checks of the inputs that fill a
-state are `specjax.decoding.checks`.
+state are `specjax.decoding.checks`, and the `Decoder` is built by
+`specjax.decoding.build`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ PROMPT_BUCKET = 16
 # id and a few ids are one compiled program.
 EOS_BUCKET = 8
 VERIFICATIONS = ("rejection", "coupled")
+
+
+def round_up(n: int, multiple: int) -> int:
+    """``n`` rounded up to a multiple of ``multiple`` (one of the buckets above)."""
+    return -(-n // multiple) * multiple
 
 
 @struct.dataclass

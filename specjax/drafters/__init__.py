@@ -7,6 +7,8 @@
 * `specjax.drafters.features`: `FeatureDrafter`, the shared base of the drafters that
   read the target's hidden states, `specjax.drafters.block` (`BlockDrafter`) and
   `specjax.drafters.eagle` (`EagleDrafter`);
+* `specjax.drafters.checks`: whether a drafter can serve a target (`check_drafter`),
+  run by the decoders before anything compiles;
 * `specjax.drafters.registry`: the drafters by name (``--drafter``,
   `specjax.io.pretrained.default_drafter`).
 

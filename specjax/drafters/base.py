@@ -352,10 +352,14 @@ def own_probability(logits_BV, token_B, probs_BV, sampling) -> jax.Array:
     return jnp.where(greedy_rows(sampling, token_B.shape[0]), raw_B, q_B)
 
 
+def tree_bytes(tree) -> int:
+    """Bytes of a pytree's array leaves, arrays or ``jax.ShapeDtypeStruct`` alike."""
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
 def cache_bytes(model, batch_size: int, cache_len: int) -> int:
     """Bytes of ``model.init_cache(batch_size, cache_len)``, from shapes alone."""
-    shapes = jax.eval_shape(lambda: model.init_cache(batch_size, cache_len))
-    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+    return tree_bytes(jax.eval_shape(lambda: model.init_cache(batch_size, cache_len)))
 
 
 def as_tree(tree) -> Tree:

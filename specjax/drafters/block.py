@@ -28,7 +28,8 @@ temperature 0 they draft the same tokens):
 
 * ``"sample"`` (`DEFAULT_MODE`, also ``specjax generate``'s): each position sampled from
   its processed marginal with its own position key, verified against that marginal.
-  It measured more accepted tokens than argmax drafts at temperature 1 (BENCHMARKS.md).
+  Above temperature 0 an argmax draft x is accepted with probability ``p(x)`` only,
+  which a flat target makes small; a sampled one with ``min(1, p(x) / q(x))``.
 * ``"argmax"``: the per-position argmax, verified with a one-hot q. The positions'
   distributions are marginals (position 3 does not see position 2's choice), so
   sampled blocks can be incoherent (DFlash measured 2.96 → 1.16 tokens per step for

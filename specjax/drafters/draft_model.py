@@ -37,14 +37,16 @@ class DraftModel(Drafter):
     ``vocab_limit``) and returns no q: the verifier then treats q as the one-hot of
     each draft, which is exact (a draft ``x`` is accepted with probability
     ``p(x)``), needs no ``[B, γ, V]`` buffer, and can accept more than the true q
-    when the draft ranks well but is underconfident (BENCHMARKS.md measures both).
+    when the draft ranks well but is underconfident; against a flat target it accepts
+    less (BENCHMARKS.md, "Offline throughput", measures both).
 
     With the decoders' ``draft_confidence`` τ a row stops drafting after its first
     draft whose own probability is below τ (``q(x)``; the draft model's softmax where
     q is one-hot: greedy rows, ``greedy_draft``), and a forward no row needs is
-    skipped. On a CPU, where an int8 draft forward of Qwen2.5-Coder-0.5B costs a
-    quarter of the 1.5B's step, τ = 0.5 at γ = 3 made chat answers 6% faster and
-    left code editing, where the draft is mostly right, unchanged.
+    skipped. It pays where drafts past the first unconfident one are mostly rejected
+    and each draft step costs a sizeable part of the target's, and changes little where
+    the draft is mostly right (BENCHMARKS.md, "Which speculative configuration is
+    fastest", has the Qwen2.5-Coder pair with and without it).
 
     Attributes:
         model: the draft model (any object following the model contract).
@@ -170,9 +172,9 @@ class DraftModel(Drafter):
         One forward of the narrowest of the static ``widths`` that covers every row,
         picked on device (`lax.switch`); a row that lacks fewer is fed its last
         ``width`` tokens, rewriting identical entries. So one row that lacks two
-        tokens sends the batch through a two-token forward: on a CPU it costs 1.2x a
-        one-token forward of Qwen2.5-Coder-0.5B in float32 (`specjax.models.matmul`),
-        the same in int8 (one row runs as two), on an accelerator about one.
+        tokens sends the batch through a two-token forward, which on a CPU costs
+        somewhat more than a one-token one (`specjax.models.matmul`; BENCHMARKS.md, "What
+        bounds the speedup on a CPU") and on an accelerator about the same.
 
         Returns:
             ``(logits float32[B, V] at each row's newest token, cache)``.

@@ -1,17 +1,19 @@
 """The decoding configuration chosen for a named target/draft pair.
 
 For a pair `specjax.fetch` knows by name, a `Preset` holds the settings it decodes with
-by default (the precisions, γ and draft confidence), the fastest measured, and all of
-them exact: the speculative output equals plain decoding's at the preset's forward width,
-token for token (`specjax.decoding.numerics`). ``specjax generate --model NAME --draft
-NAME`` applies it when no flag sets those, and says so; `load_pair` loads a pair with
-it.
+by default: the precisions and the draft confidence. γ is not among them: which γ pays
+depends on the machine (what a wide target forward costs there) and on the prompts, so
+``gamma="auto"`` chooses it from costs measured on the machine that runs it
+(`specjax.decoding.cost_model`). Every setting is exact: the speculative output equals
+plain decoding's at its forward width, token for token (`specjax.decoding.numerics`).
+``specjax generate --model NAME --draft NAME`` and `specjax.Sampler.from_pretrained`
+apply it when nothing sets those, and say so; `load_pair` loads a pair with it.
 
 Examples:
     >>> import specjax
     >>> preset = specjax.io.presets.find("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
-    >>> preset.forward_width == preset.gamma + 1
-    True
+    >>> preset.quantize
+    'int8'
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ class Preset:
         draft: the draft model's name.
         quantize: the target's `specjax.models.quant` mode, or None (float32).
         draft_quantize: the draft model's mode, or None (float32).
-        gamma: γ, drafts per step.
         draft_confidence: τ (``speculative_generate``'s ``draft_confidence``), or None.
         measured: where the measurement that chose it is written up.
     """
@@ -39,21 +40,15 @@ class Preset:
     draft: str
     quantize: str | None
     draft_quantize: str | None
-    gamma: int
     draft_confidence: float | None
     measured: str
-
-    @property
-    def forward_width(self) -> int:
-        """W: the verify's width, γ + 1, at which the output equals plain decoding's."""
-        return self.gamma + 1
 
     def describe(self) -> str:
         """One line for users: what was chosen, and where it was measured."""
         tau = "" if self.draft_confidence is None else f", draft confidence {self.draft_confidence}"
         return (
-            f"target {self.quantize or 'float32'}, draft {self.draft_quantize or 'float32'}, "
-            f"gamma {self.gamma}{tau}, forward width {self.forward_width} ({self.measured})"
+            f"target {self.quantize or 'float32'}, draft {self.draft_quantize or 'float32'}"
+            f"{tau} ({self.measured})"
         )
 
 
@@ -63,10 +58,9 @@ PRESETS = (
         draft="qwen2.5-coder-0.5b",
         quantize="int8",
         draft_quantize="int8",
-        gamma=1,
         draft_confidence=None,
-        measured="the fastest at T = 0 of the settings scripts/benchmarks/bench_real_pair.py "
-        "--stages sweep times, on a 2-core CPU: 1.20x int8 plain decoding (BENCHMARKS.md)",
+        measured="the fastest precisions of scripts/benchmarks/bench_real_pair.py's sweep "
+        "(BENCHMARKS.md)",
     ),
 )
 
@@ -84,9 +78,12 @@ def load_pair(target: str, draft: str):
         draft: the draft model's name, e.g. ``"qwen2.5-coder-0.5b"``.
 
     Returns:
-        ``(target_model, drafter, preset)``: decode with
-        ``speculative_generate(key, target_model, drafter, prompts,
-        forward_width=preset.forward_width, draft_confidence=preset.draft_confidence)``.
+        ``(target_model, drafter, preset)``; the drafter drafts up to its default γ.
+        Choose γ for this machine with `specjax.decoding.cost_model.tune`, then decode
+        with ``speculative_generate(key, target_model, drafter.with_draft(t.gamma),
+        prompts, forward_width=t.forward_width,
+        draft_confidence=preset.draft_confidence)`` (``generate`` where ``t.gamma`` is
+        0).
 
     Raises:
         ValueError: no preset for that pair (the message lists the presets).
@@ -106,4 +103,4 @@ def load_pair(target: str, draft: str):
         target_model = quantize(target_model, preset.quantize)
     if preset.draft_quantize:
         draft_model = quantize(draft_model, preset.draft_quantize)
-    return target_model, DraftModel(draft_model, num_draft=preset.gamma), preset
+    return target_model, DraftModel(draft_model), preset

@@ -46,8 +46,8 @@ class Dense(nnx.Module):
     """``x · weightᵀ + bias`` with ``weight`` stored ``[out, in]``, as ``torch.nn.Linear``.
 
     Not ``nnx.Linear``'s ``[in, out]``: on XLA:CPU a T-token matmul (T > 1, as
-    in a verify forward) that contracts the last axis of both operands costs
-    20 to 40% less than ``x @ kernel``, and T = 1 no more; `specjax.models.matmul` then runs 2 to
+    in a verify forward) that contracts the last axis of both operands costs less
+    than ``x @ kernel``, and T = 1 no more; `specjax.models.matmul` then runs 2 to
     16 rows weight-first, near the one-row cost. It is also Hugging Face's layout,
     so checkpoints map without a transpose. It computes in the parameter dtype.
 

@@ -3,21 +3,19 @@
 A verify forward multiplies γ+1 rows (tokens) by every weight matrix, and at
 batch 1 that product is bound by reading the weights. XLA:CPU runs one row
 through a matrix–vector kernel at the memory's speed, but ``x [M, I] · w [O, I]ᵀ``
-for M ≥ 2 through a kernel that reads the weights about half as fast: a 4-token
-verify of Qwen2.5-Coder-1.5B cost 1.64x a one-token step, and that ratio, not the
-drafter, capped speculation on this CPU (BENCHMARKS "The real pair").
+for M ≥ 2 through a kernel that reads the weights more slowly: in that form a verify
+of a few tokens costs well over a one-token step, a ratio that caps what speculation
+can gain on a CPU whatever the drafter.
 
 The same product written weight-first, ``w [O, I] · x [M, I]ᵀ → [O, M]``, with the
-``[O, M]`` result kept in that layout, runs 2 to 4 rows at 1.0–1.3x the one-row
-cost and 8 or 16 rows at 1.7–2.5x; 5–7 and 9–15 rows are about as slow as the
-row-first form, so they are padded up to 8 or 16 zero rows (a zero row changes no
-other row's sum). The transpose back to ``[M, O]`` must not be folded into the
+``[O, M]`` result kept in that layout, runs 2 to 4 rows near the one-row cost and 8
+or 16 rows faster than the row-first form; 5–7 and 9–15 rows are about as slow
+as the row-first form, so they are padded up to 8 or 16 zero rows (a zero row changes
+no other row's sum). The transpose back to ``[M, O]`` must not be folded into the
 product: XLA would then pick the row-first kernel again, so an
 ``optimization_barrier`` keeps the two apart (the transpose itself moves M · O
-floats, nothing next to the O · I weights). In the real 1.5B target a 4-token
-float32 forward costs 1.08x a one-token step this way
-(``scripts/benchmarks/results/real_pair/steps_float32.json``), against 1.64x row-first
-(``scripts/benchmarks/results/real_pair/pair.json``).
+floats, nothing next to the O · I weights). BENCHMARKS.md ("What bounds the speedup
+on a CPU: the step costs") has both forms' costs on Qwen2.5-Coder-1.5B.
 
 Only the float32 product on a CPU takes this path: other backends and dtypes
 have their own kernels, and one row (a plain decoding step) and more than 16

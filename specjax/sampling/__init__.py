@@ -1,8 +1,9 @@
 """Sampling: from a target's logits to the distribution a token is drawn from, and the draw.
 
-* `~specjax.sampling.distributions`: `SamplingConfig` (the user's settings),
-  `RowSampling` (those settings with each row's token history, as the decoders hand
-  them to drafters and verification), the processing of logits into probabilities
+* `~specjax.sampling.settings`: `SamplingConfig` (the user's settings), `RowSampling`
+  (those settings with each row's token history, as the decoders hand them to
+  drafters and verification), and their checks;
+* `~specjax.sampling.distributions`: the processing of logits into probabilities
   (vocabulary limit, bias, temperature, top-k/p, min-p) and sampling;
 * `~specjax.sampling.noise`: the position-keyed noise streams every draw uses;
 * `~specjax.sampling.penalties`: repetition, presence and frequency penalties;
@@ -11,17 +12,17 @@
 * `~specjax.sampling.vocab`: drafters and targets of different vocabulary sizes.
 """
 
-from specjax.sampling.distributions import PENALTY_OFF as PENALTY_OFF
-from specjax.sampling.distributions import RowSampling as RowSampling
-from specjax.sampling.distributions import SamplingConfig as SamplingConfig
 from specjax.sampling.distributions import apply_sampling as apply_sampling
-from specjax.sampling.distributions import check_sampling_config as check_sampling_config
 from specjax.sampling.distributions import greedy_rows as greedy_rows
 from specjax.sampling.distributions import greedy_tokens as greedy_tokens
 from specjax.sampling.distributions import mask_vocab as mask_vocab
-from specjax.sampling.distributions import per_row as per_row
 from specjax.sampling.distributions import probs_from_logits as probs_from_logits
 from specjax.sampling.distributions import sample as sample
+from specjax.sampling.settings import PENALTY_OFF as PENALTY_OFF
+from specjax.sampling.settings import RowSampling as RowSampling
+from specjax.sampling.settings import SamplingConfig as SamplingConfig
+from specjax.sampling.settings import check_sampling_config as check_sampling_config
+from specjax.sampling.settings import per_row as per_row
 
 __all__ = [
     "PENALTY_OFF",

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.core.validation import is_concrete
-from specjax.sampling.distributions import SamplingConfig
+from specjax.sampling.settings import SamplingConfig
 
 __all__ = [
     "check_drafter_vocab",

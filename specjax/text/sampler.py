@@ -8,6 +8,7 @@ when streaming) and detokenize; nothing else. Their defaults are those of
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -35,6 +36,51 @@ def _check_sampling(sampling) -> SamplingConfig:
     return sampling
 
 
+def _quantized(target, drafter, quantize: str | None, draft_quantize: str | None):
+    """``(target, drafter)`` at the precisions asked for, as ``specjax generate``'s
+    ``--quantize`` and ``--draft-quantize`` set them."""
+    from specjax.drafters.draft_model import DraftModel
+    from specjax.models.quant import MODES
+    from specjax.models.quant import quantize as to_precision
+
+    for name, mode, allowed in (
+        ("quantize", quantize, MODES),
+        ("draft_quantize", draft_quantize, (*MODES, "none")),
+    ):
+        if mode is not None and mode not in allowed:
+            raise ValueError(f"{name} must be one of {allowed} or None, got {mode!r}")
+    is_draft_model = isinstance(drafter, DraftModel)
+    if draft_quantize is not None and not is_draft_model:
+        raise ValueError(
+            f"draft_quantize={draft_quantize!r} sets a draft model's precision; the drafter is "
+            f"{type(drafter).__name__ if drafter is not None else None}: pass "
+            "drafter=specjax.DraftModel(draft), or drop draft_quantize"
+        )
+    draft_mode = quantize if draft_quantize is None else draft_quantize
+    if quantize is not None:
+        target = to_precision(target, quantize)
+    if is_draft_model and draft_mode not in (None, "none"):
+        drafter = drafter.replace(model=to_precision(drafter.model, draft_mode))
+    return target, drafter
+
+
+def _with_tree(drafter, tree, gamma):
+    """``(drafter, gamma)``: the drafter proposing ``tree``; γ is the tree's depth."""
+    if drafter is None or not drafter.drafts_trees:
+        name = "None" if drafter is None else type(drafter).__name__
+        raise ValueError(
+            f"tree={tree!r} needs a drafter that proposes trees (a draft model, block or "
+            f"EAGLE drafter), got drafter={name}"
+        )
+    drafter = drafter.with_tree(tree)
+    if gamma != "auto" and gamma != drafter.num_draft:
+        raise ValueError(
+            f"gamma={gamma!r} and tree={tree!r} disagree: a tree drafts its depth "
+            f"({drafter.num_draft}) per step; drop gamma"
+        )
+    return drafter, "auto"
+
+
 class Sampler:
     """Completes text with a target model, speculatively when it has a drafter.
 
@@ -52,7 +98,14 @@ class Sampler:
             target other than the bundled one, ``"auto"`` is prompt lookup
             (`specjax.PromptLookup`), as for ``specjax generate --model``. Use
             `from_pretrained` for drafters with weights by name.
-        gamma: tokens drafted per target call; default the drafter's own.
+        gamma: tokens drafted per target call, or ``"auto"`` (default): for a chain of
+            drafts, the γ from 0 (plain decoding) up to the drafter's own with the most
+            expected tokens per second on this machine, from step costs measured once
+            per target, drafter and batch size (cached, `specjax.decoding.cost_model`)
+            and the acceptance last measured. The choice is made at a batch size's
+            first `sample` and kept by this sampler (`tuned`); another machine may
+            choose another γ, and so other sampled tokens: pass an int for output that
+            is the same everywhere.
         sampling: the default `specjax.SamplingConfig` of `sample`; default greedy.
         max_new_tokens: the default budget of `sample` (EOS included).
         forward_width: every target forward scores exactly this many tokens, so that
@@ -64,6 +117,15 @@ class Sampler:
             draft models).
         eos_ids: ids that end a row; default those of the tokenizer and the model's
             config (`specjax.text.eos.stop_ids`); ``()`` never stops early.
+        quantize: the target's precision, a `specjax.models.quant` mode (``"int8"``:
+            int8 weights and activations; ``"int8-weights"``); ``None`` keeps it.
+        draft_quantize: a `specjax.DraftModel` drafter's precision: a mode, ``"none"``
+            (keep it), or ``None`` (default): as ``quantize``.
+        tree: draft a tree instead of a chain: a `specjax.verification.tree.Tree`, a
+            branching tuple or ``"3,2,1"`` (a drafter that proposes trees; γ is the
+            tree's depth).
+        seed: the PRNG seed of sampled rows when `sample` gets no ``key``
+            (``jax.random.key(seed)``); greedy rows do not depend on it.
 
     Raises:
         TypeError: a target that is a path, a drafter that is not a `Drafter`.
@@ -84,13 +146,17 @@ class Sampler:
         *,
         tokenizer=None,
         drafter: Drafter | str | None = DEFAULTS.drafter,
-        gamma: int | None = None,
+        gamma: int | str = "auto",
         sampling: SamplingConfig | None = None,
         max_new_tokens: int = DEFAULTS.max_new_tokens,
         forward_width: int | None = None,
         verification: str = DEFAULTS.verification,
         draft_confidence: float | None = None,
         eos_ids: Sequence[int] | None = None,
+        quantize: str | None = None,
+        draft_quantize: str | None = None,
+        tree=None,
+        seed: int = DEFAULTS.seed,
     ):
         cls = type(self).__name__
         if isinstance(target, (str, bytes)) or hasattr(target, "__fspath__"):
@@ -129,16 +195,25 @@ class Sampler:
                 f"{type(drafter).__name__}{hint}"
             )
         # Settings are checked here, where they are given, not at the first sample.
-        if gamma is not None:
+        target, drafter = _quantized(target, drafter, quantize, draft_quantize)
+        if tree is not None:
+            drafter, gamma = _with_tree(drafter, tree, gamma)
+        self.seed = check_int("seed", seed, lo=0, hi=2**32 - 1)
+        if isinstance(gamma, str) and gamma != "auto":
+            raise ValueError(f"gamma must be 'auto' or an int >= 1, got {gamma!r}")
+        if gamma != "auto":
             gamma = check_int("gamma", gamma, lo=1)
             if drafter is not None:
                 drafter = drafter.with_draft(gamma)
+        # auto chooses a chain's γ; a tree drafts its shape and plain decoding nothing.
+        chain = drafter is not None and getattr(drafter, "tree", None) is None
+        self.auto = gamma == "auto" and chain
         if verification not in ("rejection", "coupled"):
             raise ValueError(f"verification must be 'rejection' or 'coupled', got {verification!r}")
         if forward_width is not None:
             forward_width = check_int("forward_width", forward_width, lo=1)
             verify = 1 if drafter is None else lookahead(drafter)
-            if forward_width < verify:
+            if forward_width < verify and not self.auto:
                 raise ValueError(
                     f"forward_width={forward_width} is narrower than one verify forward "
                     f"({verify} tokens: gamma {verify - 1} drafts and the target's own "
@@ -157,6 +232,8 @@ class Sampler:
         self.verification = verification
         self.draft_confidence = draft_confidence
         self.preset = None  # set by from_pretrained for a named pair with a preset
+        self.tuned: dict[int, object] = {}  # batch size -> cost_model.Tuned (auto's choice)
+        self._constraints: dict[tuple[str, str], object] = {}  # built automata, by source
         if eos_ids is None:
             eos_ids = self._stop_ids()
         self.eos_ids = tuple(int(i) for i in eos_ids)
@@ -195,9 +272,10 @@ class Sampler:
             dtype: the weights' dtype (default float32).
             preset: for a target and draft named as a pair of `specjax.io.presets`
                 (e.g. ``"qwen2.5-coder-1.5b"`` with ``"qwen2.5-coder-0.5b"``), decode with
-                its settings, as ``specjax generate`` does: its quantization, γ and draft
-                confidence (``gamma=`` and ``draft_confidence=`` given here win). The
-                preset is kept in ``sampler.preset``.
+                its settings, as ``specjax generate`` does: its quantization and draft
+                confidence (``quantize=``, ``draft_quantize=`` and ``draft_confidence=``
+                given here win). The preset is kept
+                in ``sampler.preset``.
             **kwargs: the other arguments of the constructor (``gamma``,
                 ``sampling``, ``max_new_tokens``, ``forward_width``,
                 ``verification``, ``draft_confidence``, ``eos_ids``).
@@ -230,13 +308,9 @@ class Sampler:
 
             chosen = find(str(path), str(draft))
         if chosen is not None:
-            from specjax.models.quant import quantize
-
-            if chosen.quantize:
-                target = quantize(target, chosen.quantize)
-            if chosen.draft_quantize:
-                draft_model = quantize(draft_model, chosen.draft_quantize)
-            kwargs.setdefault("gamma", chosen.gamma)
+            # The preset's precisions, where quantize= and draft_quantize= are not given.
+            kwargs.setdefault("quantize", chosen.quantize)
+            kwargs.setdefault("draft_quantize", chosen.draft_quantize or "none")
             if chosen.draft_confidence is not None:
                 kwargs.setdefault("draft_confidence", chosen.draft_confidence)
         if isinstance(drafter, str):
@@ -267,9 +341,11 @@ class Sampler:
         return ids
 
     def _options(self, max_new_tokens, sampling, key, stop):
-        """``(key, keyword arguments of the decoders)``, checked. A ``None`` key goes to
-        the decoders, which take it for greedy rows and refuse it for sampled ones."""
+        """``(key, keyword arguments of the decoders)``, checked; no ``key``: the
+        sampler's ``seed``."""
         sampling = self.sampling if sampling is None else _check_sampling(sampling)
+        if key is None:
+            key = jax.random.key(self.seed)
         if max_new_tokens is None:
             max_new_tokens = self.max_new_tokens
         max_new_tokens = check_int("max_new_tokens", max_new_tokens, lo=1)
@@ -318,6 +394,8 @@ class Sampler:
         key: jax.Array | None = None,
         stream: bool = False,
         stop: Sequence[str] | None = None,
+        regex: str | None = None,
+        json_schema: str | Mapping | None = None,
         return_result: bool = False,
     ):
         """Completes ``prompt``: the generated text, without the prompt and the EOS token.
@@ -326,11 +404,16 @@ class Sampler:
             prompt: one string, or a list of strings (a batch, decoded together).
             max_new_tokens: the budget per prompt (EOS included); default the sampler's.
             sampling: a `specjax.SamplingConfig`; default the sampler's (greedy).
-            key: a PRNG key (``jax.random.key(seed)``); needed only when sampling at a
-                temperature above 0.
+            key: a PRNG key (``jax.random.key(n)``) for sampled rows; default
+                ``jax.random.key(seed)``, the sampler's ``seed``.
             stream: return an iterator of text pieces as they are generated (one
                 prompt only); they join to the text ``stream=False`` returns.
             stop: strings that end a row once its text contains one (kept in the text).
+            regex: every row's text matches this regular expression, and the row ends
+                where the match is complete (`specjax.Constraint.regex`).
+            json_schema: every row's text is a JSON document valid under this schema (a
+                dict, or its JSON text; `specjax.Constraint.json_schema`). Not with
+                ``regex``.
             return_result: also return the `specjax.GenerationResult` (token ids,
                 acceptance statistics); not with ``stream``.
 
@@ -341,8 +424,8 @@ class Sampler:
 
         Raises:
             TypeError: a prompt that is not text.
-            ValueError: an empty prompt or list, a batch with ``stream``, sampling
-                without a key, a budget past the model's context.
+            ValueError: an empty prompt or list, a batch with ``stream``, a budget past
+                the model's context, both ``regex`` and ``json_schema``.
 
         Examples:
             >>> import specjax
@@ -365,20 +448,64 @@ class Sampler:
             raise ValueError("return_result=True needs stream=False")
         ids = self._encode(prompts)
         key, kw = self._options(max_new_tokens, sampling, key, stop)
+        if regex is not None or json_schema is not None:
+            kw["constraint"] = self._constraint(regex, json_schema)
         self._check_context(ids, kw["max_new_tokens"])
+        drafter, kw = self._drafter_for(ids, kw)
         if stream:
-            return self._stream(key, ids, kw)
-        if self.drafter is None:
+            return self._stream(key, ids, drafter, kw)
+        if drafter is None:
             result = decoding.generate(key, self.target, ids, **kw)
         else:
-            result = decoding.speculative_generate(key, self.target, self.drafter, ids, **kw)
+            result = decoding.speculative_generate(key, self.target, drafter, ids, **kw)
+            if self.auto:
+                self.tuned[len(ids)].learn(result.stats)
         texts = [self._text(row) for row in result.to_lists()]
         text = texts[0] if single else texts
         return (text, result) if return_result else text
 
-    def _stream(self, key, ids, kw) -> Iterator[str]:
+    def _constraint(self, regex, json_schema):
+        """The `specjax.Constraint` of ``regex`` or ``json_schema``, built once each."""
+        import json
+
+        from specjax.sampling.constraints import Constraint
+
+        if regex is not None and json_schema is not None:
+            raise ValueError("give regex= or json_schema=, not both")
+        if json_schema is not None and not isinstance(json_schema, str):
+            json_schema = json.dumps(json_schema, sort_keys=True)
+        key = ("regex", regex) if regex is not None else ("json_schema", json_schema)
+        if key not in self._constraints:
+            build = Constraint.regex if regex is not None else Constraint.json_schema
+            self._constraints[key] = build(key[1], self.tokenizer, self.target.vocab_size)
+        return self._constraints[key]
+
+    def _drafter_for(self, ids: list[list[int]], kw: dict) -> tuple[Drafter | None, dict]:
+        """The drafter (``None``: plain) and decoder options of a batch like ``ids``:
+        with ``gamma="auto"``, the γ and width chosen for its batch size (`tuned`)."""
+        if not self.auto:
+            return self.drafter, kw
+        from specjax.decoding import cost_model
+
+        tuned = self.tuned.get(len(ids))
+        if tuned is None:
+            width = self.forward_width
+            if width is not None and width > self.drafter.num_draft + 1:
+                width = None  # wider than any γ measured: each γ costed at its own width
+            # Measuring takes a while on a large target: each program it times is shown.
+            log = lambda line: print(f"specjax: gamma auto: {line}", file=sys.stderr)  # noqa: E731
+            tuned = cost_model.tune(self.target, self.drafter, ids, forward_width=width, log=log)
+            self.tuned[len(ids)] = tuned
+        kw = dict(kw, forward_width=self.forward_width or tuned.forward_width)
+        if tuned.gamma == 0:
+            kw.pop("verification", None)
+            kw.pop("draft_confidence", None)
+            return None, kw
+        return self.drafter.with_draft(tuned.gamma), kw
+
+    def _stream(self, key, ids, drafter, kw) -> Iterator[str]:
         """Text pieces of one prompt, chunk by chunk (arguments checked before the first)."""
-        state = decoding.init(key, self.target, ids, drafter=self.drafter, **kw)
+        state = decoding.init(key, self.target, ids, drafter=drafter, **kw)
         text = TextStream(self.tokenizer, hide=self.eos_ids)
 
         def pieces():
@@ -500,21 +627,27 @@ class ChatSampler(Sampler):
         sampling: SamplingConfig | None = None,
         key: jax.Array | None = None,
         stream: bool = False,
+        stop: Sequence[str] | None = None,
+        regex: str | None = None,
+        json_schema: str | Mapping | None = None,
+        return_result: bool = False,
     ):
         """The model's answer to ``message``, added to `turns` with it.
 
         Args:
             message: the user's turn.
-            max_new_tokens, sampling, key: as in `Sampler.sample`.
+            max_new_tokens, sampling, key, stop, regex, json_schema, return_result: as
+                in `Sampler.sample`.
             stream: return an iterator of text pieces; the turn is recorded once it
                 has been read to the end.
 
         Returns:
-            the answer (``str``), or an iterator of its pieces with ``stream``.
+            the answer (``str``), ``(answer, result)`` with ``return_result``, or an
+            iterator of its pieces with ``stream``.
 
         Raises:
             TypeError, ValueError: a message that is not a non-empty string, a template
-                that refuses the conversation, sampling without a key.
+                that refuses the conversation.
         """
         if not isinstance(message, str):
             raise TypeError(f"message must be a str, got {type(message).__name__}")
@@ -525,10 +658,12 @@ class ChatSampler(Sampler):
         system = [{"role": "system", "content": self.system}] if self.system else []
         prompt = self._render([*system, *history, user])
         answer = self.sample(
-            prompt, max_new_tokens=max_new_tokens, sampling=sampling, key=key, stream=stream
-        )
+            prompt, max_new_tokens=max_new_tokens, sampling=sampling, key=key, stream=stream,
+            stop=stop, regex=regex, json_schema=json_schema, return_result=return_result,
+        )  # fmt: skip
         if not stream:
-            self._record(user, answer)
+            text = answer[0] if return_result else answer
+            self._record(user, text)
             return answer
 
         def pieces():

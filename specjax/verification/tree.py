@@ -41,14 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.sampling.distributions import (
-    RowSampling,
-    mask_vocab,
-    noise,
-    probs_from_logits,
-    sample,
-)
+from specjax.sampling.distributions import mask_vocab, noise, probs_from_logits, sample
 from specjax.sampling.penalties import history
+from specjax.sampling.settings import RowSampling
 from specjax.verification.chain import target_samples
 
 __all__ = [

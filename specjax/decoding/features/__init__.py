@@ -3,7 +3,7 @@
 The decoder always runs `Statistics`, `DraftFlags`, `Logprobs` and `TopLogprobs`;
 `Penalize`, `StopAtStrings` and `Constrain` join when a call asks for them, and a
 user's own features join with ``features=`` (`specjax.speculative_generate`). A new
-built-in feature is one file here and one line in `specjax.decoding.checks`.
+built-in feature is one file here and one line in `specjax.decoding.build`.
 """
 
 from specjax.decoding.features.base import BufferFeature as BufferFeature
