@@ -91,6 +91,33 @@ def test_greedy_speculative_output_equals_plain_greedy(registered, target):
         drafter.with_draft(mode="sample")
 
 
+@struct.dataclass
+class EchoPrompt(specjax.Drafter):
+    """A drafter of one method: proposes the row's first γ prompt tokens again."""
+
+    num_draft: int = struct.field(pytree_node=False, default=2)
+
+    def propose(self, keys_BG, state, seq_BS, seq_lengths_B, sampling):
+        return specjax.Proposal(tokens=seq_BS[:, : self.num_draft], probs=None, state=state)
+
+
+def test_a_drafter_of_one_method_runs_in_both_decoders_and_equals_plain(target):
+    """Only `propose` written: the closed decoder and the open one with refill (two
+    slots for three prompts) both give plain decoding's tokens at the same width."""
+    drafter = EchoPrompt()
+    prompts = [[1, 2, 3], [4, 5], [1, 2, 3, 1, 2]]
+    width = specjax.drafters.lookahead(drafter)
+    kwargs = dict(max_new_tokens=MAX_NEW, sampling=GREEDY, forward_width=width)
+    plain = specjax.generate(None, target, prompts, **kwargs).to_lists()
+    closed = specjax.speculative_generate(None, target, drafter, prompts, **kwargs)
+    assert closed.to_lists() == plain
+    state = specjax.decoding.init(None, target, prompts, drafter=drafter, num_slots=2, **kwargs)
+    state = specjax.decoding.step(state, 100)
+    assert specjax.decoding.result(state).to_lists() == plain
+    with pytest.raises(TypeError, match="abstract method propose"):
+        type("NoPropose", (specjax.Drafter,), {"num_draft": 2})()
+
+
 class _MemoryChecked(Exception):
     """Stops a decoder right after its memory check, before anything compiles."""
 

@@ -1,7 +1,8 @@
 """The drafter contract: who proposes the γ tokens the target verifies.
 
-A drafter is a small frozen pytree (``flax.struct.dataclass``) with three pure
-functions. The decoder calls them inside its ``lax.while_loop``:
+A drafter is a small frozen pytree (``flax.struct.dataclass``) with pure functions
+that the decoder calls inside its ``lax.while_loop``; only ``propose`` must be
+written, and ``init`` and ``update`` default to a stateless drafter's:
 
 * ``init(prompts_BS, seq_lengths_B, cache_len, features) -> state`` once, after the
   prompt;
@@ -129,8 +130,11 @@ class TargetFeatures:
 class Drafter(abc.ABC):
     """Interface of a drafter. Subclasses are frozen ``flax.struct`` dataclasses.
 
-    Every member the decoders, the memory check, the CLI and the benchmarks use is
-    declared here, with one signature for every drafter.
+    Only `propose` must be written: the other members have defaults that fit a
+    stateless drafter of any vocabulary (`init` returns ``()``, `update` keeps the
+    state, `vocab_size` is ``None``), and a drafter with a state or weights overrides
+    them. Every member the decoders, the memory check, the CLI and the benchmarks use
+    is declared here, with one signature for every drafter.
 
     Attributes:
         num_draft: γ, tokens proposed per step (static).
@@ -195,16 +199,18 @@ class Drafter(abc.ABC):
         return out
 
     @property
-    @abc.abstractmethod
     def vocab_size(self) -> int | None:
-        """V of the drafter (at most the target's), or ``None`` for any vocabulary."""
+        """V of the drafter (at most the target's), or ``None`` (default) for any
+        vocabulary: a drafter that copies ids it is given."""
+        return None
 
-    @abc.abstractmethod
     def init(
         self, prompts_BS: jax.Array, seq_lengths_B: jax.Array, cache_len: int,
         features: TargetFeatures | None = None,
     ):  # fmt: skip
         """Builds the drafter's state after the prompt (e.g. prefills its cache).
+
+        The default is a stateless drafter's: an empty state, ``()``.
 
         Args:
             prompts_BS: ``int32[B, S]`` right-padded prompts.
@@ -213,6 +219,8 @@ class Drafter(abc.ABC):
             features: the prompt's `TargetFeatures` of ``target_layers``; ``None``
                 for a drafter that reads none.
         """
+        del prompts_BS, seq_lengths_B, cache_len, features
+        return ()
 
     @abc.abstractmethod
     def propose(
@@ -238,13 +246,15 @@ class Drafter(abc.ABC):
             a `Proposal` with ``tokens int32[B, γ]``.
         """
 
-    @abc.abstractmethod
     def update(self, state, seq_lengths_B: jax.Array, features: TargetFeatures | None = None):
         """Returns the state after verification left each row ``seq_lengths_B`` long.
 
         ``features`` are the verify forward's `TargetFeatures` of ``target_layers``
-        (``None`` for a drafter that reads none).
+        (``None`` for a drafter that reads none). The default keeps the state as it is
+        (a stateless drafter's).
         """
+        del seq_lengths_B, features
+        return state
 
     def keep_path(self, state, start_B: jax.Array, path_BD: jax.Array):
         """Returns the state after a tree step accepted ``path_BD`` (before `update`).
@@ -288,17 +298,8 @@ class Drafter(abc.ABC):
 
 
 class StatelessDrafter(Drafter):
-    """A drafter without weights or state: any vocabulary, nothing to build or roll back."""
-
-    @property
-    def vocab_size(self) -> None:
-        return None
-
-    def init(self, prompts_BS, seq_lengths_B, cache_len, features=None):
-        return ()
-
-    def update(self, state, seq_lengths_B, features=None):
-        return state
+    """A drafter without weights or state: any vocabulary, nothing to build or roll back
+    (the `Drafter` defaults, named)."""
 
 
 @struct.dataclass
