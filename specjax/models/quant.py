@@ -2,12 +2,11 @@
 
 At batch 1 a decode step reads every weight once, so its time is the weight bytes
 over the memory bandwidth, and the weights' dtype sets the speed. XLA:CPU makes the
-choice less simple than "fewer bytes, faster" (per-precision step costs:
-``scripts/benchmarks/results/real_pair/pair.json``): its one-row bf16 and int8 dots are about ten
-times slower than the f32 one, while from two rows an int8 × int8 → int32 dot runs
-about twice as fast as a one-row f32 dot. Two modes, both with one float32 scale per
-output row of each matrix (``w ≈ scale[o] · q[o, i]``, ``q`` int8, symmetric,
-``scale = max|w[o]| / 127``):
+choice less simple than "fewer bytes, faster" (per-precision step costs: BENCHMARKS.md,
+"What one forward width costs"): its one-row bf16 and int8 dots are much slower
+than the f32 one, while from two rows an int8 × int8 → int32 dot runs faster than a
+one-row f32 dot. Two modes, both with one float32 scale per output row of each matrix
+(``w ≈ scale[o] · q[o, i]``, ``q`` int8, symmetric, ``scale = max|w[o]| / 127``):
 
 * ``"int8"`` (weights and activations): each row of the input (each token) is
   quantized the same way, ``x ≈ s[t] · x_q[t]``, the product is an exact int8 × int8
@@ -18,10 +17,11 @@ output row of each matrix (``w ≈ scale[o] · q[o, i]``, ``q`` int8, symmetric,
   the batch. They do depend, slightly, on how many tokens one forward scores: the
   float32 parts (attention, norms) differ in their last bits between a one-token
   step and a (γ+1)-token verify, and rounding the next layer's input to int8 turns
-  such a difference into a whole int8 step now and then. Greedy outputs then part
-  (seen on Qwen2.5-Coder-1.5B), so the decoders refuse such a *target* for
-  speculation; as a *drafter's* model it is always exact (the verifier needs only
-  the q the drafts came from), and that is where it pays (BENCHMARKS.md).
+  such a difference into a whole int8 step now and then, and greedy outputs of
+  decoders that score different numbers of tokens per forward can part. At one
+  forward width they are the same tokens (`specjax.decoding.numerics`); as a
+  *drafter's* model it is exact at any width (the verifier needs only the q the
+  drafts came from).
 * ``"int8-weights"``: weights only; the int8 matrix is converted to float32 inside
   the jitted step and multiplied in float32.
 
@@ -31,9 +31,9 @@ scale). The embedding lookup stays exact (an untied table is left in float32; a 
 quantized, as it is also the LM head, and looked up as ``scale[v] · q[v]``). Norms,
 biases, attention and the logits' softmax stay in float32.
 
-Exactness is relative to the model as loaded: an ``"int8-weights"`` target (its
-products are float32, like any float target's) with any drafter, and any target with
-a drafter of either mode, give greedy speculative == greedy plain (tested).
+Exactness is relative to the model as loaded: a target of either mode with any
+drafter, and any target with a drafter of either mode, give greedy speculative ==
+greedy plain at the same forward width (tested).
 
 Examples:
     >>> import specjax
@@ -72,17 +72,33 @@ def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return q, scale
 
 
+# Up to this many rows a CPU takes the weight-first form of the int8 dot (`_int8_matmul`).
+_WEIGHT_FIRST_MAX_ROWS = 4
+
+
 def _int8_matmul(x_MI: jax.Array, q_OI: jax.Array, scale_O: jax.Array) -> jax.Array:
-    """``x · dequant(q)ᵀ`` in float32 through an exact int8 × int8 → int32 dot."""
+    """``x · dequant(q)ᵀ`` in float32 through an exact int8 × int8 → int32 dot.
+
+    On a CPU, 1 to 4 rows are multiplied weight-first, ``q · x_qᵀ → [O, M]``, and
+    transposed back after an optimization barrier (without it XLA folds the transpose
+    into the dot and picks the row-first kernel again): XLA:CPU runs that form at about
+    one row's cost up to four rows, and faster than the row-first ``x_q · qᵀ`` (whole
+    int8 forwards of Qwen2.5-Coder-1.5B, ``scripts/benchmarks/results/int8_rows/``).
+    From five rows, and on other backends, the dot is row-first. The int32 sums are
+    exact in either form, so the values are the same.
+    """
     rows = x_MI.shape[0]
     xq_MI, xs_M = quantize_rows(x_MI)
     if rows == 1:
         # XLA:CPU's one-row int8 dot is about 20x slower than its two-row one; the
         # zero row changes nothing in row 0 (rows are independent, sums exact).
         xq_MI = jnp.concatenate([xq_MI, jnp.zeros_like(xq_MI)], axis=0)
-    acc_MO = jax.lax.dot_general(
-        xq_MI, q_OI, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
-    )[:rows]
+    dims = (((1,), (1,)), ((), ()))
+    if jax.default_backend() == "cpu" and rows <= _WEIGHT_FIRST_MAX_ROWS:
+        acc_OM = jax.lax.dot_general(q_OI, xq_MI, dims, preferred_element_type=jnp.int32)
+        acc_MO = jax.lax.optimization_barrier(acc_OM).T[:rows]
+    else:
+        acc_MO = jax.lax.dot_general(xq_MI, q_OI, dims, preferred_element_type=jnp.int32)[:rows]
     return acc_MO.astype(jnp.float32) * xs_M[:, None] * scale_O[None, :]
 
 
