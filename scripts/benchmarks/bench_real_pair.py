@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """The real pair end to end on a CPU: specjax's fastest exact speculative decoding
-against its fastest plain decoding, and against transformers at its fastest.
+against its fastest plain decoding, and against transformers and llama.cpp at their
+fastest.
 
 Qwen2.5-Coder-1.5B-Instruct (target) and Qwen2.5-Coder-0.5B-Instruct (draft), GGUF,
 fetched once (``specjax fetch qwen2.5-coder-1.5b qwen2.5-coder-0.5b``), batch 1. The
@@ -16,31 +17,58 @@ Stages (``--stages``; all by default):
   worth trying (int8 target and int8 draft; γ = 1, 2, 3; draft confidence 0.5), each at
   its verify's width, at T = 0 and T = 1, 64 new tokens. A warm-up round, then
   ``--rounds`` rounds, the systems in turn within each. Picks the fastest per
-  temperature (`specjax.io.presets` holds the pick).
+  temperature (`specjax.io.presets` holds its precisions; γ is chosen on the machine).
 * ``peers``: every system in a process of its own (a JAX runtime in the same process
   slowed transformers about 3x), only one of them running at a time, in turn round by
-  round after a warm-up: specjax with no tuning flags (the `specjax.io.presets` entry the
-  CLI applies) and plain decoding at its fastest (int8, width 1), and transformers in
-  float32 and bfloat16, each as plain decoding, assisted generation with the 0.5B and
-  prompt lookup, its torch threads probed (the fastest of 1 .. every core, per dtype;
-  the transformers processes import neither jax nor specjax).
-  64 and 128 new tokens; T = 0 (transformers: greedy) and T = 1 (specjax).
+  round after a warm-up:
+
+  - specjax with no tuning flags (``default``: the `specjax.io.presets` entry's
+    precisions and ``gamma="auto"``, `specjax.decoding.cost_model.tune`, as the CLI and
+    the Sampler apply them) and plain decoding at its fastest (int8, width 1);
+  - transformers in float32, bfloat16 and int8 (``hf-int8-*``: PyTorch's dynamic int8
+    quantization of every linear layer, target and assistant, `TransformersSide`),
+    each as plain decoding, assisted generation with the 0.5B and prompt lookup, its
+    torch threads probed (the fastest of 1 .. every core, per precision);
+  - llama.cpp through llama-cpp-python (``harness/llamacpp_worker.py``) on the GGUF
+    files in their own quantized formats: plain decoding, speculative decoding with
+    the 0.5B GGUF drafting and prompt lookup, its threads probed the same way.
+
+  The transformers processes import neither jax nor specjax, the llama.cpp process
+  none of jax, specjax and torch. 64 and 128 new tokens; T = 0 (greedy: every system)
+  and T = 1 (plain sampling: specjax's systems and llama.cpp's plain decoding). The
+  summary names, per workload, the fastest system of all, and specjax's speculative
+  decoding against the fastest peer. Every side stays loaded for the whole stage:
+  about 25 GB together (transformers' float32 10 GB, bfloat16 5, int8 4 and 9.5 while
+  it loads, specjax's 3 to 4, llama.cpp's 1 and its mapped GGUF files 1.5). Where that
+  does not fit, run the stage in parts with ``--only PREFIX ...``: a part runs the
+  systems whose names start with one of the prefixes, keeps the file's rows of the
+  others and summarizes them all (a row has the date it was measured), e.g.
+  ``--only default plain-int8 hf-float32 hf-bfloat16``, then ``--only default
+  plain-int8 hf-int8 llamacpp``. ``--quick --rounds 1 --only llamacpp --out /tmp/rp``
+  is a smoke run of llama.cpp alone.
 * ``cli``: ``specjax generate --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b
   --chat TEXT --max-new-tokens 64 --compare --json``, the command a user runs, with no
-  tuning flags, on each prompt at T = 0: its speed, its speedup over plain decoding,
+  tuning flags, on each prompt at T = 0 and T = 1 (``--temperature 1``): its speed, gamma
+  auto's choice and expected speedup, its speedup over plain decoding,
   and whether its output equals plain decoding at its forward width.
 
 Writes ``OUT/NAME.json`` (default ``scripts/benchmarks/results/real_pair/cpu.json``),
 with each stage's date, commit, command and machine; a stage's results replace that
-stage's earlier ones.
+stage's earlier ones (a part of the peers stage: its systems' rows).
 
     python scripts/benchmarks/bench_real_pair.py
     python scripts/benchmarks/bench_real_pair.py --out /tmp/rp --stages sweep --rounds 1 --quick
+    python scripts/benchmarks/bench_real_pair.py --stages peers --rounds 3
+
+The peers stage needs the ``bench`` extra (``pip install -e .[bench]``: transformers,
+torch and llama-cpp-python, which compiles llama.cpp from source where no wheel fits).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import itertools
 import json
 import os
 import statistics
@@ -77,6 +105,7 @@ class SpecjaxSide:
         import jax
 
         import specjax
+        from specjax.io import presets
         from specjax.io.fetch import fetch
         from specjax.models.quant import quantize
 
@@ -84,12 +113,12 @@ class SpecjaxSide:
         precisions = {s.split("-")[1] for s in systems if s.startswith("plain-")}
         float32 = specjax.load_pretrained(fetch(TARGET))
         self.targets = {p: float32 if p == "float32" else quantize(float32, p) for p in precisions}
-        if any(s.startswith("spec-") or s == "preset" for s in systems):
+        if any(s.startswith("spec-") or s == "default" for s in systems):
             self.draft = quantize(specjax.load_pretrained(fetch(DRAFT)), "int8")
             if "int8" not in self.targets:
                 self.targets["int8"] = quantize(float32, "int8")
         del float32  # kept only where plain-float32 holds it
-        self.preset = specjax.io.presets.find(TARGET, DRAFT)
+        self.preset = presets.find(TARGET, DRAFT)
         self.tokenizer_model = next(iter(self.targets.values()))
 
     def prompt_ids(self, text: str) -> list[int]:
@@ -101,11 +130,10 @@ class SpecjaxSide:
         specjax = self.specjax
         if system.startswith("plain-"):
             return self.targets[system.split("-")[1]], None, {}
-        if system == "preset":
+        if system == "default":
             p = self.preset
-            drafter = specjax.DraftModel(self.draft, num_draft=p.gamma)
-            kw = dict(forward_width=p.forward_width, draft_confidence=p.draft_confidence)
-            return self.targets[p.quantize], drafter, kw
+            drafter = specjax.DraftModel(self.draft)  # γ up to its default, chosen by run()
+            return self.targets[p.quantize], drafter, dict(draft_confidence=p.draft_confidence)
         # spec-g<γ>[-tau<τ>]: int8 target and draft, at the verify's width.
         parts = system.split("-")[1:]
         gamma = int(parts[0][1:])
@@ -120,6 +148,17 @@ class SpecjaxSide:
         sampling = specjax.SamplingConfig(temperature=job["temperature"])
         args = dict(max_new_tokens=job["tokens"], sampling=sampling, eos_id=list(EOS_IDS))
         key = jax.random.key(job.get("seed", 0))
+        tuned = None
+        if job["system"] == "default":
+            # gamma="auto", as the CLI and the Sampler: the cached step costs (measured
+            # at the first job, the warm-up's), and the acceptance last seen.
+            from specjax.decoding import cost_model
+
+            tuned = cost_model.tune(target, drafter, [ids], log=log)
+            kw = dict(kw, forward_width=tuned.forward_width)
+            drafter = None if tuned.gamma == 0 else drafter.with_draft(tuned.gamma)
+            if drafter is None:
+                kw.pop("draft_confidence", None)
         start = time.perf_counter()
         if drafter is None:
             out = specjax.generate(key, target, [ids], **args, **kw)
@@ -127,15 +166,29 @@ class SpecjaxSide:
             out = specjax.speculative_generate(key, target, drafter, [ids], **args, **kw)
         out = jax.block_until_ready(out)
         seconds = time.perf_counter() - start
-        return {
+        row = {
             "seconds": seconds,
             "ids": out.to_lists()[0],
             "tokens_per_call": float(out.tokens_per_call),
         }
+        if tuned is not None:
+            if tuned.gamma:
+                tuned.learn(out.stats)
+            row["auto"] = {"gamma": tuned.gamma, "expected_speedup": tuned.choice.expected_speedup}
+        return row
 
 
 class TransformersSide:
-    """transformers' systems in one dtype: ``hf-<dtype>-<plain|assistant|lookup>``."""
+    """transformers' systems in one precision: ``hf-<precision>-<plain|assistant|lookup>``.
+
+    ``float32`` and ``bfloat16`` load the GGUF files dequantized to that dtype; ``int8``
+    loads them in float32 and quantizes every ``nn.Linear`` of the target and the
+    assistant with PyTorch's dynamic int8 quantization (`quantize_dynamic`): int8
+    weights with one scale per output row, as specjax's ``int8`` has, and each input
+    quantized to 8 bits as it comes with one scale per forward (specjax's: one per
+    token), 8-bit integer products. That scale spans every token of a forward, so a
+    prompt scored with drafts can give other greedy tokens than the prompt alone.
+    """
 
     def __init__(self, dtype: str, paths: list[str]):
         import torch
@@ -143,13 +196,19 @@ class TransformersSide:
 
         self.torch = torch
         paths = [Path(p) for p in paths]  # the GGUF files, fetched by the coordinator
-        load = lambda p: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
-            str(p.parent), gguf_file=p.name, dtype=getattr(torch, dtype)
-        ).eval()
+        float_dtype = torch.float32 if dtype == "int8" else getattr(torch, dtype)
+
+        def load(p):
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(p.parent), gguf_file=p.name, dtype=float_dtype
+            ).eval()
+            return quantize_dynamic(torch, model) if dtype == "int8" else model
+
         self.target, self.assistant = load(paths[0]), load(paths[1])
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(
             str(paths[0].parent), gguf_file=paths[0].name
         )
+        release_freed_memory()  # every side's models stay loaded for the whole stage
         self.threads = self.probe_threads()
 
     def probe_threads(self) -> int:
@@ -203,6 +262,30 @@ class TransformersSide:
         return {"seconds": seconds, "ids": out[0, ids.shape[1] :].tolist(), "threads": self.threads}
 
 
+def release_freed_memory() -> None:
+    """Returns the C heap's freed pages to the system (glibc's ``malloc_trim``; a no-op
+    elsewhere): loading a GGUF file in transformers frees its dequantized copies, which
+    the heap would otherwise keep."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def quantize_dynamic(torch, model):
+    """``model`` with its ``nn.Linear`` layers dynamically quantized to int8, in place:
+    per-channel weights (a scale per output row) on PyTorch's x86/fbgemm kernels."""
+    import warnings
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig
+
+    with warnings.catch_warnings():  # torch.ao.quantization's deprecation notices
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(
+            model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
+        )
+
+
 def serve(side: str, systems: list[str]) -> int:
     """Answers one JSON job per stdin line with one JSON line on stdout.
 
@@ -219,12 +302,21 @@ def serve(side: str, systems: list[str]) -> int:
     return 0
 
 
+LLAMACPP_WORKER = Path(__file__).resolve().parent / "harness" / "llamacpp_worker.py"
+
+
 class Server:
-    """A side in a process of its own (`serve`), driven by the coordinator."""
+    """A side in a process of its own, driven by the coordinator: `serve` in this file
+    (``specjax`` with its systems' names, ``hf:<precision>`` with the two GGUF paths),
+    or ``llamacpp``, `harness/llamacpp_worker.py` with the two GGUF paths."""
 
     def __init__(self, side: str, systems: list[str]):
+        if side == "llamacpp":
+            command = [sys.executable, str(LLAMACPP_WORKER), *systems]
+        else:
+            command = [sys.executable, __file__, "--serve", side, "--systems", *systems]
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", side, "--systems", *systems],
+            command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -232,6 +324,7 @@ class Server:
         ready = self.proc.stdout.readline()
         if not ready:
             raise SystemExit(f"the {side} server did not start")
+        self.ready = json.loads(ready)  # {"ready": true} and what the side reports
 
     def run(self, job: dict) -> dict:
         self.proc.stdin.write(json.dumps(job) + "\n")
@@ -251,27 +344,36 @@ class Server:
 
 
 def interleaved(
-    servers: dict[str, Server], systems: list[str], workloads, rounds: int, partial=None
+    servers: dict[str, Server],
+    systems: list[str],
+    workloads,
+    rounds: int,
+    partial=None,
+    greedy_only=None,
 ):
     """Round 0 warms up; rounds 1.. are timed, each system in turn per workload (rotated
-    every round, so no system always runs after another).
+    every round, so no system always runs after another). The systems in
+    ``greedy_only`` (default: transformers') skip the workloads at T > 0.
 
     The warm-up runs every (system, workload) of specjax, whose programs are compiled
-    per shape and budget, and transformers' systems once each (eager: nothing is
-    compiled per shape). The rows so far are written to ``partial`` (a path), if given,
-    after every timed run, so that a long run's measurements outlive a later failure.
+    per shape and budget, and transformers' and llama.cpp's systems once each (nothing
+    is compiled per shape). The rows so far are written to ``partial`` (a path), if
+    given, after every timed run, so that a long run's measurements outlive a later
+    failure.
     """
     texts = prompt_texts()
+    if greedy_only is None:
+        greedy_only = [s for s in systems if s.startswith("hf-")]
     rows = {}
     warmed = set()
     for r in range(rounds + 1):
         for w in workloads:
             order = systems[r % len(systems) :] + systems[: r % len(systems)]
             for system in order:
-                hf = system.startswith("hf-")
-                if w["temperature"] > 0 and hf and not w.get("hf"):
+                eager = system.startswith(("hf-", "llamacpp-"))
+                if w["temperature"] > 0 and system in greedy_only:
                     continue
-                if r == 0 and hf and system in warmed:
+                if r == 0 and eager and system in warmed:
                     continue
                 warmed.add(system)
                 job = dict(w, system=system, text=texts[w["prompt"]])
@@ -300,7 +402,8 @@ def first_difference(a, b):
 
 
 def summarize(rows, specjax_systems, plain_systems, peers):
-    """Per (prompt, tokens, temperature): the fastest speculative, plain and peer."""
+    """Per (prompt, tokens, temperature): the fastest speculative, plain and peer, and
+    the fastest system of all."""
     out = []
     keys = sorted({(r["prompt"], r["tokens"], r["temperature"]) for r in rows})
     for prompt, tokens, temperature in keys:
@@ -329,6 +432,9 @@ def summarize(rows, specjax_systems, plain_systems, peers):
                 peer_tok_s=peer["tok_s"],
                 speculative_over_peer=round(spec["tok_s"] / peer["tok_s"], 3),
             )
+        best = max(here.values(), key=lambda r: r["tok_s"], default=None)
+        if best:
+            entry.update(fastest=best["system"], fastest_tok_s=best["tok_s"])
         out.append(entry)
     return out
 
@@ -352,50 +458,99 @@ def stage_sweep(args, results):
     partial.unlink()
 
 
+PEERS_SPECJAX = ["default", "plain-int8"]
+PEERS_HF = [
+    f"hf-{d}-{m}" for d in ("float32", "bfloat16", "int8") for m in ("plain", "assistant", "lookup")
+]
+PEERS_LLAMACPP = ["llamacpp-plain", "llamacpp-draft", "llamacpp-lookup"]
+
+
 def stage_peers(args, results):
-    specjax_systems = ["preset", "plain-int8"]
-    hf = [f"hf-{d}-{m}" for d in ("float32", "bfloat16") for m in ("plain", "assistant", "lookup")]
-    servers = {s: None for s in specjax_systems + hf}
-    side = Server("specjax", specjax_systems)
-    servers.update({s: side for s in specjax_systems})
-    import specjax  # here, so that the transformers processes never import jax
+    """Every system in turn (``--only``: those named, the others' rows kept), the
+    greedy outputs' first differences, and the summary over every row."""
+    systems = [
+        s
+        for s in PEERS_SPECJAX + PEERS_HF + PEERS_LLAMACPP
+        if not args.only or s.startswith(tuple(args.only))
+    ]
+    servers = {}
+    specjax_systems = [s for s in PEERS_SPECJAX if s in systems]
+    if specjax_systems:
+        side = Server("specjax", specjax_systems)
+        servers.update({s: side for s in specjax_systems})
+    import specjax  # here, so that the peers' processes never import jax
 
     paths = [str(specjax.fetch(TARGET)), str(specjax.fetch(DRAFT))]
-    for dtype in ("float32", "bfloat16"):
-        server = Server(f"hf:{dtype}", paths)
-        servers.update({s: server for s in hf if s.startswith(f"hf-{dtype}")})
+    # int8 first: its load (float32, then quantized) needs about twice what it keeps.
+    for dtype in ("int8", "float32", "bfloat16"):
+        mine = [s for s in systems if s.startswith(f"hf-{dtype}-")]
+        if mine:
+            server = Server(f"hf:{dtype}", paths)
+            servers.update({s: server for s in mine})
+    mine = [s for s in systems if s.startswith("llamacpp-")]
+    llamacpp = None
+    if mine:
+        server = Server("llamacpp", paths)
+        servers.update({s: server for s in mine})
+        llamacpp = {k: v for k, v in server.ready.items() if k != "ready"}
     tokens = (64, 128) if not args.quick else (16,)
     workloads = [
-        dict(prompt=p, tokens=n, temperature=t, hf=t == 0)
+        dict(prompt=p, tokens=n, temperature=t)
         for p in ("chat", "code")
         for n in tokens
         for t in (0.0, 1.0)
     ]
+    # Sampled: specjax's systems and llama.cpp's plain decoding; the others greedy only.
+    greedy_only = [
+        s for s in systems if s.startswith(("hf-", "llamacpp-")) and s != "llamacpp-plain"
+    ]
     partial = args.out / "peers.partial.json"
-    rows = interleaved(servers, specjax_systems + hf, workloads, args.rounds, partial)
+    rows = interleaved(servers, systems, workloads, args.rounds, partial, greedy_only)
     for server in {id(s): s for s in servers.values()}.values():
         server.close()
-    # How far each greedy output agrees with transformers' float32 greedy output.
-    for row in rows:
-        if row["temperature"] == 0:
-            ref = next(
-                r
-                for r in rows
-                if r["system"] == "hf-float32-plain"
-                and (r["prompt"], r["tokens"], r["temperature"])
-                == (row["prompt"], row["tokens"], 0)
-            )
+    # How far each greedy output agrees with transformers' float32 greedy output, and a
+    # peer's drafted output with its own plain decoding's.
+    greedy = {(r["system"], r["prompt"], r["tokens"]): r for r in rows if r["temperature"] == 0}
+    for (system, prompt, tokens), row in greedy.items():
+        ref = greedy.get(("hf-float32-plain", prompt, tokens))
+        if ref is not None:
             row["first_difference_from_hf_float32"] = first_difference(row["ids"], ref["ids"])
+        own = greedy.get((system.rsplit("-", 1)[0] + "-plain", prompt, tokens))
+        if system.endswith(("-assistant", "-draft", "-lookup")) and own is not None:
+            row["first_difference_from_own_plain"] = first_difference(row["ids"], own["ids"])
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for row in rows:
         row.pop("ids", None)
-    results["peers"] = {"rows": rows, "summary": summarize(rows, ["preset"], ["plain-int8"], hf)}
+        row["date"] = date
+    earlier = results.get("peers", {}) if args.only else {}
+    # A part (--only): the other systems' rows stay from the earlier parts.
+    rows += [r for r in earlier.get("rows", []) if r["system"] not in systems]
+    if llamacpp is None:
+        llamacpp = earlier.get("llamacpp")
+    peers = sorted({r["system"] for r in rows} & set(PEERS_HF + PEERS_LLAMACPP))
+    summary = summarize(rows, ["default"], ["plain-int8"], peers)
+    results["peers"] = {"rows": rows, "summary": summary}
+    if llamacpp is not None:  # its version, build and thread probe
+        results["peers"]["llamacpp"] = llamacpp
+    for entry in summary:
+        rates = ", ".join(
+            f"{r['system']} {r['tok_s']}"
+            for r in sorted(rows, key=lambda r: -(r["tok_s"] or 0))
+            if (r["prompt"], r["tokens"], r["temperature"])
+            == (entry["prompt"], entry["tokens"], entry["temperature"])
+        )
+        log(
+            f"{entry['prompt']}, {entry['tokens']} tokens, T = {entry['temperature']}: "
+            f"fastest {entry.get('fastest')}; tok/s: {rates}"
+        )
     partial.unlink()
 
 
 def stage_cli(args, results):
-    """The command a user runs, with no tuning flags, on each prompt at T = 0."""
+    """The command a user runs, with no tuning flags, on each prompt at T = 0 and T = 1."""
     keep = (
         "preset",
+        "auto",
         "gamma",
         "forward_width",
         "tokens",
@@ -408,11 +563,13 @@ def stage_cli(args, results):
         "repeats",
     )
     runs = []
-    for prompt, text in prompt_texts().items():
+    for (prompt, text), temperature in itertools.product(prompt_texts().items(), (0, 1)):
         cmd = [
             "specjax", "generate", "--model", TARGET, "--draft", DRAFT, "--chat", text,
             "--max-new-tokens", "64", "--compare", "--json", "--repeats", str(max(args.rounds, 1)),
         ]  # fmt: skip
+        if temperature:
+            cmd += ["--temperature", str(temperature)]
         log(" ".join(cmd))
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
@@ -420,6 +577,7 @@ def stage_cli(args, results):
         out = json.loads(done.stdout)
         runs.append({
             "prompt": prompt,
+            "temperature": temperature,
             "command": " ".join(cmd[:6] + ["--chat", f"<{prompt} prompt>"] + cmd[8:]),
             **{k: out.get(k) for k in keep},
             "stderr": done.stderr.strip().splitlines()[:2],
@@ -436,6 +594,13 @@ def main(argv=None) -> int:
     )
     p.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up")
     p.add_argument("--quick", action="store_true", help="peers: 16 tokens only (a smoke run)")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="PREFIX",
+        help="peers: only the systems whose names start with one of these, e.g. llamacpp "
+        "hf-int8 plain-int8, keeping the file's rows of the others (default: every system)",
+    )
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--systems", nargs="*", default=[], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
