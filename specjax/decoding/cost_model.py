@@ -20,8 +20,8 @@ costs against a one-wide one differs between CPUs and precisions) and on the pro
   decoding) included, and says why; speculation must beat plain decoding by
   ``min_gain`` to be chosen, so a choice is never expected to be slower than plain;
 * `CostCache` keeps measured costs in ``<cache>/tuning/``, keyed by the machine, the
-  backend, the jax version, the models (configuration, precision, parameter shapes)
-  and the batch, so that later runs choose for free and a change of any of those
+  backend, the jax and specjax versions, the models (configuration, precision,
+  parameter shapes) and the batch, so that later runs choose for free and a change of any of those
   measures again;
 * `tune` puts them together for ``gamma="auto"``, the default of `specjax.Sampler` and
   ``specjax generate``: the cached costs, or a measurement stored for next time, and
@@ -281,7 +281,12 @@ class CostCache:
     def key(**parts) -> str:
         """The key of a measurement: ``machine_id()`` plus the given parts (models'
         `model_id`, batch, the largest γ, ...)."""
-        blob = json.dumps({"machine": machine_id(), **parts}, sort_keys=True, default=str)
+        from specjax import __version__
+
+        # specjax's version too: a new release may change what a step costs.
+        blob = json.dumps(
+            {"machine": machine_id(), "specjax": __version__, **parts}, sort_keys=True, default=str
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
     def path(self, key: str) -> Path:
