@@ -58,7 +58,7 @@ def assert_user_error(proc, *fragments):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "drafter, resolved, gamma",
-    # auto: the fastest measured for the bundled pair; block: the bundled BlockDrafter
+    # auto: the draft model for the bundled pair; block: the bundled BlockDrafter
     # at its saved γ.
     [("auto", "model", 4), ("block", "block", 2)],
 )
@@ -303,7 +303,7 @@ def test_help_shows_the_defaults_and_the_drafter_of_a_model(cli_in_process):
     assert f"(default: {DEFAULTS.draft_mode})" in text  # --block-mode
     # What --model picks without --draft, and what auto is for the bundled pair.
     assert "Without --draft (or --block-drafter), --drafter auto drafts by prompt lookup" in text
-    assert f"for the bundled pair the fastest measured ({DEFAULTS.bundled_drafter})" in text
+    assert f"for the bundled pair the draft model ({DEFAULTS.bundled_drafter})" in text
     assert "the generation runs once" in text  # --repeats
 
 

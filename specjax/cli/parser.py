@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         "EAGLE-style head (eagle: reads them too, drafts step by step), the draft "
         "model, prompt lookup (n-gram copy), none (plain decoding), or the path of a block "
         "drafter folder (the same as --drafter block --block-drafter PATH); default "
-        f"{DEFAULTS.drafter}: for the bundled pair the fastest measured "
+        f"{DEFAULTS.drafter}: for the bundled pair the draft model "
         f"({DEFAULTS.bundled_drafter}); with --model, the draft model of --draft, else the "
         "block drafter of --block-drafter, else prompt lookup",
     )  # fmt: skip

@@ -225,6 +225,17 @@ def choose(
     )
 
 
+def _specjax_version() -> str:
+    """The installed specjax's version (read from its metadata: the decoding layer does
+    not import the package above it), or ``"unknown"`` when running from a source tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("specjax")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def machine_id() -> dict:
     """What makes step costs differ between machines: CPU model, cores, backend, jax."""
     cpu = platform.processor() or platform.machine()
@@ -281,11 +292,11 @@ class CostCache:
     def key(**parts) -> str:
         """The key of a measurement: ``machine_id()`` plus the given parts (models'
         `model_id`, batch, the largest γ, ...)."""
-        from specjax import __version__
-
         # specjax's version too: a new release may change what a step costs.
         blob = json.dumps(
-            {"machine": machine_id(), "specjax": __version__, **parts}, sort_keys=True, default=str
+            {"machine": machine_id(), "specjax": _specjax_version(), **parts},
+            sort_keys=True,
+            default=str,
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 

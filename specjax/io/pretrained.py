@@ -50,13 +50,13 @@ def default_drafter(kind: str = "block", *, num_draft: int | None = None, dtype=
 
     Args:
         kind: a name in `specjax.drafters.registry`: ``"block"`` (the bundled
-            `~specjax.BlockDrafter`, trained on the target's hidden states; the fastest
-            measured, see BENCHMARKS.md), ``"eagle"`` (the bundled EAGLE-3-style head,
+            `~specjax.BlockDrafter`, trained on the target's hidden states; BENCHMARKS.md
+            compares it with the others), ``"eagle"`` (the bundled EAGLE-3-style head,
             `~specjax.EagleDrafter`, trained by ``scripts/training/train_eagle.py``), ``"model"``
             (the bundled draft LM in a `~specjax.DraftModel`) or ``"lookup"``
             (`~specjax.PromptLookup`, no weights).
-        num_draft: γ; default 4, or for ``"block"`` its saved γ, 2: the fastest measured
-            on this CPU (it was trained for blocks of up to 8, so γ ≤ 7); for ``"eagle"``
+        num_draft: γ; default 4, or for ``"block"`` its saved γ, 2 (it was trained for
+            blocks of up to 8, so γ ≤ 7); for ``"eagle"``
             its saved γ (any γ works; it was trained for chains of its saved γ).
         dtype: the weights' dtype, as for `default_pair`.
 
@@ -113,7 +113,7 @@ def smollm2_drafter(target, *, num_draft: int | None = None, mode: str | None = 
 
     Args:
         target: the loaded SmolLM2 target.
-        num_draft: γ; default its saved γ (the fastest measured, BENCHMARKS.md).
+        num_draft: γ; default its saved γ.
         mode: ``"argmax"`` or ``"sample"`` drafts (default: as saved).
 
     Returns:

@@ -22,8 +22,8 @@ class Defaults:
         temperature: 0 is greedy: the same text every run, and no PRNG key needed.
         seed: ``specjax generate --seed`` (greedy tokens do not depend on it).
         drafter: who drafts; ``"auto"`` resolves with `auto_drafter`.
-        bundled_drafter: what ``"auto"`` picks for the bundled pair: the fastest
-            drafter measured for it (scripts/benchmarks/bench_e2e.py, BENCHMARKS.md).
+        bundled_drafter: what ``"auto"`` picks for the bundled pair: the draft model
+            (BENCHMARKS.md compares the bundled drafters end to end).
         gamma: tokens drafted per target call for drafters without a γ of their own
             (a block drafter keeps its trained γ).
         draft_mode: how drafters that read the target's hidden states (block, EAGLE)
@@ -61,7 +61,7 @@ def auto_drafter(*, bundled: bool, draft: bool = False, block_drafter: bool = Fa
         block_drafter: a block drafter folder was given.
 
     Returns:
-        for the bundled pair, ``DEFAULTS.bundled_drafter`` (the fastest measured);
+        for the bundled pair, ``DEFAULTS.bundled_drafter`` (the draft model);
         for another target, ``"model"`` with a draft model, else ``"block"`` with a
         block drafter, else ``"lookup"`` (prompt lookup, which needs no weights).
 

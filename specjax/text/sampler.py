@@ -264,7 +264,7 @@ class Sampler:
             drafter: a name (``"auto"``, ``"model"``, ``"block"``, ``"eagle"``,
                 ``"lookup"``, ``"none"``), a `~specjax.drafters.Drafter`, or ``None``.
                 ``"auto"`` (default) picks what ``specjax generate`` picks: for the
-                bundled pair the fastest measured (the draft model); else the draft
+                bundled pair the draft model; else the draft
                 model if ``draft`` is given, else the block drafter of
                 ``block_drafter`` if given, else prompt lookup.
             block_drafter: a block drafter folder for ``path``'s target
