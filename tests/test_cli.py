@@ -261,7 +261,7 @@ def test_generate_compare_reports_medians_of_interleaved_runs(model_folders):
     proc = run_cli(
         "generate", "def f(x):", "--model", model_folders["target"],
         "--draft", model_folders["draft"], "--max-new-tokens", "4", "--json", "--compare",
-        "--repeats", "3",
+        "--repeats", "3", "--gamma", "4",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -454,8 +454,17 @@ def test_train_drafter_then_generate_with_it(model_folders, tmp_path):
     )  # fmt: skip
     assert gen.returncode == 0, gen.stderr
     result = json.loads(gen.stdout)
-    assert (result["drafter"], result["gamma"]) == ("block", 3)  # its saved γ: block 4
+    # gamma auto measured up to its saved γ (block 4: γ 3); --gamma 3 pins it.
+    assert len(result["auto"]["draft_seconds_by_gamma"]) == 3
+    assert result["drafter"] == ("block" if result["gamma"] else "none")
     assert result["equals_plain_at_width"] is True
+    pinned = run_cli(
+        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "block",
+        "--block-drafter", str(out), "--max-new-tokens", "6", "--json", "--repeats", "1",
+        "--gamma", "3",
+    )  # fmt: skip
+    assert pinned.returncode == 0, pinned.stderr
+    pinned = json.loads(pinned.stdout)
     missing = run_cli(
         "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "block"
     )
@@ -463,13 +472,13 @@ def test_train_drafter_then_generate_with_it(model_folders, tmp_path):
     # --drafter PATH is --drafter block --block-drafter PATH: the same tokens.
     by_path = run_cli(
         "generate", "def f(x):", "--model", model_folders["target"], "--drafter", str(out),
-        "--max-new-tokens", "6", "--json", "--repeats", "1",
+        "--max-new-tokens", "6", "--json", "--repeats", "1", "--gamma", "3",
     )  # fmt: skip
     assert by_path.returncode == 0, by_path.stderr
     by_path = json.loads(by_path.stdout)
     assert (by_path["drafter"], by_path["gamma"]) == ("block", 3)
-    assert by_path["token_ids"] == result["token_ids"]
-    assert by_path["target_calls"] == result["target_calls"]
+    assert by_path["token_ids"] == pinned["token_ids"]
+    assert by_path["target_calls"] == pinned["target_calls"]
     for bad in ("blok", str(tmp_path / "no_such_folder")):
         proc = run_cli("generate", "x", "--model", model_folders["target"], "--drafter", bad)
         assert_user_error(proc, "--drafter", bad, "block drafter folder")
@@ -514,7 +523,7 @@ def test_generate_refuses_bad_trees(args, fragments, cli_in_process):
 def test_generate_with_the_eagle_head_chain_greedy_equals_plain():
     proc = run_cli(
         "generate", "def fibonacci(n):", "--max-new-tokens", "24", "--compare", "--json",
-        "--no-eos", "--drafter", "eagle", "--repeats", "1",
+        "--no-eos", "--drafter", "eagle", "--repeats", "1", "--gamma", "3",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
