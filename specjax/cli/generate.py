@@ -226,10 +226,7 @@ def _auto_gamma(args, target, drafter, prompts):
     from specjax.decoding import cost_model
 
     log = lambda line: print(f"specjax: gamma auto: {line}", file=sys.stderr)  # noqa: E731
-    width = args.forward_width
-    if width is not None and width > drafter.num_draft + 1:
-        width = None  # wider than any γ measured: each γ is costed at its own width
-    tuned = cost_model.tune(target, drafter, prompts, forward_width=width, log=log)
+    tuned = cost_model.tune(target, drafter, prompts, forward_width=args.forward_width, log=log)
     if args.verbose or tuned.measured:
         log(tuned.choice.reason)
     return tuned

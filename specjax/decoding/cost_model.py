@@ -477,7 +477,8 @@ def tune(
         drafter: a chain drafter; its ``num_draft`` is the largest γ considered.
         prompts: token-id prompts of the run; their number is the batch size the
             costs are for (a miss measures on them).
-        forward_width: the width the run is held to, if any (`choose`).
+        forward_width: the width the run is held to, if any (`choose`); one wider than
+            every γ measured costs each γ at its own width.
         cache: where costs are kept; default `CostCache()`.
         log: optional ``log(str)``: what is measured and why, one line each.
 
@@ -500,5 +501,7 @@ def tune(
             )
         hit = measure(target, drafter, prompts, max_new_tokens=TUNE_TOKENS, repeats=2, log=log)
         cache.store(key, *hit)
+    if forward_width is not None and forward_width > drafter.num_draft + 1:
+        forward_width = None  # wider than any γ measured: each γ costed at its own width
     choice = choose(*hit, forward_width=forward_width)
     return Tuned(choice, *hit, cache=cache, key=key, measured=measured)

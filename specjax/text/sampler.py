@@ -489,12 +489,11 @@ class Sampler:
 
         tuned = self.tuned.get(len(ids))
         if tuned is None:
-            width = self.forward_width
-            if width is not None and width > self.drafter.num_draft + 1:
-                width = None  # wider than any γ measured: each γ costed at its own width
             # Measuring takes a while on a large target: each program it times is shown.
             log = lambda line: print(f"specjax: gamma auto: {line}", file=sys.stderr)  # noqa: E731
-            tuned = cost_model.tune(self.target, self.drafter, ids, forward_width=width, log=log)
+            tuned = cost_model.tune(
+                self.target, self.drafter, ids, forward_width=self.forward_width, log=log
+            )
             self.tuned[len(ids)] = tuned
         kw = dict(kw, forward_width=self.forward_width or tuned.forward_width)
         if tuned.gamma == 0:
