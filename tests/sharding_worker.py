@@ -59,13 +59,16 @@ def spec_str(x) -> str:
 def loop_states(target, drafter, prompts, sampling):
     """The final DecodeState of plain and speculative decoding, through the open loop.
 
-    init/step run the same loop body as generate()/speculative_generate().
+    init and Decoder.run run the same loop body as generate()/speculative_generate().
     """
     key = jax.random.key(0)
     kw = dict(max_new_tokens=NEW_TOKENS, sampling=sampling, cache_len=CACHE_LEN)
-    plain = decoding.step(decoding.init(key, target, prompts, **kw), 10**6)
-    spec = decoding.step(decoding.init(key, target, prompts, drafter=drafter, **kw), 10**6)
-    return plain, spec
+
+    def run(**drafter):
+        decoder, state = decoding.init(key, target, prompts, **drafter, **kw)
+        return decoder.run(state)
+
+    return run(), run(drafter=drafter)
 
 
 def decode_all(target, draft, prompts):

@@ -508,10 +508,10 @@ def test_cli_distill_from_a_teacher_with_another_vocabulary(capsys, tmp_path, co
     teacher = tiny_model(vocab_size=tok.get_vocab_size() - 7).replace(tokenizer=tok)
     save_pretrained(teacher, tmp_path / "teacher")
     rc, lines = run_cli(
-        capsys, "distill", corpus, "--target", tmp_path / "teacher", "--out", tmp_path / "d",
+        capsys, "distill", corpus, "--model", tmp_path / "teacher", "--out", tmp_path / "d",
         *CLI_SMALL,
     )  # fmt: skip
-    assert_one_line_error(rc, lines, "--target", "vocabulary")
+    assert_one_line_error(rc, lines, "--model", "vocabulary")
     assert not (tmp_path / "d").exists()
 
 
@@ -519,10 +519,10 @@ def test_cli_bad_target_folder(capsys, tmp_path, corpus):
     (tmp_path / "teacher").mkdir()
     (tmp_path / "teacher" / "config.json").write_text("[]")
     rc, lines = run_cli(
-        capsys, "distill", corpus, "--target", tmp_path / "teacher", "--out", tmp_path / "d",
+        capsys, "distill", corpus, "--model", tmp_path / "teacher", "--out", tmp_path / "d",
         *CLI_SMALL,
     )  # fmt: skip
-    assert_one_line_error(rc, lines, "--target", "JSON object")
+    assert_one_line_error(rc, lines, "--model", "JSON object")
 
 
 # --- tokenizer ---
@@ -697,7 +697,8 @@ GREEDY_FORMS = {
 def _run_to_the_end(target, entry, key, sampling):
     prompts, kw = [[1, 2], [3]], dict(max_new_tokens=5, sampling=sampling)
     if entry == "init":
-        return decoding.result(decoding.step(decoding.init(key, target, prompts, **kw), 100))
+        decoder, state = decoding.init(key, target, prompts, **kw)
+        return decoder.result(decoder.run(state))
     return _decoders(target)[entry](key, prompts, **kw)
 
 
@@ -810,13 +811,13 @@ class _StatelessDrafter(specjax.Drafter):
     def vocab_size(self):
         return None
 
-    def init(self, prompts_BS, lengths_B, cache_len, features=None):
+    def init(self, prompts_BS, lengths_B, cache_len, hidden=None):
         return ()
 
     def propose(self, keys_BG, state, seq_BS, lengths_B, sampling):
         raise AssertionError("never traced")
 
-    def update(self, state, lengths_B, features=None):
+    def update(self, state, lengths_B, hidden=None):
         return state
 
 
@@ -858,16 +859,16 @@ def test_a_nan_model_is_flagged_not_emitted(target, entry, temperature):
     assert out.lengths.tolist() == [0, 0] and (np.asarray(out.tokens) == -1).all()
 
 
-def test_step_refuses_bad_arguments(target):
-    state = decoding.init(jax.random.key(0), target, [[1, 2]], max_new_tokens=3)
+def test_run_refuses_bad_arguments(target):
+    decoder, state = decoding.init(jax.random.key(0), target, [[1, 2]], max_new_tokens=3)
     with pytest.raises(ValueError, match="num_steps must be in"):
-        decoding.step(state, -1)
+        decoder.run(state, -1)
     with pytest.raises(TypeError, match="num_steps must be an integer"):
-        decoding.step(state, 1.5)
-    with pytest.raises(TypeError, match="state must be a DecodeState"):
-        decoding.step({"seq": 1}, 1)
+        decoder.run(state, 1.5)
+    with pytest.raises(TypeError, match="state must be the DecodeState"):
+        decoder.run({"seq": 1}, 1)
     with pytest.raises(ValueError, match="steps_per_chunk must be in"):
-        next(decoding.stream(state, steps_per_chunk=0))
+        next(decoder.stream(state, steps_per_chunk=0))
 
 
 # --- SamplingConfig / probs_from_logits ---

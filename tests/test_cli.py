@@ -90,7 +90,7 @@ def test_generate_with_a_regex_and_a_json_schema(tmp_path):
     pattern = r"[0-9]{1,3}(, [0-9]{1,3}){2}"
     proc = run_cli(
         "generate", "x = ", "--regex", pattern, "--max-new-tokens", "24", "--json",
-        "--temperature", "1", "--batch", "4", "--compare", "--repeats", "1",
+        "--temperature", "1", "--batch-size", "4", "--compare", "--repeats", "1",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -418,7 +418,7 @@ def test_train_and_distill_commands(tmp_path):
         tmp_path / "t" / "tokenizer.json"
     ).exists()
     proc = run_cli(
-        "distill", str(corpus), "--target", str(tmp_path / "t"), "--out", str(tmp_path / "d"),
+        "distill", str(corpus), "--model", str(tmp_path / "t"), "--out", str(tmp_path / "d"),
         "--size", "tiny", *common,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -435,7 +435,7 @@ def test_train_drafter_then_generate_with_it(model_folders, tmp_path):
     corpus.write_text("def f(x):\n    return x + 1\n" * 60)
     out = tmp_path / "block"
     train = (
-        "train-drafter", str(corpus), "--target", model_folders["target"], "--out", str(out),
+        "train-drafter", str(corpus), "--model", model_folders["target"], "--out", str(out),
         "--steps", "3", "--batch-size", "2", "--seq-len", "32", "--anchors", "2",
         "--layers", "1", "--block-size", "4",
     )  # fmt: skip

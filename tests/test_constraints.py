@@ -39,11 +39,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
 import specjax
 from specjax.decoding import api
-from specjax.decoding.features import constraint as loop
 from specjax.sampling.constraints import AutomatonCursor, ConstraintTable
+from specjax.sampling.history import RowHistory
 from specjax.testing import (
     chi_square_power,
     chi_square_pvalue,
@@ -228,9 +229,9 @@ def test_greedy_speculative_equals_plain_under_the_constraint(
     bare = specjax.generate(key, target, prompts, **kw)
     assert plain.to_lists() != bare.to_lists()
     # Tables are padded to buckets: other constraints of a similar size compile nothing.
-    size = api._decode_jit._cache_size()
+    size = api._generate_jit._cache_size()
     swapped = specjax.generate(key, target, prompts, constraint=per_row[::-1], **kw)
-    assert api._decode_jit._cache_size() == size
+    assert api._generate_jit._cache_size() == size
     assert swapped.to_lists() != plain.to_lists()
     for row, c in zip(plain.to_lists(), rows, strict=True):
         if c is not None:
@@ -257,12 +258,12 @@ def test_the_open_loop_with_fewer_slots_gives_each_prompt_its_own_constraint(pai
         constraint=per_row, forward_width=specjax.drafters.lookahead(drafter),
     )  # fmt: skip
     want = specjax.generate(jax.random.key(0), target, prompts, **kw).to_lists()
-    state = specjax.decoding.init(
+    decoder, state = specjax.decoding.init(
         jax.random.key(0), target, prompts, drafter=drafter, num_slots=2, **kw,
     )  # fmt: skip
     for _ in range(50):
-        state = specjax.decoding.step(state, 2)
-    assert specjax.decoding.result(state).to_lists() == want
+        state = decoder.run(state, 2)
+    assert decoder.result(state).to_lists() == want
 
 
 @pytest.mark.parametrize(
@@ -427,6 +428,11 @@ def test_sample_size_has_power_against_the_controls(forward_logits):
             assert power > 0.999, (group, variant, power)
 
 
+@struct.dataclass
+class _NoMask(RowHistory):
+    """A history that masks nothing (the control's p without the constraint)."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["stale", "unmasked"])
 def test_control_broken_masks_are_rejected(pair, constraints, forward_logits, monkeypatch, variant):
@@ -436,11 +442,11 @@ def test_control_broken_masks_are_rejected(pair, constraints, forward_logits, mo
 
     def broken(cursor, drafts_BG):
         if variant == "unmasked":
-            return None
+            return _NoMask()
         g1 = drafts_BG.shape[1] + 1
         return cursor.replace(states=jnp.repeat(cursor.states[:, None], g1, axis=1))
 
-    monkeypatch.setattr(loop, "_cursor_along", broken)
+    monkeypatch.setattr(AutomatonCursor, "along", broken)
     jax.clear_caches()  # the correct program must not be reused
     try:
         tokens = _sample((target, target), constraints, "draft_model", "rejection", N_PER_GROUP * 3)

@@ -243,23 +243,23 @@ def test_one_jitted_call_serves_all_prompts(target, drafters):
 # Slow tier: 12 s: the open loop with refill, chunk by chunk.
 @pytest.mark.slow
 def test_open_loop_with_refill_equals_one_call(target, drafters):
-    """init/step in chunks and stream serve all prompts like one closed call."""
+    """init then run in chunks, and stream, serve all prompts like one closed call."""
     prompts, budgets = _prompts(num=20, seed=2)
     kw = dict(max_new_tokens=budgets, sampling=GREEDY, eos_id=EOS, num_slots=5)
     drafter = drafters["draft_model"]
     closed = _decode(target, drafter, prompts, **kw)
-    state = decoding.init(jax.random.key(1), target, prompts, drafter=drafter, **kw)
-    assert decoding.result(state).tokens.shape == closed.tokens.shape
+    decoder, state = decoding.init(jax.random.key(1), target, prompts, drafter=drafter, **kw)
+    assert decoder.result(state).tokens.shape == closed.tokens.shape
     for _ in range(6):
-        state = decoding.step(state, 3)
-    partial = decoding.result(state)
+        state = decoder.run(state, 3)
+    partial = decoder.result(state)
     assert 0 < int(jnp.sum(partial.lengths)) < int(jnp.sum(closed.lengths))
-    state = decoding.step(state, 10**6)
-    assert decoding.result(state).to_lists() == closed.to_lists()
+    state = decoder.run(state)
+    assert decoder.result(state).to_lists() == closed.to_lists()
 
-    state = decoding.init(jax.random.key(1), target, prompts, drafter=drafter, **kw)
+    decoder, state = decoding.init(jax.random.key(1), target, prompts, drafter=drafter, **kw)
     pieces = [[] for _ in prompts]
-    for _, new in decoding.stream(state, steps_per_chunk=2):
+    for _, new in decoder.stream(state, steps_per_chunk=2):
         assert len(new) == len(prompts)
         for piece, tokens in zip(pieces, new, strict=True):
             piece.extend(tokens)

@@ -29,14 +29,14 @@ class ConstantDrafter(Drafter):
     def vocab_size(self):
         return None
 
-    def init(self, prompts_BS, seq_lengths_B, cache_len, features=None):
+    def init(self, prompts_BS, seq_lengths_B, cache_len, hidden=None):
         return ()
 
     def propose(self, key, state, seq_BS, seq_lengths_B, sampling):
         tokens = jnp.full((seq_BS.shape[0], self.num_draft), self.token, jnp.int32)
         return Proposal(tokens=tokens, probs=None, state=state)
 
-    def update(self, state, seq_lengths_B, features=None):
+    def update(self, state, seq_lengths_B, hidden=None):
         return state
 
 
@@ -217,27 +217,27 @@ def test_no_recompilation_for_traced_settings(target, tmp_path):
 
     for name, make in drafters.items():
         run(make, loaded[0])
-        before = decoding.api._decode_jit._cache_size()
+        before = decoding.api._generate_jit._cache_size()
         for i, variant in enumerate(variants):
             run(make, loaded[(i + 1) % 2], **variant)
-        assert decoding.api._decode_jit._cache_size() == before, name
+        assert decoding.api._generate_jit._cache_size() == before, name
 
 
 # Slow tier (about 7 s): the open loop's traced settings stay in the fast tier through
 # test_vocab.py's open-loop test.
 @pytest.mark.slow
-def test_open_loop_step_compiles_once_for_any_chunk(target):
+def test_open_loop_run_compiles_once_for_any_chunk(target):
     drafter = specjax.DraftModel(tiny_model(seed=7, vocab_size=V), num_draft=3)
     sampling = specjax.SamplingConfig(temperature=jnp.asarray([1.0, 0.0, 0.6]))
     prompts = ragged_prompts(3, seed=4, high=8, repeat=2)
-    state = decoding.init(
+    decoder, state = decoding.init(
         jax.random.key(2), target, prompts, drafter=drafter, max_new_tokens=20, sampling=sampling
     )
-    state = decoding.step(state, 1)
-    before = decoding.api._step_jit._cache_size()
-    for n in (2, 5, 0, 3, 100):
-        state = decoding.step(state, n)
-    assert decoding.api._step_jit._cache_size() == before
+    state = decoder.run(state, 1)
+    before = decoding.decoder._run_jit._cache_size()
+    for n in (2, 5, 0, 3, None):
+        state = decoder.run(state, n)
+    assert decoding.decoder._run_jit._cache_size() == before
 
 
 # Slow tier: 7 s.

@@ -69,6 +69,7 @@ from specjax.testing import (
     tiny_model,
 )
 from specjax.training.eagle import ttt_step_logits
+from specjax.verification import verifiers
 from specjax.verification.chain import target_samples
 
 V = 8
@@ -293,12 +294,13 @@ def test_emitted_tokens_follow_the_target_law(models, laws, path):
     assert p > FALSE_ALARM, f"{path}: chi-square p = {p:.2e}"
 
 
-def _assert_rejected(models, laws, monkeypatch, path, name, broken, alternative):
-    """Patches ``loop.<name>`` to ``broken``, decodes ``path``, and checks that the test
-    has the power against the bug's law and rejects the patched decoder's tokens."""
+def _assert_rejected(models, laws, monkeypatch, path, name, broken, alternative, module=loop):
+    """Patches ``module.<name>`` (the decode loop's by default) to ``broken``, decodes
+    ``path``, and checks that the test has the power against the bug's law and rejects
+    the patched decoder's tokens."""
     power = chi_square_power(laws["exact"], alternative, N, FALSE_ALARM)
     assert power >= MIN_POWER, f"{path}: power {power:.4f} against the bug"
-    monkeypatch.setattr(loop, name, broken)
+    monkeypatch.setattr(module, name, broken)
     jax.clear_caches()  # the correct program must not be reused
     try:
         tokens, _ = _decode(models, path)
@@ -331,7 +333,7 @@ def test_control_rejection_with_the_wrong_q_row_is_rejected(models, laws, monkey
 
 
 def test_control_coupled_checking_only_the_first_draft_is_rejected(models, laws, monkeypatch):
-    real = loop.coupled_verify
+    real = verifiers.coupled_verify
 
     def first_draft_only(keys_BW, chain_BG, target_BWV):
         block_BW, num_accepted = real(keys_BW, chain_BG, target_BWV)
@@ -346,7 +348,7 @@ def test_control_coupled_checking_only_the_first_draft_is_rejected(models, laws,
     alternative = _coupled_first_draft_only_law(laws["p0"], laws["p1"], laws["draft_q"])
     _assert_rejected(
         models, laws, monkeypatch, "draft_model-coupled", "coupled_verify", first_draft_only,
-        alternative,
+        alternative, module=verifiers,
     )  # fmt: skip
 
 

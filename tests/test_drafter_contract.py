@@ -1,7 +1,7 @@
 """A new drafter is one file and one registry line.
 
 `RepeatLast` is defined here and nowhere else: it follows `specjax.Drafter` (one
-signature for every drafter: ``init`` and ``update`` take ``features``, ``None`` for
+signature for every drafter: ``init`` and ``update`` take ``hidden``, ``None`` for
 a drafter that reads no target layers), is registered in `specjax.drafters.registry`
 and then serves like a built-in one: greedy speculative decoding with it equals plain
 greedy decoding at the same forward width, and the decoders' memory check counts its `state_bytes`.
@@ -36,8 +36,8 @@ class RepeatLast(specjax.Drafter):
     def vocab_size(self):
         return None
 
-    def init(self, prompts_BS, seq_lengths_B, cache_len, features=None):
-        assert features is None  # it reads no target layers
+    def init(self, prompts_BS, seq_lengths_B, cache_len, hidden=None):
+        assert hidden is None  # it reads no target layers
         b, p = prompts_BS.shape
         return jnp.zeros((b, cache_len), jnp.int32).at[:, :p].set(prompts_BS)
 
@@ -46,8 +46,8 @@ class RepeatLast(specjax.Drafter):
         tokens = jnp.repeat(last, self.num_draft, axis=1).astype(jnp.int32)
         return specjax.Proposal(tokens=tokens, probs=None, state=state)
 
-    def update(self, state, seq_lengths_B, features=None):
-        assert features is None
+    def update(self, state, seq_lengths_B, hidden=None):
+        assert hidden is None
         return state
 
     def state_bytes(self, batch_size, cache_len):
@@ -111,9 +111,10 @@ def test_a_drafter_of_one_method_runs_in_both_decoders_and_equals_plain(target):
     plain = specjax.generate(None, target, prompts, **kwargs).to_lists()
     closed = specjax.speculative_generate(None, target, drafter, prompts, **kwargs)
     assert closed.to_lists() == plain
-    state = specjax.decoding.init(None, target, prompts, drafter=drafter, num_slots=2, **kwargs)
-    state = specjax.decoding.step(state, 100)
-    assert specjax.decoding.result(state).to_lists() == plain
+    decoder, state = specjax.decoding.init(
+        None, target, prompts, drafter=drafter, num_slots=2, **kwargs
+    )
+    assert decoder.result(decoder.run(state)).to_lists() == plain
     with pytest.raises(TypeError, match="abstract method propose"):
         type("NoPropose", (specjax.Drafter,), {"num_draft": 2})()
 
@@ -137,6 +138,7 @@ def test_memory_check_counts_its_state_bytes(registered, target, monkeypatch):
                 jax.random.key(0), target, drafter, PROMPTS, max_new_tokens=MAX_NEW,
                 cache_len=cache_len,
             )  # fmt: skip
-    # The state's statistics add int32 counters per draft position: three [γ] and [γ + 1].
-    counters = 16 * drafter.num_draft
+    # The statistics add int32 counters per draft position, three [γ] and a [γ + 1]
+    # histogram (one column for NoDraft), for every slot and for every prompt's output.
+    counters = 2 * len(PROMPTS) * 16 * drafter.num_draft
     assert asked["RepeatLast"] - asked["NoDraft"] == len(PROMPTS) * cache_len * 4 + counters

@@ -63,10 +63,10 @@ from support import group_rows, ragged_prompts
 
 import specjax
 from specjax import training as train
-from specjax.drafters import prefill, score
 from specjax.drafters.eagle import EagleDrafter
 from specjax.io import drafter_weights
 from specjax.io.pretrained import default_drafter
+from specjax.models.forward import prefill, score
 from specjax.sampling import greedy_tokens
 from specjax.testing import chi_square_pvalue, exact_sequence_probs, sequence_counts, tiny_model
 from specjax.training.eagle import eagle_ttt_loss, ttt_step_logits
@@ -654,6 +654,7 @@ def test_memory_check_counts_the_heads_cache(target, random_head, monkeypatch):
     itemsize = np.dtype(target.dtype).itemsize
     head_cache = 2 * 1 * len(prompts) * c.num_kv_heads * c.head_dim * cache_len * itemsize
     head_cache += len(prompts) * 4  # lengths: int32[B]
-    # The state's statistics add int32 counters per draft position: three [γ] and [γ + 1].
-    head_cache += 16 * random_head.num_draft
+    # The statistics add int32 counters per draft position, three [γ] and a [γ + 1]
+    # histogram (one column for NoDraft), for every slot and for every prompt's output.
+    head_cache += 2 * len(prompts) * 16 * random_head.num_draft
     assert asked["EagleDrafter"] - asked["NoDraft"] == head_cache

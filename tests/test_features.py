@@ -3,7 +3,7 @@
 `specjax.decoding.features.RowFeature` is the decoder's extension point: each part
 below is one class, passed with ``features=``. Each is checked against the decoder's
 own built-in behaviour it re-implements, in plain and speculative decoding, with more
-prompts than slots (so its ``reset`` runs on refill).
+prompts than slots (so refills start its rows with ``init``).
 """
 
 import jax
@@ -14,6 +14,7 @@ from flax import struct
 
 import specjax
 from specjax.decoding.features import RowFeature
+from specjax.sampling.history import RowHistory
 from specjax.testing import tiny_model
 
 GREEDY = specjax.SamplingConfig.greedy()
@@ -36,15 +37,12 @@ class StopAtToken(RowFeature):
 
 @struct.dataclass
 class ActiveSteps(RowFeature):
-    """Counts the steps each prompt was decoding in: a state, a reset and an output."""
+    """Counts the steps each prompt was decoding in: a state and an output."""
 
     name = "active_steps"
 
-    def init(self, decoder, prompts_B, cache_len):
-        return jnp.zeros(prompts_B.shape, jnp.int32)
-
-    def reset(self, steps_B, slot, prompt):
-        return steps_B.at[slot].set(0)
+    def init(self, decoder, prompts_M, cache_len):
+        return jnp.zeros(prompts_M.shape, jnp.int32)
 
     def commit(self, state, steps_B, emission):
         return steps_B + emission.active.astype(steps_B.dtype)
@@ -60,18 +58,19 @@ class ActiveSteps(RowFeature):
 
 
 @struct.dataclass
-class Forbid(RowFeature):
-    """Masks ``ids`` in the drafter's and the target's distributions, through the
-    sampling settings the features hand the models."""
+class Forbid(RowFeature, RowHistory):
+    """Masks ``ids`` in the drafter's and the target's distributions with its own code:
+    the feature is its own (token-independent) history, so it only writes ``mask``."""
 
     ids: jax.Array
     name = "forbid"
 
     def history(self, state, state_B):
-        return {"forbidden_ids": self.ids}
+        return self
 
-    def along(self, history, chain_BG, sampling):
-        return {"forbidden_ids": self.ids}
+    def mask(self, logits_RxV, config):
+        hit_V = jnp.isin(jnp.arange(logits_RxV.shape[-1]), self.ids)
+        return jnp.where(hit_V, -jnp.inf, logits_RxV)
 
 
 @pytest.fixture(scope="module")
@@ -121,18 +120,18 @@ def test_a_feature_with_state_and_output_follows_each_prompt(models, speculative
 @pytest.mark.first_case_fast  # speculative: slow tier (two decode loops to compile)
 @pytest.mark.parametrize("speculative", [False, True], ids=["plain", "speculative"])
 def test_a_feature_can_mask_the_distributions(models, speculative):
+    """The user's mask equals the built-in ``forbidden_ids`` token for token (sampled,
+    coupled, 5 prompts through 2 slots); one id fewer in the mask does not."""
     ids = jnp.asarray(sorted({t for row in _decode(models, False).to_lists() for t in row})[:6])
     expected = _decode(
         models, speculative, sampling=specjax.SamplingConfig(temperature=1.0, forbidden_ids=ids)
     )
-    got = _decode(
-        models,
-        speculative,
-        sampling=specjax.SamplingConfig(temperature=1.0, forbidden_ids=jnp.asarray([0])),
-        features=[Forbid(ids=ids)],
-    )
+    got = _decode(models, speculative, features=[Forbid(ids=ids)])
     assert expected.to_lists() == got.to_lists()
     assert not set(np.asarray(ids).tolist()) & {t for row in got.to_lists() for t in row}
+    # Control: the comparison sees a mask that misses one id.
+    missing = _decode(models, speculative, features=[Forbid(ids=ids[:-1])])
+    assert missing.to_lists() != expected.to_lists()
 
 
 @pytest.mark.parametrize(

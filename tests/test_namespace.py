@@ -123,13 +123,13 @@ def test_sampling_config_holds_only_user_settings():
         "temperature", "top_k", "top_p", "min_p", "vocab_limit", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "logit_bias", "forbidden_ids",
     }  # fmt: skip
-    assert {f.name for f in dataclasses.fields(RowSampling)} == fields | {"counts", "automaton"}
+    assert {f.name for f in dataclasses.fields(RowSampling)} == fields | {"histories"}
     with pytest.raises(TypeError):
-        specjax.SamplingConfig(counts=None)
+        specjax.SamplingConfig(histories=())
     # A user's config lifts to one without history, settings kept.
     config = specjax.SamplingConfig(temperature=0.7, top_k=3)
     row = RowSampling.of(config)
-    assert row.counts is None and row.automaton is None
+    assert row.histories == ()
     assert row.temperature == np.float32(0.7) and row.top_k == 3
 
 

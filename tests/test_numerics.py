@@ -168,14 +168,17 @@ def _head_rows(vocab: int, **decode_kw) -> set[int]:
     from specjax.testing import tiny_model
 
     target = tiny_model(seed=0, vocab_size=vocab, num_layers=1)
-    traced, static, _ = checks._prepare(
+    p = checks.prepare(
         jax.random.key(0),
         target,
         NoDraft(),
         [[1, 2, 3]] * 3,
         checks.DecodeOptions(max_new_tokens=8, **decode_kw),
     )
-    hlo = api._decode_jit.lower(*traced, **static).compile().as_text()
+    lowered = api._generate_jit.lower(
+        p.decoder, p.inputs, cache_len=p.cache_len, num_slots=p.num_slots
+    )
+    hlo = lowered.compile().as_text()
     shapes = re.findall(r"= \w+\[(\d+),(\d+)\]\{[^}]*\} dot\(", hlo)
     return {int(a if int(b) == vocab else b) for a, b in shapes if vocab in (int(a), int(b))}
 

@@ -42,7 +42,7 @@ import pytest
 from support import group_rows
 
 import specjax
-from specjax.decoding.features import penalties as loop
+from specjax.sampling import RowSampling
 from specjax.sampling.penalties import TokenCounts, apply_logit_transforms, token_counts
 from specjax.testing import (
     chi_square_power,
@@ -189,7 +189,9 @@ def test_the_transform_follows_the_published_semantics():
         jnp.asarray(seq), jnp.full((b,), num_prompt), jnp.asarray(lengths), V
     ).along(jnp.asarray(drafts))
     got = np.asarray(
-        apply_logit_transforms(jnp.asarray(x), specjax.sampling.per_row(config, b), counts)
+        apply_logit_transforms(
+            jnp.asarray(x), RowSampling.of(specjax.sampling.per_row(config, b), (counts,))
+        )
     )
     for r in range(b):
         for i in range(3):
@@ -379,12 +381,12 @@ def test_control_penalties_without_the_steps_drafts_is_rejected(pair, forward_lo
     first draft is always accepted and the second token follows the broken law."""
     target, _ = pair
 
-    def broken(config, counts_BV, drafts_BG):
+    def broken(counts_BV, drafts_BG):
         g1 = drafts_BG.shape[1] + 1
         grow = lambda c: jnp.broadcast_to(c[:, None], (c.shape[0], g1, c.shape[1]))  # noqa: E731
-        return TokenCounts(all=grow(counts_BV.all), generated=grow(counts_BV.generated))
+        return counts_BV.replace(all=grow(counts_BV.all), generated=grow(counts_BV.generated))
 
-    monkeypatch.setattr(loop, "along_drafts", broken)
+    monkeypatch.setattr(TokenCounts, "along", broken)
     jax.clear_caches()  # the correct program must not be reused
     try:
         tokens = _sample((target, target), "draft_model", "rejection", N_PER_GROUP * len(GROUPS))

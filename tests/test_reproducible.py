@@ -155,16 +155,16 @@ def test_chunks_of_steps_equal_one_call(pair, name, verification):
     prompts = _prompts(3, seed=4)
     seeds = [7, 8, 9]
     whole = _run(target, drafter, prompts, seeds, verification)
-    state = decoding.init(
+    decoder, state = decoding.init(
         jax.random.key(3), target, prompts, drafter=drafter, max_new_tokens=24,
         sampling=SAMPLED, seeds=seeds, verification=verification,
     )  # fmt: skip
     partial = []
     for n in (1, 3, 2, 7):
-        state = decoding.step(state, n)
-        partial.append(decoding.result(state).to_lists())
-    state = decoding.step(state, 1000)
-    out = decoding.result(state)
+        state = decoder.run(state, n)
+        partial.append(decoder.result(state).to_lists())
+    state = decoder.run(state)
+    out = decoder.result(state)
     assert out.to_lists() == whole.to_lists()
     np.testing.assert_array_equal(out.tokens, whole.tokens)
     np.testing.assert_array_equal(out.logprobs, whole.logprobs)
@@ -182,13 +182,13 @@ def test_stream_yields_every_token_once(pair):
     target, draft = pair
     prompts = _prompts(2, seed=6)
     whole = _run(target, _drafter("draft_model", draft, 3), prompts, [1, 2]).to_lists()
-    start = decoding.init(
+    decoder, start = decoding.init(
         jax.random.key(3), target, prompts, drafter=_drafter("draft_model", draft, 3),
         max_new_tokens=24, sampling=SAMPLED, seeds=[1, 2],
     )  # fmt: skip
     streamed = [[], []]
     chunks = 0
-    for state, new in decoding.stream(start, steps_per_chunk=2):  # noqa: B007 (used below)
+    for state, new in decoder.stream(start, steps_per_chunk=2):  # noqa: B007 (used below)
         chunks += 1
         for row, tokens in zip(streamed, new, strict=True):
             row.extend(tokens)

@@ -102,12 +102,12 @@ def test_eos_is_taken_from_the_tokenizer(model):
     eos_model = model.replace(tokenizer=_word_tokenizer(special={eos: "<|endoftext|>"}))
     assert eos_model.config.eos_token_ids == ()
     sampler = Sampler(eos_model, drafter=None, max_new_tokens=12)
-    assert sampler.eos_ids == (eos,)
+    assert sampler.eos_id == (eos,)
     text, result = sampler.sample(PROMPT, return_result=True)
     assert result.to_lists() == [plain[: stop_at + 1]]  # stopped at EOS, EOS emitted
     assert text == eos_model.tokenizer.decode(plain[:stop_at]) and "<|endoftext|>" not in text
     # Control: without EOS ids the same sampler runs to max_new_tokens.
-    _, free = Sampler(eos_model, drafter=None, eos_ids=()).sample(
+    _, free = Sampler(eos_model, drafter=None, eos_id=()).sample(
         PROMPT, max_new_tokens=12, return_result=True
     )
     assert free.to_lists() == [plain]
@@ -150,7 +150,7 @@ def test_chat_turns_stop_at_the_end_of_turn(model):
     chat_model = model.replace(tokenizer=tok, chat_template=TEMPLATE)
 
     chat = ChatSampler(chat_model, drafter=None, max_new_tokens=12)
-    assert eot in chat.eos_ids
+    assert eot in chat.eos_id
     answer = chat.chat(first)
     assert answer == tok.decode(probe[:stop_at])  # ended at the end of the turn
     assert chat.turns == [
@@ -268,7 +268,7 @@ SAMPLER_FLAGS = {
 SAMPLER_WITHOUT_A_FLAG = {
     "sampling": "--temperature, --top-k, --top-p, --min-p and the penalties, below",
     "tokenizer": "the command reads the model's own tokenizer.json",
-    "eos_ids": "the tokenizer's and config's ids, as the Sampler's default; --no-eos: ()",
+    "eos_id": "the tokenizer's and config's ids, as the Sampler's default; --no-eos: ()",
     "dtype": "the command loads float32 weights, the Sampler's default; --quantize",
     "preset": "a named pair's preset applies unless a flag sets it, as preset=True",
     "prompt": "PROMPT", "key": "--seed", "stream": "streams unless --no-stream",

@@ -172,8 +172,8 @@ def test_bad_arguments_are_refused_by_name(pair, kwargs, error, match):
 @pytest.mark.slow  # the open loop's two programs (about 6 s)
 def test_open_loop_keeps_them(pair):
     target, _ = pair
-    state = specjax.decoding.init(
+    decoder, state = specjax.decoding.init(
         jax.random.key(0), target, PROMPTS, max_new_tokens=8, sampling=SAMPLING, top_logprobs=K
     )
-    out = specjax.decoding.result(specjax.decoding.step(state, 100))
+    out = decoder.result(decoder.run(state))
     assert out.top_ids.shape[-1] == K and bool(jnp.all(out.top_ids[:, 0] >= 0))

@@ -202,11 +202,11 @@ def _assert_cache_is_prefill_of(model, cache, seq_BS, lengths_B):
 def test_cache_after_tree_steps_equals_a_prefill_of_the_committed_tokens(pair, branching):
     target, draft = pair
     drafter = specjax.DraftModel(draft).with_tree(branching)
-    state = decoding.init(
+    decoder, state = decoding.init(
         jax.random.key(0), target, PROMPTS, drafter=drafter, max_new_tokens=40, sampling=GREEDY
     )
-    state = decoding.step(state, num_steps=6)
-    assert int(jnp.sum(state.stats.accepted)) > 0
+    state = decoder.run(state, num_steps=6)
+    assert int(jnp.sum(decoder.result(state).stats.accepted)) > 0
     _assert_cache_is_prefill_of(target, state.target_cache, state.seq, state.seq_lengths)
     # The draft's cache holds committed tokens only, and (`DraftModel.keep_path`) it
     # kept the accepted path above the leaves: it lacks the pending token and at most
@@ -430,8 +430,11 @@ def test_model_without_tree_support_is_refused(pair):
 
 def test_bad_tree_drafters_are_refused(pair):
     target, draft = pair
-    with pytest.raises(ValueError, match="PromptLookup does not propose trees"):
-        specjax.PromptLookup(ngram=2, num_draft=3).with_tree((2, 1))
+    # A chain drafter has no with_tree (the Sampler's and the CLI's refusals are in
+    # test_sampler.py and test_cli.py).
+    lookup = specjax.PromptLookup(ngram=2, num_draft=3)
+    assert not isinstance(lookup, specjax.drafters.TreeDrafter)
+    assert not hasattr(lookup, "with_tree")
     with pytest.raises(ValueError, match="block_size"):
         specjax.BlockDrafter.random(target, key=jax.random.key(0), num_draft=2).with_tree((2, 2, 2))
     drafter = specjax.DraftModel(draft).with_tree((2, 1))

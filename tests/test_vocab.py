@@ -312,15 +312,15 @@ def test_per_row_limits_with_b_equal_to_gamma_plus_one(target, draft):
 
 def test_vocab_limit_is_traced_in_the_open_loop(target):
     def run(sampling):
-        state = decoding.init(
+        decoder, state = decoding.init(
             jax.random.key(0), target, PROMPTS, max_new_tokens=12, sampling=sampling
         )
-        return decoding.result(decoding.step(state, 20))
+        return decoder.result(decoder.run(state, 20))
 
     first = run(_sampled())
     compiled = lambda: (  # noqa: E731
         decoding.api._init_jit._cache_size(),
-        decoding.api._step_jit._cache_size(),
+        decoding.decoder._run_jit._cache_size(),
     )
     before = compiled()
     for limit in (30, np.asarray([56, 60, 10]), jnp.int32(10)):

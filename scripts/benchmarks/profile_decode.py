@@ -168,8 +168,10 @@ def compiled_shapes(method, target, drafter, prompts, args, sampling) -> dict[st
     drafter = specjax.drafters.NoDraft() if method == "plain" else drafter
     key = jax.random.key(args.seed)
     options = decoding.checks.DecodeOptions(max_new_tokens=args.max_new_tokens, sampling=sampling)
-    traced, static, _ = decoding.checks._prepare(key, target, drafter, prompts, options)
-    lowered = decoding.api._decode_jit.lower(*traced, **static)
+    p = decoding.checks.prepare(key, target, drafter, prompts, options)
+    lowered = decoding.api._generate_jit.lower(
+        p.decoder, p.inputs, cache_len=p.cache_len, num_slots=p.num_slots
+    )
     return hlo_shapes(lowered.compile().as_text())
 
 

@@ -138,13 +138,14 @@ def _parse_tree(args):
     if args.tree is None:
         return None
     from specjax.drafters import registry
+    from specjax.drafters.base import TreeDrafter
     from specjax.verification.tree import Tree
 
     try:
         tree = Tree.parse(args.tree)
     except ValueError as e:
         raise UserError(str(e)) from None
-    trees = [n for n in registry.names() if registry.get(n).cls.drafts_trees]
+    trees = [n for n in registry.names() if issubclass(registry.get(n).cls, TreeDrafter)]
     if args.drafter in _drafter_names() and args.drafter not in ("auto", *trees):
         raise UserError(f"--tree needs a drafter that proposes trees ({', '.join(trees[:-1])} or "
                         f"{trees[-1]}), not --drafter {args.drafter}")  # fmt: skip
@@ -276,26 +277,25 @@ def _coloured(stream, ids, from_draft, color) -> str:
 
 
 def _decode_open(key, target, drafter, prompts, max_new_tokens, kw, on_chunk=None):
-    """One run through the open loop: init, then one step to the end or chunks streamed.
+    """One run through the open loop: init, then one run to the end or chunks streamed.
 
-    Both ways run the same two compiled programs (init and step), so a streamed first
+    Both ways run the same two compiled programs (init and run), so a streamed first
     run also compiles what the timed runs use.
     """
     import jax
 
     from specjax import decoding
 
-    state = decoding.init(
+    decoder, state = decoding.init(
         key, target, prompts, drafter=drafter, max_new_tokens=max_new_tokens, **kw
     )
     if on_chunk is None:
-        # Every iteration emits at least one token per active row.
-        state = decoding.step(state, max_new_tokens)
+        state = decoder.run(state)
     else:
-        for chunk_state, new in decoding.stream(state, steps_per_chunk=4):
-            on_chunk(chunk_state, new)
+        for chunk_state, new in decoder.stream(state, steps_per_chunk=4):
+            on_chunk(decoder, chunk_state, new)
         state = chunk_state
-    return jax.block_until_ready(decoding.result(state))
+    return jax.block_until_ready(decoder.result(state))
 
 
 def cmd_generate(args) -> int:
@@ -445,10 +445,10 @@ def cmd_generate(args) -> int:
         text = TextStream(tokenizer, hide)
         print(shown_prompt, end="", flush=True)
 
-        def show(state, new):
+        def show(decoder, state, new):
             if new[0]:
                 end = len(ids) + int(state.num_generated[0])
-                from_draft = state.feature_state("draft_flags")["from_draft"]
+                from_draft = decoder.feature_state(state, "draft_flags")["from_draft"]
                 flags = np.asarray(from_draft[0, end - len(new[0]) : end]).tolist()
                 print(_coloured(text, new[0], flags, color), end="", flush=True)
 

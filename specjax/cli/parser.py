@@ -195,7 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--seed", type=int, default=DEFAULTS.seed, help="PRNG seed (same seed, same output)"
     )
-    g.add_argument("--batch", type=int, default=1, help="generate this many samples at once")
+    g.add_argument(
+        "--batch-size", dest="batch", type=int, default=1,
+        help="generate this many samples at once",
+    )  # fmt: skip
     g.add_argument(
         "--no-eos", action="store_true",
         help="do not stop at the end of sequence (the config's EOS ids and the "
@@ -229,13 +232,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, helptext in [
         ("train", "train a model (and a byte-level BPE tokenizer) on text files"),
-        ("distill", "distil a draft model from a --target model on text files"),
+        ("distill", "distil a draft model from a --model (the target) on text files"),
     ]:
         t = sub.add_parser(name, help=helptext, description=helptext)
         t.add_argument("data", nargs="+", help="text files or folders (read recursively)")
         t.add_argument("--out", required=True, help="output folder (Hugging Face format)")
         if name == "distill":
-            t.add_argument("--target", required=True, help="teacher model folder")
+            t.add_argument(
+                "--model", dest="target", required=True,
+                help="the target (teacher) model folder",
+            )  # fmt: skip
         t.add_argument(
             "--size", choices=sorted(SIZES), default="tiny" if name == "train" else "draft",
             help="architecture preset",
@@ -253,7 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("data", nargs="+", help="text files or folders (read recursively)")
     d.add_argument("--out", required=True, help="output folder of the drafter")
-    d.add_argument("--target", help="target model folder (default: the bundled target)")
+    d.add_argument(
+        "--model", dest="target",
+        help="the target model folder (default: the bundled target)",
+    )  # fmt: skip
     d.add_argument("--layers", type=int, default=2, help="draft layers (1-5)")
     d.add_argument("--features", type=int, default=3, help="target layers fused")
     d.add_argument("--block-size", type=int, default=8, help="largest block (γ+1) trained")

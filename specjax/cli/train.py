@@ -122,7 +122,7 @@ def _check_resumed_tokenizer(args, out, tokenizer) -> None:
     if previous != tokenizer.to_str():
         raise UserError(
             f"--resume: the tokenizer differs from the one of {ckpts[-1]}; resume with the "
-            "same data, --vocab-size and --target, or pass --overwrite to start over"
+            "same data, --vocab-size and --model, or pass --overwrite to start over"
         )
 
 
@@ -157,18 +157,18 @@ def _train_common(args, out, teacher=None):
     if teacher is not None:
         tokenizer = teacher.tokenizer
         if tokenizer is None:
-            raise UserError(f"--target {args.target} has no tokenizer.json")
+            raise UserError(f"--model {args.target} has no tokenizer.json")
         # The draft shares the teacher's logits one for one (padded vocabularies
         # included), which distillation and speculative decoding both need.
         vocab_size = teacher.vocab_size
         if tokenizer.get_vocab_size() > vocab_size:
             raise UserError(
-                f"--target {args.target}: its tokenizer has {tokenizer.get_vocab_size()} "
+                f"--model {args.target}: its tokenizer has {tokenizer.get_vocab_size()} "
                 f"tokens but the model only {vocab_size} logits (another vocabulary)"
             )
         if tokenizer.token_to_id(tok_lib.EOS_TOKEN) is None:
             raise UserError(
-                f"--target {args.target}: its tokenizer has no {tok_lib.EOS_TOKEN} token, "
+                f"--model {args.target}: its tokenizer has no {tok_lib.EOS_TOKEN} token, "
                 "which separates the documents of the corpus"
             )
     else:
@@ -234,17 +234,17 @@ def cmd_train(args) -> int:
 def cmd_distill(args) -> int:
     _check_train_args(args, distill=True)
     out = _check_out(args)
-    teacher = load_folder(args.target, "--target")
+    teacher = load_folder(args.target, "--model")
     if args.seq_len > teacher.config.max_position_embeddings:
         raise UserError(
-            f"--seq-len {args.seq_len} is beyond the --target model's context "
+            f"--seq-len {args.seq_len} is beyond the --model's context "
             f"({teacher.config.max_position_embeddings})"
         )
     return _train_common(args, out, teacher=teacher)
 
 
 def cmd_train_drafter(args) -> int:
-    """Trains a BlockDrafter for --target (default: the bundled target) on text files."""
+    """Trains a BlockDrafter for --model (default: the bundled target) on text files."""
 
     import jax
     import numpy as np
@@ -276,11 +276,11 @@ def cmd_train_drafter(args) -> int:
     _check_writable(out)
 
     if args.target:
-        target = load_folder(args.target, "--target")
+        target = load_folder(args.target, "--model")
     else:
         target = default_pair()[0]
     if target.tokenizer is None:
-        raise UserError(f"--target {args.target} has no tokenizer.json")
+        raise UserError(f"--model {args.target} has no tokenizer.json")
     if args.seq_len > target.config.max_position_embeddings:
         raise UserError(
             f"--seq-len {args.seq_len} is beyond the target's context "

@@ -1,87 +1,45 @@
-"""The decoders: the jitted programs and the public open- and closed-loop functions.
+"""The decoders: the public open- and closed-loop functions.
 
 `generate` and `speculative_generate` (closed) check their inputs
-(`specjax.decoding.checks._prepare`) and run prefill, the loop and the output gather
-as one jitted program. `init`, `step`, `result` and `stream` (open) run the same
-pieces as separate jitted programs, with the loop state donated between chunks.
+(`specjax.decoding.checks.prepare`) and run prefill, the loop and the output gather
+as one jitted program. `init` (open) checks the same inputs and returns the
+`~specjax.decoding.Decoder` with its first state, which the decoder then advances in
+separate jitted chunks (`Decoder.run`), with the loop state donated between them.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from specjax.core.typed_jit import typed_jit
-from specjax.core.validation import check_int, is_concrete
-from specjax.decoding.build import DecodeOptions, output_width
-from specjax.decoding.checks import _prepare
-from specjax.decoding.loop import _run
-from specjax.decoding.refill import _hand_on, _init_state
+from specjax.decoding.build import DecodeOptions
+from specjax.decoding.checks import prepare
+from specjax.decoding.decoder import Decoder, gather_result, trim
+from specjax.decoding.loop import run_loop
+from specjax.decoding.refill import init_state
 from specjax.decoding.state import DecodeState, GenerationResult
 from specjax.drafters.base import Drafter, NoDraft
 from specjax.sampling import SamplingConfig
 
-_RESULT_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerationResult))
 
-
-def _result(state: DecodeState) -> GenerationResult:
-    """Every prompt's output in prompt order: those handed on, plus those still in a slot.
-
-    ``tokens`` and the per-position outputs are ``[N, S, ...]`` (padded); `output_width`
-    says how much of the width to keep. Each feature's result fills the
-    `GenerationResult` fields it names, the rest go to ``extras`` under their keys.
-    """
-    out = _hand_on(state, jnp.arange(state.seq.shape[0]))
-    fields, extras = {}, {}
-    features = zip(state.decoder.features, state.features, out.features, strict=True)
-    for feature, feature_state, feature_out in features:
-        for name, value in feature.result(feature_state, feature_out).items():
-            (fields if name in _RESULT_FIELDS else extras)[name] = value
-    return GenerationResult(
-        tokens=out.tokens,
-        lengths=out.lengths,
-        truncated=out.truncated,
-        invalid=out.invalid,
-        extras=extras,
-        **fields,
-    )
-
-
-def _trim(out: GenerationResult, width: int) -> GenerationResult:
-    """``out`` with every per-position output (``[N, S, ...]``) cut to ``width`` columns."""
-    full = out.tokens.shape[1]
-    cut = lambda x: x[:, :width] if x.ndim >= 2 and x.shape[1] == full else x  # noqa: E731
-    return jax.tree.map(cut, out)
+def _generate(decoder, inputs, *, cache_len: int, num_slots: int) -> GenerationResult:
+    state = init_state(decoder, inputs, cache_len=cache_len, num_slots=num_slots)
+    return gather_result(decoder, run_loop(decoder, state))
 
 
 _STATIC = ("cache_len", "num_slots")
 # typed_jit, not jax.jit: models of different classes with the same fields must not
 # share a compiled program (see specjax/core/typed_jit.py).
-_decode_jit = typed_jit(
-    lambda *a, **k: _result(_run(_init_state(*a, **k))), static_argnames=_STATIC
-)
-_init_jit = typed_jit(_init_state, static_argnames=_STATIC)
-_result_jit = typed_jit(_result)
+_generate_jit = typed_jit(_generate, static_argnames=_STATIC)
+_init_jit = typed_jit(init_state, static_argnames=_STATIC)
 
 
 def _decode(key, target, drafter, prompts, options: DecodeOptions) -> GenerationResult:
-    traced, static, width = _prepare(key, target, drafter, prompts, options)
-    return _trim(_decode_jit(*traced, **static), width)
-
-
-def _step_loop(decoder, loop_state: DecodeState, num_steps) -> DecodeState:
-    out = _run(loop_state.replace(decoder=decoder), num_steps)
-    return out.replace(decoder=None)
-
-
-# The loop state is donated (its caches and buffers are updated in place, so a chunk
-# needs no second copy of them: without donation peak memory doubles); the decoder
-# (models and tables) is not, since the caller still holds it.
-_step_jit = typed_jit(_step_loop, donate_argnums=(1,))
+    p = prepare(key, target, drafter, prompts, options)
+    out = _generate_jit(p.decoder, p.inputs, cache_len=p.cache_len, num_slots=p.num_slots)
+    return trim(out, p.width)
 
 
 # ----------------------------------------------------------------------------
@@ -109,103 +67,31 @@ def init(
     constraint=None,
     forward_width: int | None = None,
     features: Sequence = (),
-) -> DecodeState:
-    """Prefills the prompts and returns the `DecodeState` that `step` advances.
+) -> tuple[Decoder, DecodeState]:
+    """Prefills the prompts: the `~specjax.decoding.Decoder` and its first `DecodeState`.
 
     Takes the arguments of `speculative_generate` (``drafter=None`` decodes plainly)
-    and validates them the same way, before anything compiles.
+    and validates them the same way, before anything compiles. The decoder holds what
+    stays fixed (the models, the options, the features); the state is what the loop
+    carries. Advance the state with `Decoder.run` and read it with `Decoder.result`
+    (or `Decoder.stream` both).
+
+    Returns:
+        ``(decoder, state)``.
 
     Examples:
         >>> import jax, specjax
         >>> model = specjax.testing.tiny_model(seed=0)
-        >>> state = specjax.decoding.init(jax.random.key(0), model, [[1, 2, 3]], max_new_tokens=8)
-        >>> state = specjax.decoding.step(state, 3)   # three steps
-        >>> state = specjax.decoding.step(state, 100)  # the rest (stops when done)
-        >>> specjax.decoding.result(state).tokens.shape
+        >>> decoder, state = specjax.decoding.init(None, model, [[1, 2, 3]], max_new_tokens=8)
+        >>> state = decoder.run(state, 3)  # three steps
+        >>> state = decoder.run(state)     # the rest
+        >>> decoder.result(state).tokens.shape
         (1, 8)
     """
     options = DecodeOptions.of_call(locals())
     drafter = NoDraft() if drafter is None else drafter
-    traced, static, _ = _prepare(key, target, drafter, prompts, options)
-    return _init_jit(*traced, **static)
-
-
-def step(state: DecodeState, num_steps=1) -> DecodeState:
-    """Runs up to ``num_steps`` iterations of the decode loop (fewer if every row is done).
-
-    One jitted chunk of the same ``lax.while_loop`` that `generate` runs, with no host
-    sync inside. ``num_steps`` is traced, so chunks of any size share one compiled
-    program. The state's buffers are donated: use the returned state.
-
-    Args:
-        state: from `init` or a previous `step`.
-        num_steps: iterations to run (an int >= 0; each emits 1 to γ+1 tokens per
-            active row).
-
-    Returns:
-        the advanced `DecodeState`.
-    """
-    if not isinstance(state, DecodeState):
-        raise TypeError(
-            f"state must be a DecodeState from specjax.decoding.init, got {type(state).__name__}"
-        )
-    if is_concrete(num_steps):
-        num_steps = check_int("num_steps", num_steps, lo=0)
-    decoder = state.decoder
-    out = _step_jit(decoder, state.replace(decoder=None), jnp.int32(num_steps))
-    return out.replace(decoder=decoder)
-
-
-def result(state: DecodeState) -> GenerationResult:
-    """The output so far: every prompt's generated tokens, lengths, flags and stats.
-
-    Rows are prompts, in prompt order (also with fewer slots than prompts); a prompt
-    not started yet has length 0. ``tokens`` has width ``max(max_new_tokens)`` (or
-    what the cache can hold).
-    """
-    q = state.queue
-    width = output_width(q.max_new_tokens, q.prompt_lengths, state.seq.shape[1])
-    return _trim(_result_jit(state), width)
-
-
-def stream(
-    state: DecodeState, steps_per_chunk: int = 4
-) -> Iterator[tuple[DecodeState, list[list[int]]]]:
-    """Runs `step` chunk by chunk until every row is done, yielding the new tokens.
-
-    Each iteration syncs with the host once (to read the new tokens), between chunks,
-    never inside one.
-
-    Args:
-        state: from `init`; it is donated to the first chunk.
-        steps_per_chunk: loop iterations per chunk.
-
-    Yields:
-        ``(state, new_tokens)``: the state after the chunk, and per prompt (in prompt
-        order) the list of token ids generated in it (possibly empty). Use the last
-        yielded state (e.g. with `result`); earlier ones are donated to the next chunk.
-
-    Examples:
-        >>> import jax, specjax
-        >>> model = specjax.testing.tiny_model(seed=0)
-        >>> state = specjax.decoding.init(jax.random.key(0), model, [[1, 2]], max_new_tokens=6)
-        >>> chunks = [new for _, new in specjax.decoding.stream(state, steps_per_chunk=2)]
-        >>> sum(len(new[0]) for new in chunks)
-        6
-    """
-    steps_per_chunk = check_int("steps_per_chunk", steps_per_chunk, lo=1)
-    seen = np.asarray(_result_jit(state).lengths)
-    while True:
-        state = step(state, steps_per_chunk)
-        out = _result_jit(state)
-        tokens, lengths, done = jax.device_get((out.tokens, out.lengths, state.done))
-        new = [row[s:e].tolist() for row, s, e in zip(tokens, seen, lengths, strict=True)]
-        seen = lengths
-        yield state, new
-        # Refilling keeps every slot busy while prompts wait, so all slots done means
-        # every prompt is.
-        if done.all():
-            return
+    p = prepare(key, target, drafter, prompts, options)
+    return p.decoder, _init_jit(p.decoder, p.inputs, cache_len=p.cache_len, num_slots=p.num_slots)
 
 
 # ----------------------------------------------------------------------------

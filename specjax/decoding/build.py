@@ -4,7 +4,7 @@
 built: the features (the built-in ones the options turn on, with their stop-string and
 constraint tables, then the user's), the EOS ids, τ and the γ table. `state_bytes`
 sizes the `DecodeState` it will allocate from shapes alone, every feature's state
-included, for the memory check; `output_width` is the width of the result. The checks
+included, for the memory check. The checks
 of the other inputs, and `_prepare` that runs them all, are `specjax.decoding.checks`.
 """
 
@@ -19,6 +19,7 @@ import numpy as np
 
 from specjax.core.typed_jit import dataclass_types
 from specjax.core.validation import check_int, check_int_array, is_concrete
+from specjax.decoding.decoder import Decoder
 from specjax.decoding.features import (
     Constrain,
     DraftFlags,
@@ -29,13 +30,15 @@ from specjax.decoding.features import (
     StopAtStrings,
     TopLogprobs,
 )
-from specjax.decoding.refill import _unfilled_state
-from specjax.decoding.state import EOS_BUCKET, Decoder, round_up
-from specjax.drafters.base import Drafter, cache_bytes, tree_bytes
+from specjax.decoding.refill import PromptInputs, init_state
+from specjax.decoding.state import EOS_BUCKET, round_up
+from specjax.drafters.base import Drafter
+from specjax.models.forward import cache_bytes, tree_bytes
 from specjax.sampling import SamplingConfig
 from specjax.sampling.constraints import Constraint, ConstraintTable
 from specjax.sampling.penalties import penalties_in_program
 from specjax.sampling.stops import StopStrings
+from specjax.verification.verifiers import VERIFIERS, Coupled
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,23 +87,27 @@ def build_decoder(
         ValueError / TypeError naming the option: on a bad stop, constraint, feature,
             EOS id, ``draft_confidence`` or ``gamma_by_active_rows``.
     """
-    builtin = _builtin_features(options, target, drafter, sampling_N, vocab, n)
+    eos_ids = _eos_array(options.eos_id, vocab)
+    builtin = _builtin_features(options, target, drafter, sampling_N, vocab, n, eos_ids)
     return Decoder(
         target=target,
         drafter=drafter,
         features=builtin + _check_user_features(options.features, builtin),
-        eos_ids=_eos_array(options.eos_id, vocab),
+        eos_ids=eos_ids,
         draft_confidence=_check_confidence(options.draft_confidence),
-        verification=options.verification,
+        # The null drafter proposes nothing: its steps are coupled verification's.
+        verifier=Coupled() if drafter.null_drafter else VERIFIERS[options.verification],
         gamma_table=_check_gamma_table(options.gamma_by_active_rows, drafter.num_draft),
         forward_width=options.forward_width,
     )
 
 
-def _builtin_features(options: DecodeOptions, target, drafter, sampling_N, vocab: int, n: int):
+def _builtin_features(
+    options: DecodeOptions, target, drafter, sampling_N, vocab: int, n: int, eos_ids
+):
     """The built-in features: those every decoder runs, then those the options ask for."""
     features = [
-        Statistics(),
+        Statistics(num_positions=drafter.num_draft),
         DraftFlags(),
         Logprobs(),
         TopLogprobs(k=options.top_logprobs, raw=options.raw_logprobs),
@@ -113,7 +120,7 @@ def _builtin_features(options: DecodeOptions, target, drafter, sampling_N, vocab
         features.append(StopAtStrings(table=stop))
     constraint = _constraint_table(options.constraint, vocab, n)
     if constraint is not None:
-        features.append(Constrain(table=constraint))
+        features.append(Constrain(table=constraint, eos_ids=eos_ids))
     return tuple(features)
 
 
@@ -248,45 +255,32 @@ def _check_confidence(threshold):
     return jnp.asarray(threshold, jnp.float32)
 
 
-def state_bytes(key, decoder: Decoder, *arrays, cache_len: int, num_slots: int) -> int:
-    """Bytes of the `DecodeState` that `_init_state` allocates from the arguments
-    `_prepare` returns, its `Decoder` (models and tables, which exist already) aside.
+def state_bytes(decoder: Decoder, inputs: PromptInputs, *, cache_len: int, num_slots: int) -> int:
+    """Bytes of the `DecodeState` that `~specjax.decoding.refill.init_state` allocates,
+    its `Decoder` (models and tables, which exist already) aside.
 
     From shapes alone, so nothing is allocated, compiled or run: ``jax.eval_shape`` of
-    the state before its prefill, which builds every feature's state and per-prompt
+    the state before any model runs, which builds every feature's state and per-prompt
     output (a user's feature too) with the token buffers, settings and queue; then the
     target's cache (`cache_bytes`) and the drafter's own `Drafter.state_bytes`.
     """
-    traced = (key, decoder, *arrays)
-    shapes = _unfilled_shapes.eval_shape(
+    traced = (decoder, inputs)
+    shapes = _state_shapes.eval_shape(
         dataclass_types(traced), *traced, cache_len=cache_len, num_slots=num_slots
     )
     target_cache = cache_bytes(decoder.target, num_slots, cache_len)
     return tree_bytes(shapes) + target_cache + decoder.drafter.state_bytes(num_slots, cache_len)
 
 
-def _unfilled_without_decoder(types, key, decoder, *arrays, cache_len: int, num_slots: int):
+def _state_before_models(types, decoder, inputs, *, cache_len: int, num_slots: int):
     del types  # only part of the trace cache's key
-    state = _unfilled_state(key, decoder, *arrays, cache_len=cache_len, num_slots=num_slots)
-    return state.replace(decoder=None)
+    return init_state(decoder, inputs, cache_len=cache_len, num_slots=num_slots, run_models=False)
 
 
 # Jitted for its trace cache alone (it is never compiled): a call with the shapes and
 # options of an earlier one reuses that trace, about 1 ms against 20 ms to trace it
 # again, on every decoder call. The dataclass types are part of the key, as in
 # `specjax.core.typed_jit`: two feature classes with the same fields must not share it.
-_unfilled_shapes = jax.jit(
-    _unfilled_without_decoder, static_argnums=0, static_argnames=("cache_len", "num_slots")
+_state_shapes = jax.jit(
+    _state_before_models, static_argnums=0, static_argnames=("cache_len", "num_slots")
 )
-
-
-def output_width(max_new_B, prompt_lengths_B, cache_len: int) -> int:
-    """N: the largest budget, or the most a row can hold, whichever is smaller.
-
-    Never a ``[B, 10**9]`` buffer for a 64-slot cache. With traced budgets or prompt
-    lengths (inside a user's jit) it is the cache length.
-    """
-    if not (is_concrete(max_new_B) and is_concrete(prompt_lengths_B)):
-        return cache_len
-    room = cache_len - int(np.min(prompt_lengths_B))
-    return max(0, min(int(np.max(max_new_B)), room))

@@ -1,12 +1,12 @@
 """Input checks: every check of the decoders' inputs, on the host, before anything compiles.
 
-`_prepare` is the one entry point the decoders call: it checks the key (``None`` when
+`prepare` is the one entry point the decoders call: it checks the key (``None`` when
 every row is greedy), the models and the drafter (`specjax.drafters.checks`), the
 prompts (`pad_prompts`), budgets, sampling, seeds, the slot count and the widths,
 resolves the static cache length (`resolve_cache_len`), has
 `specjax.decoding.build` build the `Decoder` (checking the options it is built from),
-checks that the state fits in memory, and returns the traced and static arguments of
-`specjax.decoding.refill._init_state` with the output width. A bad input is therefore
+checks that the state fits in memory, and returns what
+`specjax.decoding.refill.init_state` takes, named (`Prepared`). A bad input is therefore
 refused here with a message naming it, never by a trace-time error.
 """
 
@@ -27,8 +27,10 @@ from specjax.core.validation import (
     check_int_array,
     is_concrete,
 )
-from specjax.decoding.build import DecodeOptions, build_decoder, output_width, state_bytes
+from specjax.decoding.build import DecodeOptions, build_decoder, state_bytes
+from specjax.decoding.decoder import Decoder, output_width
 from specjax.decoding.numerics import check_forward_width
+from specjax.decoding.refill import PromptInputs
 from specjax.decoding.state import CACHE_BUCKET, PROMPT_BUCKET, VERIFICATIONS, round_up
 from specjax.drafters.base import Drafter, step_slots
 from specjax.drafters.checks import check_drafter, check_model_members
@@ -268,21 +270,40 @@ def _resolve_cache(options: DecodeOptions, drafter: Drafter, prompt_width: int, 
     return resolved
 
 
-def _check_memory(options: DecodeOptions, traced, static: dict) -> None:
+def _check_memory(options: DecodeOptions, prepared: Prepared) -> None:
     """Refuses a decode state the device cannot hold: caches, buffers and every
     feature's state (`specjax.decoding.build.state_bytes`)."""
-    cache_len, num_slots = static["cache_len"], static["num_slots"]
+    cache_len, num_slots = prepared.cache_len, prepared.num_slots
     what = f"caches of {cache_len} slots for {num_slots} rows"
-    check_fits_memory(_cache_len_name(options), state_bytes(*traced, **static), what)
+    size = state_bytes(prepared.decoder, prepared.inputs, cache_len=cache_len, num_slots=num_slots)
+    check_fits_memory(_cache_len_name(options), size, what)
 
 
-def _prepare(key, target, drafter: Drafter, prompts, options: DecodeOptions):
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A decoder call's checked inputs: what `~specjax.decoding.refill.init_state` takes.
+
+    Attributes:
+        decoder: the call's `~specjax.decoding.Decoder`.
+        inputs: the prompts and per-prompt settings (`PromptInputs`, traced).
+        cache_len: the static cache length S.
+        num_slots: the static number of slots B.
+        width: the result's width (`~specjax.decoding.decoder.output_width`).
+    """
+
+    decoder: Decoder
+    inputs: PromptInputs
+    cache_len: int
+    num_slots: int
+    width: int
+
+
+def prepare(key, target, drafter: Drafter, prompts, options: DecodeOptions) -> Prepared:
     """Validates a decoder's inputs on the host, before anything compiles.
 
     Returns:
-        ``(traced, static, width)``: the traced arguments of
-        `~specjax.decoding.refill._init_state` (the key, the `Decoder` and the prompts'
-        arrays), its static keyword arguments, and the output width.
+        the `Prepared` inputs: the `Decoder`, the prompts' arrays, the static cache
+        length and slot count, and the output width.
     """
     key = _check_key(key, options.sampling)
     vocab = _check_pair(target, drafter, options)
@@ -299,14 +320,25 @@ def _prepare(key, target, drafter: Drafter, prompts, options: DecodeOptions):
     _check_bool("raw_logprobs", options.raw_logprobs)
     # Bucket the prompt width like the cache, capped by the cache itself.
     width = min(round_up(p, PROMPT_BUCKET), cache_len)
-    prompts_NP = jnp.pad(prompts_NP, [(0, 0), (0, width - p)])
-    seeds_N = _check_seeds(options.seeds, n)
-    traced = (key, decoder, prompts_NP, lengths_N, jnp.asarray(max_new_N), sampling_N, seeds_N)
-    static = dict(cache_len=cache_len, num_slots=num_slots)
-    _check_memory(options, traced, static)
+    inputs = PromptInputs(
+        key=key,
+        prompts=jnp.pad(prompts_NP, [(0, 0), (0, width - p)]),
+        prompt_lengths=lengths_N,
+        max_new_tokens=jnp.asarray(max_new_N),
+        sampling=sampling_N,
+        seeds=_check_seeds(options.seeds, n),
+    )
     # From host values (inside a user's jit the arrays above are already traced).
     host_lengths = np.asarray(lengths_N) if is_concrete(lengths_N) else np.full((n,), p)
-    return traced, static, output_width(max_new_N, host_lengths, cache_len)
+    prepared = Prepared(
+        decoder=decoder,
+        inputs=inputs,
+        cache_len=cache_len,
+        num_slots=num_slots,
+        width=output_width(max_new_N, host_lengths, cache_len),
+    )
+    _check_memory(options, prepared)
+    return prepared
 
 
 def _check_top_logprobs(k, vocab: int) -> int:

@@ -8,12 +8,17 @@ tokens, lets every feature record them, and flags the rows that end.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from specjax.decoding.features.base import Emission, write_slots
 from specjax.decoding.state import DecodeState
+
+if TYPE_CHECKING:
+    from specjax.decoding.decoder import Decoder
 
 
 @struct.dataclass
@@ -29,7 +34,8 @@ class Verified:
         probs: ``float32[B, G, V]`` the target's p that decided each emitted position.
         usable: ``bool[B, G]`` that p is a distribution (not NaN / all masked).
         target_cache: the target's cache, slot == position for the emitted positions.
-        features: the drafter's `TargetFeatures` at the G emitted positions, or None.
+        hidden: the target's `~specjax.models.forward.TargetHidden` at the G emitted
+            positions (for a drafter that reads them), or None.
         logits: ``[B, G, V]`` the target's raw logits at the emitted positions (read
             only for raw top log-probabilities).
     """
@@ -42,7 +48,7 @@ class Verified:
     probs: jax.Array
     usable: jax.Array
     target_cache: object
-    features: object
+    hidden: object
     logits: jax.Array
 
 
@@ -56,7 +62,7 @@ def _first_cut(hit_BG) -> jax.Array:
     return jnp.where(jnp.any(hit_BG, axis=1), jnp.argmax(hit_BG, axis=1) + 1, hit_BG.shape[1])
 
 
-def _num_emit(state: DecodeState, verified: Verified):
+def _num_emit(decoder: Decoder, state: DecodeState, verified: Verified):
     """``(num_emit, stopped, is_eos, num_usable)`` of each row.
 
     A row emits its accepted drafts and the target's token, cut after EOS, at its
@@ -68,13 +74,13 @@ def _num_emit(state: DecodeState, verified: Verified):
     offsets_G = jnp.arange(block_BG.shape[1])
     active = ~state.done
     num_usable = num_leading_true(verified.usable)
-    is_eos_BG = jnp.any(block_BG[..., None] == state.decoder.eos_ids[None, None], axis=-1)
+    is_eos_BG = jnp.any(block_BG[..., None] == decoder.eos_ids[None, None], axis=-1)
     is_eos_BG &= offsets_G[None] <= num_accepted[:, None]
     budget = state.settings.max_new_tokens - state.num_generated
     num_emit = jnp.minimum(num_accepted + 1, _first_cut(is_eos_BG))
     num_emit = jnp.minimum(num_emit, jnp.minimum(budget, num_usable))
     stopped = jnp.zeros_like(active)
-    for feature, feature_state in zip(state.decoder.features, state.features, strict=True):
+    for feature, feature_state in zip(decoder.features, state.features, strict=True):
         cut = feature.cut(state, feature_state, block_BG)
         if cut is not None:
             cut_B, ends_B = cut
@@ -84,7 +90,9 @@ def _num_emit(state: DecodeState, verified: Verified):
     return num_emit, stopped, is_eos_BG, num_usable
 
 
-def _update_status(state: DecodeState, before: DecodeState, num_emit, stopped, is_eos_BG, usable):
+def _update_status(
+    decoder: Decoder, state: DecodeState, before: DecodeState, num_emit, stopped, is_eos_BG, usable
+):
     """Flags the rows that end with this step: EOS, a feature's stop, their budget, a full
     cache, or no distribution at the next position."""
     active = ~before.done
@@ -95,7 +103,7 @@ def _update_status(state: DecodeState, before: DecodeState, num_emit, stopped, i
     invalid = active & (usable == 0)
     # Judged by the largest step, so that whether a row is truncated never depends on
     # which γ variant ran.
-    cache_full = state.seq_lengths + state.lookahead > state.seq.shape[1]
+    cache_full = state.seq_lengths + decoder.lookahead > state.seq.shape[1]
     status = state.status
     return status.replace(
         done=status.done | (active & (finished | cache_full | invalid)),
@@ -104,9 +112,10 @@ def _update_status(state: DecodeState, before: DecodeState, num_emit, stopped, i
     )
 
 
-def commit(state: DecodeState, verified: Verified) -> DecodeState:
-    """Emits the verified tokens, cut at EOS, budgets and features' cuts; advances every row."""
-    num_emit, stopped, is_eos_BG, num_usable = _num_emit(state, verified)
+def commit(decoder: Decoder, state: DecodeState, verified: Verified) -> DecodeState:
+    """Emits the verified tokens, cut at EOS, budgets and features' cuts; advances every
+    row and counts the step."""
+    num_emit, stopped, is_eos_BG, num_usable = _num_emit(decoder, state, verified)
     emission = Emission(
         block=verified.block,
         num_emit=num_emit,
@@ -119,18 +128,17 @@ def commit(state: DecodeState, verified: Verified) -> DecodeState:
     )
     features = tuple(
         feature.commit(state, feature_state, emission)
-        for feature, feature_state in zip(state.decoder.features, state.features, strict=True)
+        for feature, feature_state in zip(decoder.features, state.features, strict=True)
     )
     new_lengths = state.seq_lengths + num_emit
     block_BG = jnp.maximum(verified.block, 0)
     after = state.replace(
+        step=state.step + 1,
         seq=write_slots(state.seq, block_BG, state.seq_lengths, num_emit),
         seq_lengths=new_lengths,
         target_cache=verified.target_cache.rollback(new_lengths - 1),
-        drafter_state=verified.drafter.update(
-            verified.drafter_state, new_lengths, verified.features
-        ),
+        drafter_state=verified.drafter.update(verified.drafter_state, new_lengths, verified.hidden),
         features=features,
     )
-    status = _update_status(after, state, num_emit, stopped, is_eos_BG, num_usable)
+    status = _update_status(decoder, after, state, num_emit, stopped, is_eos_BG, num_usable)
     return after.replace(status=status)

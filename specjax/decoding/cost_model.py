@@ -353,7 +353,7 @@ def measure(
     """
     import time
 
-    from specjax.decoding.api import init, step
+    from specjax.decoding.api import init
     from specjax.sampling import SamplingConfig
 
     greedy = SamplingConfig.greedy()
@@ -365,18 +365,18 @@ def measure(
         """The fastest of ``repeats`` loops: (seconds a step, the last final state)."""
         best, state = float("inf"), None
         for i in range(repeats + 1):  # the first compiles
-            state = jax.block_until_ready(
+            decoder, state = jax.block_until_ready(
                 init(
                     None, target, prompts, drafter=drafter_or_none,
                     max_new_tokens=max_new_tokens, sampling=greedy, forward_width=width,
                 )
             )  # fmt: skip
             start = time.perf_counter()
-            state = jax.block_until_ready(step(state, max_new_tokens))
+            state = jax.block_until_ready(decoder.run(state))
             if i:
                 best = min(best, time.perf_counter() - start)
-        calls = max(int(jax.device_get(state.stats.target_calls)), 1)
-        return best / calls, state
+        calls = max(int(jax.device_get(state.step)), 1)
+        return best / calls, decoder.result(state)
 
     target_s = []
     for width in range(1, max_gamma + 2):
@@ -386,10 +386,10 @@ def measure(
             log(f"plain, forward width {width}: {1e3 * seconds:.2f} ms a step")
     draft_s, acceptance = [], ()
     for gamma in range(1, max_gamma + 1):
-        seconds, state = loop_s(drafter.with_draft(gamma), gamma + 1)
+        seconds, out = loop_s(drafter.with_draft(gamma), gamma + 1)
         draft_s.append(max(seconds - target_s[gamma], 0.0))
         if gamma == max_gamma:
-            stats = jax.device_get(state.stats)
+            stats = jax.device_get(out.stats)
             acceptance = tuple(float(a) for a in np.asarray(stats.acceptance_by_position))
         if log:
             log(f"gamma {gamma}: {1e3 * seconds:.2f} ms a step, drafts {1e3 * draft_s[-1]:.2f} ms")

@@ -3,7 +3,7 @@
 A step (`_decode_step`) drafts γ tokens per row (or the drafter's tree), scores the
 pending token and the drafts in one target call, verifies them exactly
 (`_verify_chain`, `_verify_tree`) and commits the emitted tokens
-(`specjax.decoding.commit`). `_run`
+(`specjax.decoding.commit`). `run_loop`
 repeats it, with a refill of finished slots (`specjax.decoding.refill`) after every
 step, until every row is done or a step budget runs out.
 """
@@ -11,21 +11,25 @@ step, until every row is done or a step budget runs out.
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.core.validation import INT32_MAX
 from specjax.decoding.commit import Verified, commit, num_leading_true
-from specjax.decoding.refill import _refill
+from specjax.decoding.refill import refill
 from specjax.decoding.state import DecodeState
-from specjax.drafters.base import score
 from specjax.models.cache import TreeMask
+from specjax.models.forward import score
 from specjax.sampling import RowSampling, mask_vocab, noise, probs_from_logits
 from specjax.sampling.penalties import constrain
 from specjax.sampling.vocab import pad_to_vocab
-from specjax.verification.chain import coupled_verify, rejection_sample, rejection_sample_onehot
 from specjax.verification.tree import path_nodes_with_root, tree_verify
+
+if TYPE_CHECKING:
+    from specjax.decoding.decoder import Decoder
 
 
 def _draft_probs(proposal, drafter, batch: int, gamma: int, vocab: int):
@@ -53,14 +57,14 @@ def _draft_probs(proposal, drafter, batch: int, gamma: int, vocab: int):
     return pad_to_vocab(proposal.probs, vocab)
 
 
-def _body(state: DecodeState, gamma: int) -> DecodeState:
+def _body(decoder: Decoder, state: DecodeState, gamma: int) -> DecodeState:
     """One loop iteration: a decode step with ``gamma`` drafts, then refills."""
-    return _refill(_decode_step(state, gamma))
+    return refill(decoder, _decode_step(decoder, state, gamma))
 
 
-def _table_index(state: DecodeState) -> jax.Array:
+def _table_index(decoder: Decoder, state: DecodeState) -> jax.Array:
     """The ``gamma_table`` entry for the number of active rows now."""
-    table = state.decoder.gamma_table
+    table = decoder.gamma_table
     max_rows = jnp.asarray([rows for rows, _ in table], jnp.int32)
     active = jnp.sum(~state.done, dtype=jnp.int32)
     return jnp.minimum(jnp.searchsorted(max_rows, active), len(table) - 1)
@@ -85,14 +89,14 @@ def _score_drafted(target, drafter, tokens_BG1, positions_BG1, cache, width_inde
     """The verify forward over only the ``width_index + 1`` leading positions.
 
     One precompiled forward per width, picked on device by ``lax.switch``; logits
-    (and features) are padded back to ``γ + 1`` columns. The padding is never read:
+    (and hidden states) are padded back to ``γ + 1`` columns. The padding is never read:
     no row drafted that far, so nothing there can be accepted or emitted.
     """
     g1 = tokens_BG1.shape[1]
 
     def forward(width):
         def run(cache):
-            logits, cache, features = score(
+            logits, cache, hidden = score(
                 target,
                 tokens_BG1[:, :width],
                 positions_BG1[:, :width],
@@ -100,12 +104,10 @@ def _score_drafted(target, drafter, tokens_BG1, positions_BG1, cache, width_inde
                 drafter.target_layers,
             )
             pad = [(0, 0), (0, g1 - width), (0, 0)]
-            if features is not None:
-                # Positions stay real, so padded features land only in stale slots.
-                features = features.replace(
-                    hidden=jnp.pad(features.hidden, pad), positions=positions_BG1
-                )
-            return jnp.pad(logits, pad), cache, features
+            if hidden is not None:
+                # Positions stay real, so padded hidden states land only in stale slots.
+                hidden = hidden.replace(states=jnp.pad(hidden.states, pad), positions=positions_BG1)
+            return jnp.pad(logits, pad), cache, hidden
 
         return run
 
@@ -121,22 +123,20 @@ def _usable(logits_BTV, sampling) -> jax.Array:
     return jnp.max(constrain(mask_vocab(logits_BTV, sampling.vocab_limit), sampling), -1) > -jnp.inf
 
 
-def _history(state: DecodeState) -> dict:
-    """The features' history at the committed prefix (penalty counts, the constraint's
-    cursor), as `RowSampling` fields."""
-    history = {}
-    for feature, feature_state in zip(state.decoder.features, state.features, strict=True):
-        history.update(feature.history(state, feature_state))
-    return history
+def _history(decoder: Decoder, state: DecodeState) -> tuple:
+    """The features' `~specjax.sampling.history.RowHistory` objects at the committed
+    prefix (penalty counts, a constraint's cursor, a user's), in feature order."""
+    histories = (
+        feature.history(state, feature_state)
+        for feature, feature_state in zip(decoder.features, state.features, strict=True)
+    )
+    return tuple(h for h in histories if h is not None)
 
 
-def _along(state: DecodeState, history: dict, chain_BG) -> RowSampling:
+def _along(state: DecodeState, histories: tuple, chain_BG) -> RowSampling:
     """The rows' sampling settings at each scored position of the step: position i is
     after the committed tokens and drafts ``0..i-1`` of ``chain_BG``."""
-    fields = {}
-    for feature in state.decoder.features:
-        fields.update(feature.along(history, chain_BG, state.sampling))
-    return RowSampling.of(state.sampling, **fields)
+    return RowSampling.of(state.sampling, tuple(h.along(chain_BG) for h in histories))
 
 
 def _step_keys(state: DecodeState, width: int):
@@ -145,9 +145,9 @@ def _step_keys(state: DecodeState, width: int):
     return positions_BW, noise.position_keys(state.settings.keys, positions_BW + 1)
 
 
-def _draft_keys(state: DecodeState, keys_BG1, gamma: int):
-    coupled = state.decoder.verification == "coupled"
-    return noise.stream(keys_BG1[:, :gamma], noise.SAMPLE if coupled else noise.DRAFT)
+def _draft_keys(decoder: Decoder, keys_BG1, gamma: int):
+    """The keys the drafter draws ``gamma`` drafts with: its verifier's noise stream."""
+    return noise.stream(keys_BG1[:, :gamma], decoder.verifier.draft_noise)
 
 
 def _pad_columns(x_BT, width: int, value):
@@ -156,41 +156,37 @@ def _pad_columns(x_BT, width: int, value):
     return jnp.pad(x_BT, pad, constant_values=value)
 
 
-def _score_fixed(target, drafter, tokens_BW, positions_BW, cache, num_features: int):
+def _score_fixed(target, drafter, tokens_BW, positions_BW, cache, num_hidden: int):
     """The verify forward over all W columns, which XLA may not narrow.
 
     The logits of columns no row can emit are never read, and XLA would otherwise be
     free to drop them and shrink the last layer's and the head's products to fewer
     rows: another kernel, so other rounding, and a column's logits would depend on how
     much of the forward is read. The barrier keeps every product W rows wide. The
-    features are cut to the ``num_features`` leading columns (the drafter's γ + 1).
+    hidden states are cut to the ``num_hidden`` leading columns (the drafter's γ + 1).
     """
-    logits_BWV, cache, features = score(
-        target, tokens_BW, positions_BW, cache, drafter.target_layers
-    )
-    if features is None:
+    logits_BWV, cache, hidden = score(target, tokens_BW, positions_BW, cache, drafter.target_layers)
+    if hidden is None:
         return jax.lax.optimization_barrier(logits_BWV), cache, None
-    logits_BWV, hidden = jax.lax.optimization_barrier((logits_BWV, features.hidden))
-    features = features.replace(
-        hidden=hidden[:, :num_features], positions=positions_BW[:, :num_features]
-    )
-    return logits_BWV, cache, features
+    logits_BWV, states = jax.lax.optimization_barrier((logits_BWV, hidden.states))
+    hidden = hidden.replace(states=states[:, :num_hidden], positions=positions_BW[:, :num_hidden])
+    return logits_BWV, cache, hidden
 
 
-def _chain_drafter(state: DecodeState, gamma: int):
+def _chain_drafter(decoder: Decoder, gamma: int):
     """The drafter as this step runs it: ``gamma`` drafts, under the decoder's τ."""
-    drafter = state.drafter
+    drafter = decoder.drafter
     if gamma != drafter.num_draft:
         drafter = drafter.replace(num_draft=gamma)
-    if state.decoder.draft_confidence is not None:
-        drafter = drafter.with_confidence(state.decoder.draft_confidence)
+    if decoder.draft_confidence is not None:
+        drafter = drafter.with_confidence(decoder.draft_confidence)
     return drafter
 
 
-def _num_drafted(state: DecodeState, drafter, proposal, draft_probs, gamma: int):
+def _num_drafted(decoder: Decoder, drafter, proposal, draft_probs, gamma: int):
     """``int32[B]`` drafts each row proposes: γ, or fewer under ``draft_confidence``."""
     b = proposal.tokens.shape[0]
-    confidence = state.decoder.draft_confidence
+    confidence = decoder.draft_confidence
     if confidence is None or gamma == 0:
         return jnp.full((b,), gamma, jnp.int32)
     if proposal.num_drafted is not None:  # the drafter stopped its rows itself
@@ -204,56 +200,56 @@ def _num_drafted(state: DecodeState, drafter, proposal, draft_probs, gamma: int)
     return _confident_drafts(proposal.tokens.astype(jnp.int32), draft_probs, confidence)
 
 
-def _propose_chain(state: DecodeState, drafter, keys_BW, history: dict, gamma: int):
+def _propose_chain(
+    decoder: Decoder, state: DecodeState, drafter, keys_BW, history: tuple, gamma: int
+):
     """``(proposal, q [B, γ, V] or None, num_drafted [B], chain [B, W-1])``.
 
     The chain holds the proposed drafts, then -1: a draft that was not proposed reads
     as out of vocabulary, which every verifier rejects with q := 0, so the row's next
     token comes from p itself, exactly.
     """
-    b, vocab = state.seq.shape[0], state.target.vocab_size
+    b, vocab = state.seq.shape[0], decoder.target.vocab_size
     proposal = drafter.propose(
-        _draft_keys(state, keys_BW, gamma),
+        _draft_keys(decoder, keys_BW, gamma),
         state.drafter_state,
         state.seq,
         state.seq_lengths,
-        RowSampling.of(state.sampling, **history),
+        RowSampling.of(state.sampling, history),
     )
     draft_probs = _draft_probs(proposal, drafter, b, gamma, vocab)
-    num_drafted = _num_drafted(state, drafter, proposal, draft_probs, gamma)
+    num_drafted = _num_drafted(decoder, drafter, proposal, draft_probs, gamma)
     proposed_BG = jnp.arange(gamma)[None] < num_drafted[:, None]
     chain_BG = jnp.where(proposed_BG, proposal.tokens.astype(jnp.int32), -1)
     return proposal, draft_probs, num_drafted, _pad_columns(chain_BG, keys_BW.shape[1] - 1, -1)
 
 
-def _score_chain(state: DecodeState, drafter, chain_BW1, positions_BW, num_drafted, gamma: int):
+def _score_chain(
+    decoder: Decoder, state: DecodeState, drafter, chain_BW1, positions_BW, num_drafted, gamma: int
+):
     """Scores the pending token and the chain in one target call: ``(logits, cache,
-    features)``; a drafter's features come out of this same forward."""
+    hidden)``; a drafter's hidden come out of this same forward."""
     pending_B = state.seq[jnp.arange(state.seq.shape[0]), state.seq_lengths - 1]
     tokens_BW = jnp.concatenate([pending_B[:, None], jnp.maximum(chain_BW1, 0)], axis=1)
-    decoder = state.decoder
     if decoder.forward_width is None and decoder.draft_confidence is not None and gamma > 0:
         width_index = jnp.max(jnp.where(~state.done, num_drafted, 0))
         return _score_drafted(
-            state.target, drafter, tokens_BW, positions_BW, state.target_cache, width_index
+            decoder.target, drafter, tokens_BW, positions_BW, state.target_cache, width_index
         )
     return _score_fixed(
-        state.target, drafter, tokens_BW, positions_BW, state.target_cache, gamma + 1
+        decoder.target, drafter, tokens_BW, positions_BW, state.target_cache, gamma + 1
     )
 
 
-def _verify_block(state: DecodeState, drafter, keys_BW, chain_BW1, draft_probs, target_probs):
-    """``(block [B, W], num_accepted [B])`` by the decoder's verification."""
-    if state.decoder.verification == "coupled" or drafter.null_drafter:
-        return coupled_verify(keys_BW, chain_BW1, target_probs)
-    if draft_probs is None:
-        return rejection_sample_onehot(keys_BW, chain_BW1, target_probs)
-    width = keys_BW.shape[1]
-    q_BW1V = _pad_columns(draft_probs, width - 1, 0.0)
-    return rejection_sample(keys_BW, chain_BW1, q_BW1V, target_probs)
+def _verify_block(decoder: Decoder, keys_BW, chain_BW1, draft_probs, target_probs):
+    """``(block [B, W], num_accepted [B])`` by the decoder's verifier; q is padded with
+    zeros to the W - 1 columns of the chain (no draft there)."""
+    if draft_probs is not None:
+        draft_probs = _pad_columns(draft_probs, keys_BW.shape[1] - 1, 0.0)
+    return decoder.verifier.verify(keys_BW, chain_BW1, draft_probs, target_probs)
 
 
-def _verify_chain(state: DecodeState, gamma: int) -> Verified:
+def _verify_chain(decoder: Decoder, state: DecodeState, gamma: int) -> Verified:
     """Drafts a chain of ``gamma`` tokens, scores it in one target call, verifies it.
 
     The target scores ``W = γ + 1`` columns, or the decoder's fixed forward width: then
@@ -263,23 +259,21 @@ def _verify_chain(state: DecodeState, gamma: int) -> Verified:
     verification of such a chain: its token at each position is the target's sample
     there, drawn exactly as coupled speculative decoding draws it.
     """
-    drafter = _chain_drafter(state, gamma)
-    width = gamma + 1 if state.decoder.forward_width is None else state.decoder.forward_width
+    drafter = _chain_drafter(decoder, gamma)
+    width = gamma + 1 if decoder.forward_width is None else decoder.forward_width
     positions_BW, keys_BW = _step_keys(state, width)
-    history = _history(state)
+    history = _history(decoder, state)
     proposal, draft_probs, num_drafted, chain_BW1 = _propose_chain(
-        state, drafter, keys_BW, history, gamma
+        decoder, state, drafter, keys_BW, history, gamma
     )
-    logits_BWV, target_cache, features = _score_chain(
-        state, drafter, chain_BW1, positions_BW, num_drafted, gamma
+    logits_BWV, target_cache, hidden = _score_chain(
+        decoder, state, drafter, chain_BW1, positions_BW, num_drafted, gamma
     )
     # Position i's penalties count the prefix and drafts 0..i-1 (`specjax.sampling.penalties`);
     # its constraint mask is the automaton's state after them (`specjax.sampling.constraints`).
     scored = _along(state, history, chain_BW1)
     target_probs = probs_from_logits(logits_BWV, scored)
-    block_BW, num_accepted = _verify_block(
-        state, drafter, keys_BW, chain_BW1, draft_probs, target_probs
-    )
+    block_BW, num_accepted = _verify_block(decoder, keys_BW, chain_BW1, draft_probs, target_probs)
     return Verified(
         drafter=drafter,
         drafter_state=proposal.state,
@@ -289,17 +283,17 @@ def _verify_chain(state: DecodeState, gamma: int) -> Verified:
         probs=target_probs,
         usable=_usable(logits_BWV, scored),
         target_cache=target_cache,
-        features=features,
+        hidden=hidden,
         logits=logits_BWV,
     )
 
 
-def _propose_tree(state: DecodeState, keys_BD1):
+def _propose_tree(decoder: Decoder, state: DecodeState, keys_BD1):
     """``(proposal, node tokens int32[B, N])`` after a trace-time check of the shapes."""
-    drafter = state.drafter
+    drafter = decoder.drafter
     tree, b = drafter.tree, state.seq.shape[0]
     proposal = drafter.propose(
-        _draft_keys(state, keys_BD1, tree.depth),
+        _draft_keys(decoder, keys_BD1, tree.depth),
         state.drafter_state,
         state.seq,
         state.seq_lengths,
@@ -315,7 +309,7 @@ def _propose_tree(state: DecodeState, keys_BD1):
     return proposal, node_tokens.astype(jnp.int32)
 
 
-def _score_tree(state: DecodeState, node_tokens_BN, width: int):
+def _score_tree(decoder: Decoder, state: DecodeState, node_tokens_BN, width: int):
     """Scores the root (the pending token) and every node in one target call.
 
     The root is at slot ``last`` and node j at slot ``last + j``, each at position
@@ -323,7 +317,7 @@ def _score_tree(state: DecodeState, node_tokens_BN, width: int):
     nodes are followed by ``W - N - 1`` padding columns at later slots and positions,
     each seeing only itself (and no node sees them: their slots follow the tree's).
     """
-    tree = state.drafter.tree
+    tree = decoder.drafter.tree
     last = state.seq_lengths - 1
     n1 = tree.num_nodes + 1
     pending_B = state.seq[jnp.arange(state.seq.shape[0]), last]
@@ -335,43 +329,43 @@ def _score_tree(state: DecodeState, node_tokens_BN, width: int):
     slots_BW = last[:, None] + jnp.arange(width)[None]
     mask = TreeMask(start=last, slots=slots_BW, visible=jnp.asarray(visible))
     positions_BW = last[:, None] + jnp.asarray(depth_W)[None]
-    logits_BWV, target_cache, features = score(
-        state.target,
+    logits_BWV, target_cache, hidden = score(
+        decoder.target,
         tokens_BW,
         positions_BW,
         state.target_cache,
-        state.drafter.target_layers,
+        decoder.drafter.target_layers,
         tree=mask,
     )
-    if state.decoder.forward_width is not None:  # as in `_score_fixed`
-        logits_BWV, features = jax.lax.optimization_barrier((logits_BWV, features))
-    return logits_BWV, target_cache, features
+    if decoder.forward_width is not None:  # as in `_score_fixed`
+        logits_BWV, hidden = jax.lax.optimization_barrier((logits_BWV, hidden))
+    return logits_BWV, target_cache, hidden
 
 
-def _verify_tree(state: DecodeState) -> Verified:
+def _verify_tree(decoder: Decoder, state: DecodeState) -> Verified:
     """Drafts the drafter's tree, scores all N + 1 nodes in one target call, verifies it.
 
     Every node's p and the target's samples are computed only on the D + 1 nodes of
     the path (all W columns at a fixed forward width: `specjax.verification.tree.tree_verify`'s
     ``every_node``). After the exact walk the accepted path is moved to consecutive
-    slots, and the path's probabilities and features are what the commit reads.
+    slots, and the path's probabilities and hidden are what the commit reads.
     """
-    drafter, tree = state.drafter, state.drafter.tree
+    drafter, tree = decoder.drafter, decoder.drafter.tree
     b, depth, n1 = state.seq.shape[0], tree.depth, tree.num_nodes + 1
     last = state.seq_lengths - 1
-    fixed = state.decoder.forward_width is not None
+    fixed = decoder.forward_width is not None
     _, keys_BD1 = _step_keys(state, depth + 1)
-    proposal, node_tokens = _propose_tree(state, keys_BD1)
-    logits_BWV, target_cache, features = _score_tree(
-        state, node_tokens, state.decoder.forward_width if fixed else n1
+    proposal, node_tokens = _propose_tree(decoder, state, keys_BD1)
+    logits_BWV, target_cache, hidden = _score_tree(
+        decoder, state, node_tokens, decoder.forward_width if fixed else n1
     )
-    history = _history(state)
+    history = _history(decoder, state)
     block_BD1, num_accepted, path_BD, probs_BD1V = tree_verify(
         keys_BD1,
         node_tokens,
         logits_BWV if fixed else logits_BWV[:, :n1],
         tree,
-        RowSampling.of(state.sampling, **history),
+        RowSampling.of(state.sampling, history),
         every_node=fixed,
     )
     nodes_BD1 = path_nodes_with_root(path_BD)
@@ -380,9 +374,9 @@ def _verify_tree(state: DecodeState) -> Verified:
         index = nodes_BD1.reshape(b, depth + 1, *([1] * (x_BN1.ndim - 2)))
         return jnp.take_along_axis(x_BN1, index, axis=1)
 
-    if features is not None:
+    if hidden is not None:
         positions_BD1 = last[:, None] + jnp.arange(depth + 1)[None]
-        features = features.replace(hidden=along_path(features.hidden), positions=positions_BD1)
+        hidden = hidden.replace(states=along_path(hidden.states), positions=positions_BD1)
     path_logits = along_path(logits_BWV)
     return Verified(
         drafter=drafter,
@@ -393,19 +387,19 @@ def _verify_tree(state: DecodeState) -> Verified:
         probs=probs_BD1V,
         usable=_usable(path_logits, _along(state, history, block_BD1[:, :depth])),
         target_cache=target_cache.compact_path(last, path_BD),
-        features=features,
+        hidden=hidden,
         logits=path_logits,
     )
 
 
-def _decode_step(state: DecodeState, gamma: int) -> DecodeState:
+def _decode_step(decoder: Decoder, state: DecodeState, gamma: int) -> DecodeState:
     """One decode step with γ = ``gamma`` drafts (at most the drafter's own γ), or a tree."""
-    if state.drafter.tree is not None:
-        return commit(state, _verify_tree(state))
-    return commit(state, _verify_chain(state, gamma))
+    if decoder.drafter.tree is not None:
+        return commit(decoder, state, _verify_tree(decoder, state))
+    return commit(decoder, state, _verify_chain(decoder, state, gamma))
 
 
-def _run(state: DecodeState, num_steps=None) -> DecodeState:
+def run_loop(decoder: Decoder, state: DecodeState, num_steps=None) -> DecodeState:
     """Runs the loop until every row is done, or for at most ``num_steps`` iterations.
 
     With a ``gamma_table``, one ``while_loop`` per entry runs in turn, from the most
@@ -418,15 +412,18 @@ def _run(state: DecodeState, num_steps=None) -> DecodeState:
     if num_steps is None:
         running = lambda s: ~jnp.all(s.done)  # noqa: E731
     else:
-        limit = state.stats.target_calls + jnp.maximum(jnp.asarray(num_steps, jnp.int32), 0)
-        running = lambda s: ~jnp.all(s.done) & (s.stats.target_calls < limit)  # noqa: E731
-    table = state.decoder.gamma_table
+        # Clamped so that the limit never wraps around int32.
+        room = jnp.int32(INT32_MAX) - state.step
+        limit = state.step + jnp.clip(jnp.asarray(num_steps, jnp.int32), 0, room)
+        running = lambda s: ~jnp.all(s.done) & (s.step < limit)  # noqa: E731
+    table = decoder.gamma_table
     if not table:
-        return jax.lax.while_loop(running, partial(_body, gamma=state.drafter.num_draft), state)
+        body = partial(_body, decoder, gamma=decoder.drafter.num_draft)
+        return jax.lax.while_loop(running, body, state)
     for index in reversed(range(len(table))):
         # ">=": the last loop (entry 0) runs to the end whatever the count.
         def cond(s, index=index):
-            return running(s) & (_table_index(s) >= index)
+            return running(s) & (_table_index(decoder, s) >= index)
 
-        state = jax.lax.while_loop(cond, partial(_body, gamma=table[index][1]), state)
+        state = jax.lax.while_loop(cond, partial(_body, decoder, gamma=table[index][1]), state)
     return state

@@ -124,8 +124,10 @@ def insert_row(batched, row, index: jax.Array, batch_size: int):
     """
 
     def put(path, x, x_1):
+        # (PRNG key arrays have no astype: rows of one dtype are written as they are.)
+        x_1 = x_1 if x_1.dtype == x.dtype else x_1.astype(x.dtype)
         if x.shape == x_1.shape:
-            return x_1.astype(x.dtype) if batch_size == 1 else x
+            return x_1 if batch_size == 1 else x
         axes = [i for i, (a, c) in enumerate(zip(x.shape, x_1.shape, strict=False)) if a != c]
         if (
             x.ndim != x_1.ndim
@@ -138,6 +140,6 @@ def insert_row(batched, row, index: jax.Array, batch_size: int):
                 f"of shape {list(x_1.shape)} does not match the {batch_size}-row shape "
                 f"{list(x.shape)} on exactly one batch axis"
             )
-        return jax.lax.dynamic_update_slice_in_dim(x, x_1.astype(x.dtype), index, axes[0])
+        return jax.lax.dynamic_update_slice_in_dim(x, x_1, index, axes[0])
 
     return jax.tree_util.tree_map_with_path(put, batched, row)

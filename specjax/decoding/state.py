@@ -1,10 +1,10 @@
 """The decoder's constants and the pytrees its loop carries and returns.
 
-`DecodeState` is the loop's carry (plus its models), `GenerationResult` what a
-decoder returns, and `GenerationStats` the counters both hold. Nothing here runs a
-model: the loop is `specjax.decoding.loop`, the checks of the inputs that fill a
-state are `specjax.decoding.checks`, and the `Decoder` is built by
-`specjax.decoding.build`.
+`DecodeState` is the loop's carry, `GenerationResult` what a decoder returns, and
+`GenerationStats` the counters it reports. Nothing here runs a model: what stays
+fixed while a batch decodes (the models, the options, the features) is the
+`~specjax.decoding.decoder.Decoder`, the loop is `specjax.decoding.loop`, and the
+checks of the inputs that fill a state are `specjax.decoding.checks`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.decoding.slots import PromptOutputs, PromptQueue
-from specjax.drafters.base import step_slots
 from specjax.sampling import SamplingConfig
+from specjax.verification.verifiers import VERIFIERS
 
 # Default cache lengths are rounded up to this multiple, so that nearby values
 # of max_new_tokens (or prompt lengths) share one compiled program.
@@ -26,7 +26,8 @@ PROMPT_BUCKET = 16
 # eos ids are padded with -1 (never a token) to a multiple of this, so that None, one
 # id and a few ids are one compiled program.
 EOS_BUCKET = 8
-VERIFICATIONS = ("rejection", "coupled")
+# The names ``verification=`` takes (`specjax.verification.verifiers`).
+VERIFICATIONS = tuple(VERIFIERS)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -40,8 +41,7 @@ class GenerationStats:
 
     Attributes:
         target_calls: ``int32[]`` target forward calls in the loop (iterations).
-        row_target_calls: ``int32[N]`` iterations in which each prompt was active
-            (per slot, ``[B]``, inside a `DecodeState`).
+        row_target_calls: ``int32[N]`` iterations in which each prompt was active.
         drafted: ``int32[N]`` tokens drafted (proposed) for each prompt.
         accepted: ``int32[N]`` drafted tokens the verifier accepted per prompt.
         accepted_hist: ``int32[γ+1]`` how often 0..γ drafts were accepted in
@@ -175,54 +175,19 @@ class RowSettings:
 
 
 @struct.dataclass(kw_only=True)
-class Decoder:
-    """What stays fixed while a batch decodes: the models, the options and the features.
-
-    Attributes:
-        target: the target model (model contract).
-        drafter: the `Drafter`; `~specjax.drafters.NoDraft` for plain decoding.
-        features: the per-row `~specjax.decoding.features.RowFeature` parts, in the
-            order they run (their tables are traced, their options static).
-        eos_ids: ``int32[K]`` ids that end a row (``-1`` pads).
-        draft_confidence: ``float32[]`` τ, or ``None``: a row stops proposing after
-            its first draft whose own probability is below τ.
-        verification: static ``"rejection"`` or ``"coupled"``.
-        gamma_table: static ``((max_active_rows, γ), ...)`` pairs, ascending: a step
-            with ``a`` active rows drafts the γ of the first pair with
-            ``a <= max_active_rows`` (the last pair beyond). Empty: always the
-            drafter's γ.
-        forward_width: static W: every target forward of the loop scores exactly W
-            columns (`specjax.decoding.numerics`), or ``None``: each scores only what
-            its step needs (1 for plain decoding, the step's verify width otherwise).
-    """
-
-    target: object
-    drafter: object
-    features: tuple = ()
-    eos_ids: jax.Array
-    draft_confidence: jax.Array | None = None
-    verification: str = struct.field(pytree_node=False, default="rejection")
-    gamma_table: tuple[tuple[int, int], ...] = struct.field(pytree_node=False, default=())
-    forward_width: int | None = struct.field(pytree_node=False, default=None)
-
-    @property
-    def lookahead(self) -> int:
-        """Slots one step may write past a row's length: γ + 1 (N + 1 for a tree), or
-        the forward width W when it is fixed."""
-        return step_slots(self.drafter, self.forward_width)
-
-
-@struct.dataclass(kw_only=True)
 class DecodeState:
-    """Everything needed to continue decoding: the loop's carry plus its `Decoder`.
+    """The decode loop's carry: everything that changes while a batch decodes.
 
-    Build it with :func:`init`, advance it with :func:`step`, read it with
-    :func:`result`. `step` donates the state's buffers: use the state it returns,
+    Build it with `specjax.decoding.init` (which also returns its
+    `~specjax.decoding.Decoder`), advance it with `Decoder.run`, read it with
+    `Decoder.result`. `run` donates the state's buffers: use the state it returns,
     not the one passed in. Slots are rows being decoded, ``[B]``; prompts are the N
-    rows of the call, served by the slots in turn.
+    rows of the call, served by the slots in turn. Every per-slot leaf carries the
+    slots on one axis, so a refill writes a slot as one row
+    (`~specjax.decoding.slots.insert_row`).
 
     Attributes:
-        decoder: the `Decoder` (models, options, features).
+        step: ``int32[]`` loop iterations run so far (each one target forward).
         seq: ``int32[B, S]`` prompt then generated tokens; slot == position.
         seq_lengths: ``int32[B]`` valid tokens per row (prompt + generated).
         prompt_lengths: ``int32[B]``.
@@ -230,12 +195,12 @@ class DecodeState:
         settings: the `RowSettings` of each slot's prompt.
         target_cache: the target's cache.
         drafter_state: whatever the drafter carries (e.g. its cache).
-        features: each feature's per-slot state, in ``decoder.features``' order.
+        features: each feature's per-slot state, in the decoder's ``features`` order.
         queue: the `~specjax.decoding.slots.PromptQueue` of all N prompts.
         outputs: the `~specjax.decoding.slots.PromptOutputs` of the prompts handed on.
     """
 
-    decoder: Decoder
+    step: jax.Array
     seq: jax.Array
     seq_lengths: jax.Array
     prompt_lengths: jax.Array
@@ -246,14 +211,6 @@ class DecodeState:
     features: tuple
     queue: PromptQueue
     outputs: PromptOutputs
-
-    @property
-    def target(self):
-        return self.decoder.target
-
-    @property
-    def drafter(self):
-        return self.decoder.drafter
 
     @property
     def done(self) -> jax.Array:
@@ -269,20 +226,3 @@ class DecodeState:
     def num_generated(self) -> jax.Array:
         """``int32[B]`` tokens generated so far per row."""
         return self.seq_lengths - self.prompt_lengths
-
-    @property
-    def lookahead(self) -> int:
-        """Slots one step may write past a row's length (`Decoder.lookahead`)."""
-        return self.decoder.lookahead
-
-    @property
-    def stats(self) -> GenerationStats:
-        """The statistics of the rows in the slots (finished prompts' are in ``outputs``)."""
-        return self.feature_state("statistics")
-
-    def feature_state(self, name: str):
-        """The per-slot state of the feature called ``name``."""
-        for feature, state in zip(self.decoder.features, self.features, strict=True):
-            if feature.name == name:
-                return state
-        raise KeyError(f"no feature {name!r} in this decoder")

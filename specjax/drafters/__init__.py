@@ -1,7 +1,8 @@
 """Drafters: who proposes the γ tokens the target verifies.
 
-* `specjax.drafters.base`: the contract every drafter follows (`Drafter`, `Proposal`,
-  `TargetFeatures`) and the target forwards that feed feature drafters;
+* `specjax.drafters.base`: the contract every drafter follows (`Drafter`, `Proposal`;
+  the target's hidden states a drafter may read are a
+  `specjax.models.forward.TargetHidden`);
 * `specjax.drafters.draft_model`: `DraftModel`, a smaller LM;
 * `specjax.drafters.lookup`: `PromptLookup` (no weights); `NoDraft` (γ = 0) is in `base`;
 * `specjax.drafters.features`: `FeatureDrafter`, the shared base of the drafters that
@@ -19,13 +20,9 @@ Drafters are inference only: `specjax.io.drafter_weights` saves and loads them a
 from specjax.drafters.base import Drafter as Drafter
 from specjax.drafters.base import NoDraft as NoDraft
 from specjax.drafters.base import Proposal as Proposal
-from specjax.drafters.base import TargetFeatures as TargetFeatures
+from specjax.drafters.base import TreeDrafter as TreeDrafter
 from specjax.drafters.base import as_tree as as_tree
-from specjax.drafters.base import cache_bytes as cache_bytes
 from specjax.drafters.base import lookahead as lookahead
-from specjax.drafters.base import prefill as prefill
-from specjax.drafters.base import prefill_positions as prefill_positions
-from specjax.drafters.base import score as score
 from specjax.drafters.block import BlockDrafter as BlockDrafter
 from specjax.drafters.draft_model import DraftModel as DraftModel
 from specjax.drafters.eagle import EagleDrafter as EagleDrafter

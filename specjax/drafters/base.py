@@ -4,13 +4,13 @@ A drafter is a small frozen pytree (``flax.struct.dataclass``) with pure functio
 that the decoder calls inside its ``lax.while_loop``; only ``propose`` must be
 written, and ``init`` and ``update`` default to a stateless drafter's:
 
-* ``init(prompts_BS, seq_lengths_B, cache_len, features) -> state`` once, after the
+* ``init(prompts_BS, seq_lengths_B, cache_len, hidden) -> state`` once, after the
   prompt;
 * ``propose(keys_BG, state, seq_BS, seq_lengths_B, sampling) -> Proposal`` each step;
-* ``update(state, seq_lengths_B, features) -> state`` after verification, with each
+* ``update(state, seq_lengths_B, hidden) -> state`` after verification, with each
   row's new length (this is where a draft model rolls its KV cache back);
-* for a tree drafter, ``keep_path(state, start_B, path_BD) -> state`` between the two,
-  with the accepted path (optional: the default keeps nothing).
+* for a `TreeDrafter` proposing a tree, ``keep_path(state, start_B, path_BD) -> state``
+  between the two, with the accepted path (optional: the default keeps nothing).
 
 ``seq_BS`` is the decoder's token buffer: slot ``s`` of row ``b`` holds the
 token at position ``s``; only ``s < seq_lengths_B[b]`` is valid. The last valid
@@ -25,9 +25,9 @@ samples that position with, which is what makes a good drafter's tokens match. A
 deterministic drafter ignores them.
 
 ``sampling`` is a `specjax.sampling.RowSampling`: the user's `specjax.SamplingConfig`
-with one value per row in each setting (``[B]``), plus the rows' history at the
-committed prefix that the penalties and a constraint read (``counts`` and
-``automaton``, ``None`` when no row uses them; a tree drafter is given none). A
+with one value per row in each setting (``[B]``), plus the rows' histories at the
+committed prefix (``histories``: the penalties' counts, a constraint's states, a
+user's; `specjax.sampling.history`; a tree drafter is given none). A
 drafter that samples passes it as it is to `specjax.sampling.probs_from_logits` (or
 `draw_draft`), so that its q is processed like the target's p, and one that draws its
 drafts one by one advances it between drafts with
@@ -42,23 +42,20 @@ Drafters that read the target (`specjax.BlockDrafter`, `specjax.EagleDrafter`; t
 shared base is `specjax.drafters.features.FeatureDrafter`) name the target layers they
 need in a static tuple ``target_layers``. The decoder then asks the target for those
 layers' hidden states inside the forwards it runs anyway (prefill and verify, through
-the model contract's ``feature_layers=``) and hands them over as `TargetFeatures`:
+the model contract's ``feature_layers=``) and hands them over as a
+`~specjax.models.forward.TargetHidden`:
 
-* ``init``'s ``features`` are the prompt's;
+* ``init``'s ``hidden`` is the prompt's;
 * ``update``'s are those of the γ+1 tokens the verify forward scored. Those at
   positions ``< seq_lengths_B - 1`` are committed; the rest (rejected drafts) are
   stale and must never be read.
 
 No drafter ever runs a second target forward. Drafters with an empty
-``target_layers`` (the default) get ``features=None``.
+``target_layers`` (the default) get ``hidden=None``.
 
-**Trees.** A drafter with a static ``tree`` (`specjax.verification.tree.Tree`, set by
-``with_tree``) proposes ``tokens int32[B, N]``, one per drafted node in the tree's
-order, with ``probs=None`` (children are deterministic: the top-k of its
-distribution) and ``num_draft`` = the tree's depth D; it gets ``keys_BG`` ``[B, D]``
-and may ignore them. The decoder verifies the tree exactly (`specjax.verification.tree`), and a
-feature-reading drafter's ``update`` gets the features of the root and of the
-accepted path, ``[B, D+1, ·]`` at consecutive positions, as for a chain.
+**Trees.** A `TreeDrafter` can also propose a static tree of drafts
+(`specjax.verification.tree.Tree`, set by ``with_tree``), which the decoder verifies
+exactly; its docstring has the contract.
 
 The contract is inference only: how a drafter with weights of its own is trained
 is `specjax.training`'s (`specjax.training.objectives`), and how it is saved and loaded
@@ -77,7 +74,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.models.contract import checked_output
+from specjax.models.forward import TargetHidden
 from specjax.sampling import (
     SamplingConfig,
     greedy_rows,
@@ -113,20 +110,6 @@ class Proposal:
     num_drafted: jax.Array | None = None
 
 
-@struct.dataclass
-class TargetFeatures:
-    """Hidden states of the target's ``target_layers``, as handed to a drafter.
-
-    Attributes:
-        hidden: ``[B, T, n·E]`` the outputs of the n requested layers at T
-            positions, concatenated in ``target_layers`` order.
-        positions: ``int32[B, T]`` the absolute position of each column.
-    """
-
-    hidden: jax.Array
-    positions: jax.Array
-
-
 class Drafter(abc.ABC):
     """Interface of a drafter. Subclasses are frozen ``flax.struct`` dataclasses.
 
@@ -139,16 +122,15 @@ class Drafter(abc.ABC):
     Attributes:
         num_draft: γ, tokens proposed per step (static).
         target_layers: static tuple of target layer indices whose hidden states the
-            drafter reads (`TargetFeatures`); empty for drafters that do not.
-        tree: the static `Tree` the drafter proposes (`with_tree`), or ``None`` for a
-            chain of ``num_draft`` drafts.
+            drafter reads (`~specjax.models.forward.TargetHidden`); empty for drafters
+            that do not.
+        tree: ``None``: the drafter proposes a chain of ``num_draft`` drafts (a
+            `TreeDrafter` may propose a static `Tree` instead).
     """
 
     num_draft: int
     target_layers: tuple[int, ...] = ()
     tree: Tree | None = None
-    #: Whether the drafter can propose trees (`with_tree`).
-    drafts_trees: bool = False
     #: Whether it is the null drafter (`NoDraft`), the only one the decoders let
     #: draft nothing (γ = 0): with it, speculative decoding is plain decoding.
     null_drafter: bool = False
@@ -167,21 +149,6 @@ class Drafter(abc.ABC):
         is returned as it is, and the decoder cuts its chain from the returned q.
         """
         return self
-
-    def with_tree(self, tree) -> Drafter:
-        """The same drafter proposing ``tree`` (a `Tree`, a branching tuple or "3,2,2,1").
-
-        ``num_draft`` becomes the tree's depth. ``None`` goes back to a chain of
-        ``num_draft`` drafts.
-        """
-        if tree is None:
-            return self.replace(tree=None)
-        if not self.drafts_trees:
-            raise ValueError(f"{type(self).__name__} does not propose trees")
-        tree = as_tree(tree)
-        out = self.replace(tree=tree, num_draft=tree.depth)
-        out.check()  # e.g. a BlockDrafter's block is at least the tree's depth
-        return out
 
     def with_draft(self, num_draft: int | None = None, mode: str | None = None) -> Drafter:
         """The same drafter with another γ and/or drafting mode (no new weights).
@@ -206,7 +173,7 @@ class Drafter(abc.ABC):
 
     def init(
         self, prompts_BS: jax.Array, seq_lengths_B: jax.Array, cache_len: int,
-        features: TargetFeatures | None = None,
+        hidden: TargetHidden | None = None,
     ):  # fmt: skip
         """Builds the drafter's state after the prompt (e.g. prefills its cache).
 
@@ -216,10 +183,10 @@ class Drafter(abc.ABC):
             prompts_BS: ``int32[B, S]`` right-padded prompts.
             seq_lengths_B: ``int32[B]`` their lengths.
             cache_len: the decoder's cache slots per row.
-            features: the prompt's `TargetFeatures` of ``target_layers``; ``None``
-                for a drafter that reads none.
+            hidden: the prompt's `~specjax.models.forward.TargetHidden` of
+                ``target_layers``; ``None`` for a drafter that reads none.
         """
-        del prompts_BS, seq_lengths_B, cache_len, features
+        del prompts_BS, seq_lengths_B, cache_len, hidden
         return ()
 
     @abc.abstractmethod
@@ -246,27 +213,14 @@ class Drafter(abc.ABC):
             a `Proposal` with ``tokens int32[B, γ]``.
         """
 
-    def update(self, state, seq_lengths_B: jax.Array, features: TargetFeatures | None = None):
+    def update(self, state, seq_lengths_B: jax.Array, hidden: TargetHidden | None = None):
         """Returns the state after verification left each row ``seq_lengths_B`` long.
 
-        ``features`` are the verify forward's `TargetFeatures` of ``target_layers``
-        (``None`` for a drafter that reads none). The default keeps the state as it is
-        (a stateless drafter's).
+        ``hidden`` is the verify forward's `~specjax.models.forward.TargetHidden` of
+        ``target_layers`` (``None`` for a drafter that reads none). The default keeps the
+        state as it is (a stateless drafter's).
         """
-        del seq_lengths_B, features
-        return state
-
-    def keep_path(self, state, start_B: jax.Array, path_BD: jax.Array):
-        """Returns the state after a tree step accepted ``path_BD`` (before `update`).
-
-        Called by the decoders after every tree verification, with the root's slot
-        and the accepted path (`specjax.verification.tree.tree_verify`'s ``path_BD``). A drafter
-        whose state holds entries for the tree's nodes (a draft model's cache, with
-        node j at slot ``start + j``) can keep the accepted ones instead of computing
-        them again next step; the default keeps nothing. Whatever it returns, the
-        decoders' output is the same: only the drafter's cost depends on it.
-        """
-        del start_B, path_BD
+        del seq_lengths_B, hidden
         return state
 
     def check(self) -> None:
@@ -291,10 +245,51 @@ class Drafter(abc.ABC):
 
         The decoders add it to the target's cache in their memory check, before
         anything compiles. The default, 0, fits drafters whose state is a few
-        per-row scalars; a drafter with a cache overrides it (see `cache_bytes`).
+        per-row scalars; a drafter with a cache overrides it (see
+        `specjax.models.forward.cache_bytes`).
         """
         del batch_size, cache_len
         return 0
+
+
+class TreeDrafter(Drafter):
+    """A drafter that can also propose a static tree of drafts instead of a chain.
+
+    A subclass declares ``tree`` as a static dataclass field (default ``None``: a
+    chain); `with_tree` sets it, and the decoders then verify the tree exactly
+    (`specjax.verification.tree`). While it proposes a tree, ``propose`` returns
+    ``tokens int32[B, N]``, one per node in the tree's order, with ``probs=None``
+    (children are deterministic: the top-k of the node's distribution), ``num_draft``
+    is the tree's depth D and ``keys_BG`` is ``[B, D]`` (it may ignore them). A drafter
+    that reads the target gets in ``update`` the hidden states of the root and of the
+    accepted path, ``[B, D+1, ·]`` at consecutive positions, as for a chain.
+    """
+
+    def with_tree(self, tree) -> Drafter:
+        """The same drafter proposing ``tree`` (a `Tree`, a branching tuple or "3,2,2,1").
+
+        ``num_draft`` becomes the tree's depth. ``None`` goes back to a chain of
+        ``num_draft`` drafts.
+        """
+        if tree is None:
+            return self.replace(tree=None)
+        tree = as_tree(tree)
+        out = self.replace(tree=tree, num_draft=tree.depth)
+        out.check()  # e.g. a BlockDrafter's block is at least the tree's depth
+        return out
+
+    def keep_path(self, state, start_B: jax.Array, path_BD: jax.Array):
+        """Returns the state after a tree step accepted ``path_BD`` (before `update`).
+
+        Called by the decoders after every tree verification, with the root's slot
+        and the accepted path (`specjax.verification.tree.tree_verify`'s ``path_BD``). A drafter
+        whose state holds entries for the tree's nodes (a draft model's cache, with
+        node j at slot ``start + j``) can keep the accepted ones instead of computing
+        them again next step; the default keeps nothing. Whatever it returns, the
+        decoders' output is the same: only the drafter's cost depends on it.
+        """
+        del start_B, path_BD
+        return state
 
 
 class StatelessDrafter(Drafter):
@@ -353,16 +348,6 @@ def own_probability(logits_BV, token_B, probs_BV, sampling) -> jax.Array:
     return jnp.where(greedy_rows(sampling, token_B.shape[0]), raw_B, q_B)
 
 
-def tree_bytes(tree) -> int:
-    """Bytes of a pytree's array leaves, arrays or ``jax.ShapeDtypeStruct`` alike."""
-    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
-
-
-def cache_bytes(model, batch_size: int, cache_len: int) -> int:
-    """Bytes of ``model.init_cache(batch_size, cache_len)``, from shapes alone."""
-    return tree_bytes(jax.eval_shape(lambda: model.init_cache(batch_size, cache_len)))
-
-
 def as_tree(tree) -> Tree:
     """A `Tree` from a `Tree`, a branching sequence like ``(3, 2, 2, 1)``, or ``"3,2,2,1"``."""
     if isinstance(tree, Tree):
@@ -382,55 +367,3 @@ def step_slots(drafter: Drafter, forward_width: int | None) -> int:
     """Cache slots one decode step writes past a row's length: the forward width W when
     it is fixed (at least `lookahead`), else `lookahead`."""
     return lookahead(drafter) if forward_width is None else forward_width
-
-
-def prefill_positions(batch_size: int, length: int) -> jax.Array:
-    """``int32[B, T]`` positions ``0..T-1`` for every row."""
-    return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))
-
-
-def score(
-    model, tokens_BT, positions_BT, cache, feature_layers: tuple[int, ...] = (), tree=None
-):  # fmt: skip
-    """One target forward, collecting a drafter's features when it reads any.
-
-    The one place that calls the model contract with or without ``feature_layers=``
-    (and ``tree=``, a `~specjax.models.cache.TreeMask`, for a tree of drafts).
-
-    Returns:
-        ``(logits float32[B, T, V], new_cache, features)``: ``features`` are the
-        `TargetFeatures` of ``feature_layers`` at ``positions_BT``, or ``None`` when
-        ``feature_layers`` is empty (the plain three-argument call).
-
-    Raises:
-        ModelContractError: the model returned something other than a
-            `~specjax.models.contract.ModelOutput`.
-    """
-    extra = {} if tree is None else {"tree": tree}
-    if feature_layers:
-        extra["feature_layers"] = feature_layers
-    out = checked_output(model(tokens_BT, positions_BT, cache, **extra), type(model).__name__)
-    if not feature_layers:
-        return out.logits, out.cache, None
-    return out.logits, out.cache, TargetFeatures(hidden=out.features, positions=positions_BT)
-
-
-def prefill(
-    model, prompts_BP: jax.Array, prompt_lengths_B: jax.Array, cache_len: int,
-    feature_layers: tuple[int, ...] = (),
-):  # fmt: skip
-    """Runs ``model`` over right-padded prompts into a fresh cache of ``cache_len`` slots.
-
-    Returns:
-        ``(logits float32[B, P, V], cache, features)``, ``features`` the prompt's
-        `TargetFeatures` of ``feature_layers`` (``None`` without them). The cache's
-        lengths are set to ``prompt_lengths - 1``: the last prompt token stays
-        "pending", the same invariant the decode loops keep (the pending token is fed
-        next step). The padded slots written here are overwritten before they are read.
-    """
-    b, p = prompts_BP.shape
-    cache = model.init_cache(b, cache_len)
-    logits, cache, features = score(
-        model, prompts_BP, prefill_positions(b, p), cache, feature_layers
-    )
-    return logits, cache.rollback(prompt_lengths_B - 1), features

@@ -16,7 +16,7 @@ token at position ``L-1+k``. One forward drafts all γ tokens.
 
 The context keys/values are the drafter's only state: a `KVCache` holding, per draft
 layer, the projections of the committed tokens' features. The decoder hands over the
-features of each verify forward (`specjax.drafters.TargetFeatures`); the drafter
+hidden states of each verify forward (`specjax.models.forward.TargetHidden`); the drafter
 writes all γ+1 of them and sets its length to ``L - 1``, so features of rejected
 drafts sit beyond the length, are never read, and are overwritten next step: rolling
 back is a change of lengths, as for every cache here. The pending token never has
@@ -45,14 +45,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from specjax.drafters.base import Proposal, TargetFeatures, draw_draft
+from specjax.drafters.base import Proposal, draw_draft
 from specjax.drafters.features import MODES, FeatureDrafter, layers_config
 from specjax.models.attention import Attention, Keys, cache_layout, rope_inv_freq, write_kv
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
+from specjax.models.forward import TargetHidden
 from specjax.models.layers import MLP, Dense, RMSNorm
 from specjax.sampling import probs_from_logits, sample
-from specjax.sampling.penalties import after_token, history
+from specjax.sampling.penalties import after_token
+from specjax.sampling.settings import histories_of
 from specjax.verification.tree import child_tokens
 
 __all__ = ["DEFAULT_MODE", "MODES", "BlockDrafter", "BlockDraftNet"]
@@ -216,21 +218,21 @@ class BlockDrafter(FeatureDrafter):
                 f"for this drafter (trained for blocks of {self.block_size}), got {self.num_draft}"
             )
 
-    def _write_context(self, cache: KVCache, features: TargetFeatures, seq_lengths_B) -> KVCache:
-        """Projects ``features`` into every layer's context slots; length = ``L - 1``."""
-        kv = self.net.context_keys_values(features.hidden, features.positions)
+    def _write_context(self, cache: KVCache, hidden: TargetHidden, seq_lengths_B) -> KVCache:
+        """Projects ``hidden`` into every layer's context slots; length = ``L - 1``."""
+        kv = self.net.context_keys_values(hidden.states, hidden.positions)
         k, v = cache.k, cache.v
         for layer, (k_BTKD, v_BTKD) in enumerate(kv):
             # Features past the cache's end are not written (`write_kv`).
-            k, v = write_kv(k, v, layer, features.positions, k_BTKD, v_BTKD)
+            k, v = write_kv(k, v, layer, hidden.positions, k_BTKD, v_BTKD)
         return KVCache(k=k, v=v, lengths=jnp.asarray(seq_lengths_B, jnp.int32) - 1)
 
-    def init(self, prompts_BS, seq_lengths_B, cache_len, features: TargetFeatures = None):
+    def init(self, prompts_BS, seq_lengths_B, cache_len, hidden: TargetHidden = None):
         cache = self.init_cache(prompts_BS.shape[0], cache_len)
-        return self._write_context(cache, features, seq_lengths_B)
+        return self._write_context(cache, hidden, seq_lengths_B)
 
-    def update(self, state: KVCache, seq_lengths_B, features: TargetFeatures = None):
-        return self._write_context(state, features, seq_lengths_B)
+    def update(self, state: KVCache, seq_lengths_B, hidden: TargetHidden = None):
+        return self._write_context(state, hidden, seq_lengths_B)
 
     def block_logits(self, state: KVCache, seq_BS, seq_lengths_B) -> jax.Array:
         """Logits ``float32[B, γ, V]`` of block positions 1..γ (the drafted positions)."""
@@ -260,8 +262,8 @@ class BlockDrafter(FeatureDrafter):
                 for d in range(self.tree.depth)
             ], axis=1)  # fmt: skip
             return Proposal(tokens=tokens, probs=None, state=state)
-        if history(sampling)[1] is not None:  # a constraint's states
-            return self._constrained(keys_BG, logits_BGV, state, sampling)
+        if histories_of(sampling):  # penalties, a constraint, a user's: per position
+            return self._in_order(keys_BG, logits_BGV, state, sampling)
         if self.mode == "argmax":
             tokens, _ = draw_draft(None, logits_BGV, sampling, argmax=True)
             return Proposal(tokens=tokens, probs=None, state=state)
@@ -271,13 +273,15 @@ class BlockDrafter(FeatureDrafter):
         )
         return Proposal(tokens=tokens, probs=probs, state=state)
 
-    def _constrained(self, keys_BG, logits_BGV, state, sampling) -> Proposal:
-        """Drafts under a constraint (`specjax.sampling.constraints`), one position after another.
+    def _in_order(self, keys_BG, logits_BGV, state, sampling) -> Proposal:
+        """Drafts under the rows' histories (`specjax.sampling.history`: penalties, a
+        constraint, a user's), one position after another.
 
-        The block's logits do not depend on its drafts, but the constraint's mask at
-        position i does (the automaton state after drafts 0..i-1), so the drafts are
-        drawn in order, each from its position's logits masked with its own state. Any
-        q is exact; this one wastes no draft on a token outside the language.
+        The block's logits do not depend on its drafts, but a history's mask at position
+        i does (the counts or automaton state after drafts 0..i-1), so the drafts are
+        drawn in order, each from its position's logits under its own history. Any q is
+        exact; this one is the q the target's p is compared with at that position (and
+        wastes no draft on a token outside a constraint's language).
         """
         tokens, probs = [], []
         for i in range(self.num_draft):

@@ -6,23 +6,16 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafters.base import (
-    Drafter,
-    Proposal,
-    cache_bytes,
-    draw_draft,
-    own_probability,
-    prefill,
-    score,
-)
+from specjax.drafters.base import Proposal, TreeDrafter, draw_draft, own_probability
 from specjax.models.cache import KVCache, TreeMask
+from specjax.models.forward import cache_bytes, prefill, score
 from specjax.sampling import RowSampling
 from specjax.sampling.penalties import after_token
 from specjax.verification.tree import Tree, expand_top_k
 
 
 @struct.dataclass
-class DraftModel(Drafter):
+class DraftModel(TreeDrafter):
     """A smaller LM that drafts γ tokens autoregressively with its own KV cache.
 
     The draft samples from ``probs_from_logits(draft_logits, sampling)``, the
@@ -61,7 +54,6 @@ class DraftModel(Drafter):
     greedy_draft: bool = struct.field(pytree_node=False, default=False)
     tree: Tree | None = struct.field(pytree_node=False, default=None)
     stop_below: jax.Array | None = None
-    drafts_trees = True
     stops_early = True
     noun = "draft model"
 
@@ -80,8 +72,8 @@ class DraftModel(Drafter):
         # output exact (the verifier only needs the q the drafts came from).
         return jnp.minimum(tokens, self.model.vocab_size - 1)
 
-    def init(self, prompts_BS, seq_lengths_B, cache_len, features=None):
-        del features  # reads no target layers
+    def init(self, prompts_BS, seq_lengths_B, cache_len, hidden=None):
+        del hidden  # reads no target layers
         _, cache, _ = prefill(self.model, self._readable(prompts_BS), seq_lengths_B, cache_len)
         return cache
 
@@ -118,8 +110,8 @@ class DraftModel(Drafter):
 
         sampling = RowSampling.of(sampling)  # a user's SamplingConfig: no history
         token, probs = draw(keys_BG[:, 0], logits_BV, sampling)
-        # Only the history the transforms read is carried (the settings are constants).
-        history = (sampling.counts, sampling.automaton)
+        # Only the histories the transforms read are carried (the settings are constants).
+        histories = sampling.histories
         # A row proposes up to and including its first draft below τ: whether draft i
         # is proposed depends only on the drafts before it (exact, see
         # `speculative_generate`'s draft_confidence).
@@ -127,10 +119,8 @@ class DraftModel(Drafter):
         num_drafted_B = jnp.ones((b,), jnp.int32)
 
         def step(carry, keys_B):
-            token_B, position_B, cache, history, going_B, num_drafted_B = carry
-            settings = after_token(
-                sampling.replace(counts=history[0], automaton=history[1]), token_B
-            )
+            token_B, position_B, cache, histories, going_B, num_drafted_B = carry
+            settings = after_token(sampling.replace(histories=histories), token_B)
 
             def forward(cache):
                 logits, cache, _ = score(self.model, token_B[:, None], position_B[:, None], cache)
@@ -149,13 +139,12 @@ class DraftModel(Drafter):
             next_token, probs = draw(keys_B, logits_BV, settings)
             num_drafted_B = num_drafted_B + going_B.astype(num_drafted_B.dtype)
             going_B = going_B & confident(logits_BV, next_token, probs)
-            history = (settings.counts, settings.automaton)
-            carry = (next_token, position_B + 1, cache, history, going_B, num_drafted_B)
+            carry = (next_token, position_B + 1, cache, settings.histories, going_B, num_drafted_B)
             return carry, (next_token, probs)
 
         # Unrolled: γ is small and static, and the inner while loop's carry
         # copies cost ~10% of a proposal on CPU (0.37 -> 0.335 ms, bundled draft, γ=4).
-        carry = (token, last + 1, cache, history, going_B, num_drafted_B)
+        carry = (token, last + 1, cache, histories, going_B, num_drafted_B)
         (_, _, cache, _, _, num_drafted_B), (tokens_rest, probs_rest) = jax.lax.scan(
             step, carry, jnp.moveaxis(keys_BG[:, 1:], 1, 0), unroll=True
         )
@@ -245,8 +234,8 @@ class DraftModel(Drafter):
         depth = path_BD.shape[1]
         return state.compact_path(start_B, path_BD).rollback(start_B + depth)
 
-    def update(self, state: KVCache, seq_lengths_B, features=None):
-        del features
+    def update(self, state: KVCache, seq_lengths_B, hidden=None):
+        del hidden
         # A chain step's cache holds every accepted draft; after a tree step
         # `keep_path` left the accepted path above the leaves. The row's newest token
         # (and an accepted leaf) are fed next step.

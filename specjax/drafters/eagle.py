@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from specjax.drafters.base import Proposal, TargetFeatures, draw_draft
+from specjax.drafters.base import Proposal, draw_draft
 from specjax.drafters.features import MODES, FeatureDrafter, layers_config
 from specjax.models.attention import (
     Keys,
@@ -59,6 +59,7 @@ from specjax.models.attention import (
 )
 from specjax.models.cache import KVCache, TreeMask
 from specjax.models.config import ModelConfig
+from specjax.models.forward import TargetHidden
 from specjax.models.layers import MLP, Dense, RMSNorm
 from specjax.sampling.penalties import after_token
 from specjax.verification.tree import expand_top_k
@@ -247,15 +248,13 @@ class EagleDrafter(FeatureDrafter):
 
     # -- The drafter contract. ---------------------------------------------------------
 
-    def init(
-        self, prompts_BS, seq_lengths_B, cache_len, features: TargetFeatures = None
-    ) -> EagleState:
+    def init(self, prompts_BS, seq_lengths_B, cache_len, hidden: TargetHidden = None) -> EagleState:
         b, p = prompts_BS.shape
         lengths = jnp.asarray(seq_lengths_B, jnp.int32)
-        fused = self.net.fc(features.hidden)  # [B, P, E] at positions 0..P-1
+        fused = self.net.fc(hidden.states)  # [B, P, E] at positions 0..P-1
         # Position j takes u_{j-1} (zero at j = 0). Positions >= L are padding: written
         # (or dropped past the cache) but never read, like any slot >= L.
-        positions = features.positions
+        positions = hidden.positions
         _, cache = self.step_features(
             self.init_cache(b, cache_len), shift(fused, 1), prompts_BS, positions
         )
@@ -268,19 +267,17 @@ class EagleDrafter(FeatureDrafter):
         slots = jnp.full((b, w), -1, jnp.int32).at[:, 0].set(lengths - 1)
         return EagleState(cache=cache.rollback(lengths - 1), fused=fused_BWE, slots=slots)
 
-    def update(
-        self, state: EagleState, seq_lengths_B, features: TargetFeatures = None
-    ) -> EagleState:
-        b, t, _ = features.hidden.shape
+    def update(self, state: EagleState, seq_lengths_B, hidden: TargetHidden = None) -> EagleState:
+        b, t, _ = hidden.states.shape
         w = state.slots.shape[1]
         if t > w:
             raise ValueError(
-                f"features: the verify forward scored {t} positions but this EagleDrafter's "
+                f"hidden: the verify forward scored {t} positions but this EagleDrafter's "
                 f"state holds {w} (γ + 1 of the drafter that ran init): build the state and "
                 "decode with one drafter"
             )
-        fused = jnp.pad(self.net.fc(features.hidden), ((0, 0), (0, w - t), (0, 0)))
-        slots = jnp.pad(features.positions + 1, ((0, 0), (0, w - t)), constant_values=-1)
+        fused = jnp.pad(self.net.fc(hidden.states), ((0, 0), (0, w - t), (0, 0)))
+        slots = jnp.pad(hidden.positions + 1, ((0, 0), (0, w - t)), constant_values=-1)
         # A row that emitted nothing (finished) got no committed feature: its stored
         # columns still cover position L - 1, so it keeps them.
         fresh = slots[:, 0] <= jnp.asarray(seq_lengths_B, jnp.int32) - 1

@@ -24,9 +24,10 @@ import jax
 import numpy as np
 from flax import nnx, struct
 
-from specjax.drafters.base import Drafter, cache_bytes
+from specjax.drafters.base import TreeDrafter
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
+from specjax.models.forward import cache_bytes
 from specjax.verification.tree import Tree
 
 __all__ = ["MODES", "FeatureDrafter", "check_layers", "default_target_layers", "layers_config"]
@@ -99,7 +100,7 @@ def layers_config(
 
 
 @struct.dataclass
-class FeatureDrafter(Drafter):
+class FeatureDrafter(TreeDrafter):
     """A drafter with its own NNX weights that reads the target's ``target_layers``.
 
     Subclasses implement ``init``, ``propose`` and ``update`` and name their network
@@ -124,7 +125,6 @@ class FeatureDrafter(Drafter):
     num_draft: int = struct.field(pytree_node=False, default=4)
     mode: str = struct.field(pytree_node=False, default="argmax")
     tree: Tree | None = struct.field(pytree_node=False, default=None)
-    drafts_trees = True
 
     # A class attribute (not a field) each subclass sets, besides `noun`:
     #: The NNX module of its weights, built as ``net_type(config, num_features, *,

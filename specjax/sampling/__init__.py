@@ -1,8 +1,11 @@
 """Sampling: from a target's logits to the distribution a token is drawn from, and the draw.
 
 * `~specjax.sampling.settings`: `SamplingConfig` (the user's settings), `RowSampling`
-  (those settings with each row's token history, as the decoders hand them to
-  drafters and verification), and their checks;
+  (those settings with each row's histories, as the decoders hand them to drafters
+  and verification), and their checks;
+* `~specjax.sampling.history`: `RowHistory`, what a row's tokens so far do to its
+  next distribution (`mask`, `advance`, `along`): the penalties' counts, a
+  constraint's states and a user's feature all take this one form;
 * `~specjax.sampling.distributions`: the processing of logits into probabilities
   (vocabulary limit, bias, temperature, top-k/p, min-p) and sampling;
 * `~specjax.sampling.noise`: the position-keyed noise streams every draw uses;
@@ -18,6 +21,7 @@ from specjax.sampling.distributions import greedy_tokens as greedy_tokens
 from specjax.sampling.distributions import mask_vocab as mask_vocab
 from specjax.sampling.distributions import probs_from_logits as probs_from_logits
 from specjax.sampling.distributions import sample as sample
+from specjax.sampling.history import RowHistory as RowHistory
 from specjax.sampling.settings import PENALTY_OFF as PENALTY_OFF
 from specjax.sampling.settings import RowSampling as RowSampling
 from specjax.sampling.settings import SamplingConfig as SamplingConfig
@@ -26,6 +30,7 @@ from specjax.sampling.settings import per_row as per_row
 
 __all__ = [
     "PENALTY_OFF",
+    "RowHistory",
     "RowSampling",
     "SamplingConfig",
     "apply_sampling",

@@ -41,6 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax.sampling.history import RowHistory
+
 __all__ = ["AutomatonCursor", "Constraint", "ConstraintTable"]
 
 # A dense host table above this many entries is refused with advice, not built.
@@ -340,6 +342,13 @@ class ConstraintTable:
             initial=jnp.asarray(initial, jnp.int32),
         )
 
+    def states_after(self, states_B, tokens_BG):
+        """``int32[B, G]``: the states after each of ``tokens_BG``'s tokens in turn."""
+        after = []
+        for i in range(tokens_BG.shape[1]):
+            after.append(self.step(after[-1] if after else states_B, tokens_BG[:, i]))
+        return jnp.stack(after, axis=1) if after else jnp.zeros(states_B.shape + (0,), jnp.int32)
+
     def step(self, states, tokens):
         """The states after ``tokens`` (same shape); a token not allowed (or ``-1``) leads
         to state 0, which only positions that are never used can reach."""
@@ -349,8 +358,8 @@ class ConstraintTable:
 
 
 @struct.dataclass
-class AutomatonCursor:
-    """Rows' automaton states at the positions being scored: what masks the logits.
+class AutomatonCursor(RowHistory):
+    """Rows' automaton states at the positions being scored: a constraint's history.
 
     Attributes:
         table: the `ConstraintTable`.
@@ -383,23 +392,29 @@ class AutomatonCursor:
         is_eos = is_eos_V.reshape((1,) * states.ndim + (v_l,))
         return allowed | (is_eos & t.final[states][..., None])
 
+    def mask(self, logits_RxV, config):
+        """``-inf`` where the rows' constraint allows no token."""
+        return jnp.where(self.allowed(logits_RxV), logits_RxV, -jnp.inf)
+
     def advance(self, tokens_B: jax.Array) -> AutomatonCursor:
         """The cursor after each row's next token ``tokens_B`` (``states`` ``[B]``)."""
         return self.replace(states=self.table.step(self.states, tokens_B))
 
-    def along_tree(self, node_tokens_BN: jax.Array, parents: tuple[int, ...]) -> AutomatonCursor:
-        """``[B, N+1]`` states at a tree's nodes (root first): node j is after the
-        committed tokens and the tokens on the path from the root to j, j's own
-        included (``parents`` as in `specjax.verification.tree.Tree`, each before its children)."""
+    def along_tree(
+        self, node_tokens_BN: jax.Array, parents: tuple[int, ...], width: int
+    ) -> AutomatonCursor:
+        """``[B, width]`` states at a tree's nodes (root first), then padding: node j is
+        after the committed tokens and the tokens on the path from the root to j, j's
+        own included (``parents`` as in `specjax.verification.tree.Tree`, each before its
+        children). The padding columns take the root's state: they are never read."""
         states = [self.states]
         for j, parent in enumerate(parents, start=1):
             states.append(self.table.step(states[parent], node_tokens_BN[:, j - 1]))
+        states += [self.states] * (width - len(states))
         return self.replace(states=jnp.stack(states, axis=1))
 
     def along(self, drafts_BG: jax.Array) -> AutomatonCursor:
         """``[B, G+1]`` states at the step's scored positions: position i is after the
         committed tokens and drafts ``0..i-1``."""
-        states = [self.states]
-        for i in range(drafts_BG.shape[1]):
-            states.append(self.table.step(states[-1], drafts_BG[:, i]))
-        return self.replace(states=jnp.stack(states, axis=1))
+        after_BG = self.table.states_after(self.states, drafts_BG)
+        return self.replace(states=jnp.concatenate([self.states[:, None], after_BG], axis=1))

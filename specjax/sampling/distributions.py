@@ -31,7 +31,7 @@ from jax import lax
 
 from specjax.core.validation import as_prng_keys
 from specjax.sampling import noise
-from specjax.sampling.penalties import apply_logit_transforms, history
+from specjax.sampling.penalties import apply_logit_transforms
 from specjax.sampling.settings import SamplingConfig, check_sampling_config
 
 __all__ = [
@@ -232,7 +232,7 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
 
     x_RxV = logits.astype(jnp.float32)
     x_RxV = mask_vocab(jnp.where(jnp.isnan(x_RxV), -jnp.inf, x_RxV), config.vocab_limit)
-    x_RxV = apply_logit_transforms(x_RxV, config, history(config)[0])
+    x_RxV = apply_logit_transforms(x_RxV, config)
     greedy_R1 = ~(temperature_R1 > 0)
 
     def greedy():

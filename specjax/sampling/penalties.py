@@ -41,32 +41,46 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
+from specjax.sampling.history import RowHistory
+from specjax.sampling.settings import histories_of
+
 __all__ = [
-    "TokenCounts", "after_token", "along_drafts", "apply_logit_transforms", "constrain",
-    "has_penalties", "history", "penalties_in_program", "prefix_counts", "token_counts",
+    "TokenCounts", "after_token", "apply_logit_transforms", "constrain", "has_penalties",
+    "penalties_in_program", "prefix_counts", "token_counts",
 ]  # fmt: skip
 
 
 @struct.dataclass
-class TokenCounts:
-    """How often each id occurs before a position, per row.
+class TokenCounts(RowHistory):
+    """How often each id occurs before a position, per row: the penalties' history.
 
     Attributes:
         all: ``int32[B, (T,) V]`` occurrences in the prompt and the generated tokens
             (what ``repetition_penalty`` reads).
         generated: ``int32[B, (T,) V]`` occurrences in the generated tokens only (what
             ``presence_penalty`` and ``frequency_penalty`` read).
+        counting: ``bool[]`` some row has a penalty (`has_penalties`), or ``None``
+            (always): when False the counts are zeros and `along` computes none.
     """
 
     all: jax.Array
     generated: jax.Array
+    counting: jax.Array | None = None
+    masks_only = False
+
+    def mask(self, logits_RxV, config):
+        """The repetition, presence and frequency penalties (`apply_penalties`)."""
+        return apply_penalties(logits_RxV, config, self)
 
     def add(self, tokens_B: jax.Array) -> TokenCounts:
         """The counts after each row's next token ``tokens_B`` (generated), ``[B, V]``."""
         # A scatter of one entry per row, not a [B, V] one-hot: O(B) per draft.
         rows_B = jnp.arange(tokens_B.shape[0])
         add = lambda counts_BV: counts_BV.at[rows_B, tokens_B].add(1, mode="drop")  # noqa: E731
-        return TokenCounts(all=add(self.all), generated=add(self.generated))
+        return self.replace(all=add(self.all), generated=add(self.generated))
+
+    def advance(self, tokens_B):
+        return self.add(tokens_B)
 
     def along(self, drafts_BG: jax.Array) -> TokenCounts:
         """``[B, G+1, V]`` counts at the step's G+1 scored positions from ``[B, V]`` ones.
@@ -74,14 +88,26 @@ class TokenCounts:
         Position i (0: the token after the committed prefix) counts the prefix and
         drafts ``0..i-1``. Drafts outside ``[0, V)`` (``-1``: not proposed) count nothing.
         """
-        b = drafts_BG.shape[0]
-        one_hot_BGV = jax.nn.one_hot(drafts_BG, self.all.shape[-1], dtype=jnp.int32)
-        before_BG1V = jnp.concatenate(
-            [jnp.zeros((b, 1, one_hot_BGV.shape[-1]), jnp.int32), jnp.cumsum(one_hot_BGV, axis=1)],
-            axis=1,
-        )
-        return TokenCounts(
-            all=self.all[:, None] + before_BG1V, generated=self.generated[:, None] + before_BG1V
+        b, v = self.all.shape
+        g1 = drafts_BG.shape[1] + 1
+
+        def counts():
+            one_hot_BGV = jax.nn.one_hot(drafts_BG, v, dtype=jnp.int32)
+            before_BG1V = jnp.concatenate(
+                [jnp.zeros((b, 1, v), jnp.int32), jnp.cumsum(one_hot_BGV, axis=1)], axis=1
+            )
+            return self.all[:, None] + before_BG1V, self.generated[:, None] + before_BG1V
+
+        if self.counting is None:
+            all_, generated = counts()
+        else:  # no row has a penalty: no [B, G+1, V] pass
+            zeros = lambda: (jnp.zeros((b, g1, v), jnp.int32),) * 2  # noqa: E731
+            all_, generated = lax.cond(self.counting, counts, zeros)
+        return self.replace(all=all_, generated=generated)
+
+    def along_tree(self, node_tokens_BN, parents, width):
+        raise NotImplementedError(
+            "penalties along a tree's paths: the decoders refuse penalties with a tree"
         )
 
 
@@ -175,28 +201,34 @@ def forbidden_mask(forbidden_ids, like_RxV: jax.Array) -> jax.Array:
     return _rows(mask_BV, like_RxV)
 
 
-def apply_logit_transforms(logits_RxV: jax.Array, config, counts: TokenCounts | None) -> jax.Array:
-    """Forbidden ids, logit bias and penalties applied to float32 logits ``[B, ..., V]``.
+def apply_logit_transforms(logits_RxV: jax.Array, config) -> jax.Array:
+    """Forbidden ids, logit bias, then each history's mask, on float32 logits ``[B, ..., V]``.
 
     Args:
         logits_RxV: float32 logits, NaN already replaced by ``-inf``.
-        config: a `~specjax.sampling.SamplingConfig` or `~specjax.sampling.RowSampling`
-            (its penalty settings scalars or ``[B]``, read along the leading axis).
-        counts: `TokenCounts` ``[B, V]`` (broadcast over any middle axes) or with the
-            logits' shape; ``None`` when no token history is known: the penalties are
-            then not applied (``probs_from_logits`` on bare logits).
+        config: a `~specjax.sampling.SamplingConfig`, or the decoders'
+            `~specjax.sampling.RowSampling` with the rows' histories (the penalties'
+            counts, a constraint's states, a user's: `~specjax.sampling.history`);
+            its settings scalars or ``[B]``, read along the leading axis.
 
     Returns:
         the transformed logits, same shape.
     """
     x = logits_RxV
-    x = constrain(x, config)  # a constraint (`specjax.sampling.constraints`) masks first
     if config.forbidden_ids is not None:
         x = jnp.where(forbidden_mask(config.forbidden_ids, x), -jnp.inf, x)
     if config.logit_bias is not None:
         x = x + _rows(jnp.asarray(config.logit_bias, jnp.float32), x)
-    if counts is None or not penalties_in_program(config):
-        return x
+    for history in histories_of(config):
+        x = history.mask(x, config)
+    return x
+
+
+def apply_penalties(logits_RxV: jax.Array, config, counts: TokenCounts) -> jax.Array:
+    """The repetition, presence and frequency penalties of ``config`` over ``counts``
+    (``[B, V]``, broadcast over any middle axes, or with the logits' shape)."""
+    if not penalties_in_program(config):
+        return logits_RxV
 
     def penalize(x):
         counts_all = _rows(counts.all, x)
@@ -209,7 +241,7 @@ def apply_logit_transforms(logits_RxV: jax.Array, config, counts: TokenCounts | 
         generated = (counts_generated > 0).astype(jnp.float32)
         return x - presence * generated - frequency * counts_generated
 
-    return lax.cond(has_penalties(config), penalize, lambda x: x, x)
+    return lax.cond(has_penalties(config), penalize, lambda x: x, logits_RxV)
 
 
 def _zeros(shape) -> TokenCounts:
@@ -232,53 +264,33 @@ def prefix_counts(config, seq_BS, prompt_lengths_B, seq_lengths_B, vocab_size: i
     if not penalties_in_program(config):
         return None
     b = seq_BS.shape[0]
-    return lax.cond(
-        has_penalties(config),
+    counting = has_penalties(config)
+    counts = lax.cond(
+        counting,
         lambda: token_counts(seq_BS, prompt_lengths_B, seq_lengths_B, vocab_size),
         lambda: _zeros((b, vocab_size)),
     )
-
-
-def along_drafts(config, counts_BV: TokenCounts, drafts_BG: jax.Array) -> TokenCounts:
-    """`TokenCounts.along` when some row has a penalty, else zeros of its shape ``[B, G+1, V]``
-    (``None`` when ``counts_BV`` is: no penalties in the program)."""
-    if counts_BV is None:
-        return None
-    b, v = counts_BV.all.shape
-    g1 = drafts_BG.shape[1] + 1
-    return lax.cond(
-        has_penalties(config), lambda: counts_BV.along(drafts_BG), lambda: _zeros((b, g1, v))
-    )
-
-
-def history(config) -> tuple:
-    """``(counts, automaton)``: the rows' history that the decoders'
-    `~specjax.sampling.RowSampling` carries; ``(None, None)`` for a user's
-    `~specjax.sampling.SamplingConfig`, which has none."""
-    return getattr(config, "counts", None), getattr(config, "automaton", None)
+    return counts.replace(counting=counting)
 
 
 def constrain(logits_RxV: jax.Array, config) -> jax.Array:
-    """``logits`` with ``-inf`` where the rows' constraint allows no token (unchanged when
-    ``config`` carries no constraint states). Greedy drafters use it alone: argmax needs
-    no more."""
-    automaton = history(config)[1]
-    if automaton is None:
-        return logits_RxV
-    return jnp.where(automaton.allowed(logits_RxV), logits_RxV, -jnp.inf)
+    """``logits`` with the masks of ``config``'s histories that only mask (a constraint's:
+    `RowHistory.masks_only`), unchanged when it carries none. Greedy drafters use it
+    alone: argmax needs no more."""
+    for history in histories_of(config):
+        if history.masks_only:
+            logits_RxV = history.mask(logits_RxV, config)
+    return logits_RxV
 
 
 def after_token(config, token_B: jax.Array):
-    """The sampling settings one token later: the history the transforms read (penalty
-    counts, constraint states) advanced by each row's ``token_B``.
+    """The sampling settings one token later: each history the transforms read (penalty
+    counts, constraint states, a user's) advanced by each row's ``token_B``.
 
     What a drafter that draws its drafts one by one calls between drafts, so that its
     i-th q reads its own drafts 0..i-1, as the target's p at that position does.
     """
-    counts, automaton = history(config)
-    if counts is None and automaton is None:
+    histories = histories_of(config)
+    if not histories:
         return config
-    return config.replace(
-        counts=None if counts is None else counts.add(token_B),
-        automaton=None if automaton is None else automaton.advance(token_B),
-    )
+    return config.replace(histories=tuple(h.advance(token_B) for h in histories))

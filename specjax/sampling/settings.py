@@ -164,9 +164,8 @@ class SamplingConfig:
 
 @struct.dataclass
 class RowSampling(SamplingConfig):
-    """A user's `SamplingConfig` plus each row's token history, as the decoders hand it on.
+    """A user's `SamplingConfig` plus each row's history, as the decoders hand it on.
 
-    The penalties and a constraint read the tokens before the position being scored.
     The decoders build one of these for every step (users never construct it) and pass
     it to the drafter's ``propose`` and to the verification's `probs_from_logits`, so
     that the drafter's q and the target's p read the same history. A drafter passes it
@@ -176,30 +175,27 @@ class RowSampling(SamplingConfig):
     every function treats it as a `RowSampling` without history.
 
     Attributes:
-        counts: the token counts the penalties read
-            (`specjax.sampling.penalties.TokenCounts`), ``None`` when no row has a
-            penalty in the program: the penalties are then not applied.
-        automaton: the rows' constraint states at the scored positions
-            (`specjax.sampling.constraints.AutomatonCursor`), ``None`` when no row has a
-            constraint. Ids the constraint does not allow there get ``-inf`` before
-            every other transform.
+        histories: one `~specjax.sampling.history.RowHistory` per decoder feature that
+            changes the distributions (the penalties' token counts, a constraint's
+            automaton states, a user's), applied in order after the other logit
+            transforms; ``()`` when none.
     """
 
-    counts: object = None
-    automaton: object = None
+    histories: tuple = ()
 
     @classmethod
-    def of(cls, config: SamplingConfig, **history) -> RowSampling:
-        """``config``'s settings with the fields in ``history`` set (``counts=``,
-        ``automaton=``, or a setting a decoder feature changes for the step).
-
-        History ``config`` already carries (when it is a `RowSampling`) is kept unless
-        ``history`` replaces it.
-        """
+    def of(cls, config: SamplingConfig, histories: tuple | None = None) -> RowSampling:
+        """``config``'s settings with ``histories`` (``None``: those ``config`` already
+        carries when it is a `RowSampling`, else none)."""
         if isinstance(config, RowSampling):
-            return config.replace(**history)
+            return config if histories is None else config.replace(histories=tuple(histories))
         settings = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-        return cls(**{**settings, **history})
+        return cls(**settings, histories=tuple(histories or ()))
+
+
+def histories_of(config) -> tuple:
+    """The `RowHistory` objects ``config`` carries (``()`` for a user's `SamplingConfig`)."""
+    return getattr(config, "histories", ())
 
 
 def _host_top_k(value) -> np.ndarray:

@@ -1,7 +1,7 @@
 """`Sampler` and `ChatSampler`: text in, text out, over the functional decoders.
 
 They tokenize, pick the EOS ids, call `specjax.generate` or
-`specjax.speculative_generate` (or `specjax.decoding.init` and `~specjax.decoding.stream`
+`specjax.speculative_generate` (or `specjax.decoding.init` and `~specjax.decoding.Decoder.stream`
 when streaming) and detokenize; nothing else. Their defaults are those of
 ``specjax generate`` (`specjax.text.defaults.DEFAULTS`).
 """
@@ -13,10 +13,11 @@ import types
 from collections.abc import Iterator, Mapping, Sequence
 
 import jax
+import numpy as np
 
 from specjax.core.validation import check_float, check_int
 from specjax.decoding import api as decoding
-from specjax.drafters.base import Drafter, lookahead
+from specjax.drafters.base import Drafter, TreeDrafter, lookahead
 from specjax.io.chat import apply_chat_template
 from specjax.sampling import SamplingConfig
 from specjax.text.defaults import DEFAULTS, auto_drafter
@@ -66,7 +67,7 @@ def _quantized(target, drafter, quantize: str | None, draft_quantize: str | None
 
 def _with_tree(drafter, tree, gamma):
     """``(drafter, gamma)``: the drafter proposing ``tree``; γ is the tree's depth."""
-    if drafter is None or not drafter.drafts_trees:
+    if not isinstance(drafter, TreeDrafter):
         name = "None" if drafter is None else type(drafter).__name__
         raise ValueError(
             f"tree={tree!r} needs a drafter that proposes trees (a draft model, block or "
@@ -115,8 +116,9 @@ class Sampler:
         draft_confidence: optional τ in ``[0, 1]``: a row stops drafting after its
             first draft whose own probability is below τ (exact; pays for costly
             draft models).
-        eos_ids: ids that end a row; default those of the tokenizer and the model's
-            config (`specjax.text.eos.stop_ids`); ``()`` never stops early.
+        eos_id: the id, or ids, that end a row (as in `specjax.generate`); default
+            those of the tokenizer and the model's config (`specjax.text.eos.stop_ids`);
+            ``()`` never stops early. ``sampler.eos_id`` holds them as a tuple.
         quantize: the target's precision, a `specjax.models.quant` mode (``"int8"``:
             int8 weights and activations; ``"int8-weights"``); ``None`` keeps it.
         draft_quantize: a `specjax.DraftModel` drafter's precision: a mode, ``"none"``
@@ -152,7 +154,7 @@ class Sampler:
         forward_width: int | None = None,
         verification: str = DEFAULTS.verification,
         draft_confidence: float | None = None,
-        eos_ids: Sequence[int] | None = None,
+        eos_id: int | Sequence[int] | None = None,
         quantize: str | None = None,
         draft_quantize: str | None = None,
         tree=None,
@@ -234,9 +236,11 @@ class Sampler:
         self.preset = None  # set by from_pretrained for a named pair with a preset
         self.tuned: dict[int, object] = {}  # batch size -> cost_model.Tuned (auto's choice)
         self._constraints: dict[tuple[str, str], object] = {}  # built automata, by source
-        if eos_ids is None:
-            eos_ids = self._stop_ids()
-        self.eos_ids = tuple(int(i) for i in eos_ids)
+        if eos_id is None:
+            eos_id = self._stop_ids()
+        elif isinstance(eos_id, (int, np.integer)):
+            eos_id = (eos_id,)
+        self.eos_id = tuple(int(i) for i in eos_id)
 
     def _stop_ids(self) -> tuple[int, ...]:
         return stop_ids(self.target, self.tokenizer)
@@ -278,7 +282,7 @@ class Sampler:
                 in ``sampler.preset``.
             **kwargs: the other arguments of the constructor (``gamma``,
                 ``sampling``, ``max_new_tokens``, ``forward_width``,
-                ``verification``, ``draft_confidence``, ``eos_ids``).
+                ``verification``, ``draft_confidence``, ``eos_id``).
 
         Raises:
             ValueError: a path that holds no model, a drafter that needs what was not
@@ -352,7 +356,7 @@ class Sampler:
         kw = dict(
             max_new_tokens=max_new_tokens,
             sampling=sampling,
-            eos_id=list(self.eos_ids) or None,
+            eos_id=list(self.eos_id) or None,
             stop=stop,
             forward_width=self.forward_width,
         )
@@ -380,7 +384,7 @@ class Sampler:
 
     def _text(self, row: list[int]) -> str:
         stream = TextStream(self.tokenizer)
-        if row and row[-1] in self.eos_ids:
+        if row and row[-1] in self.eos_id:
             row = row[:-1]
         stream.feed(row)
         return stream.text()
@@ -504,11 +508,11 @@ class Sampler:
 
     def _stream(self, key, ids, drafter, kw) -> Iterator[str]:
         """Text pieces of one prompt, chunk by chunk (arguments checked before the first)."""
-        state = decoding.init(key, self.target, ids, drafter=drafter, **kw)
-        text = TextStream(self.tokenizer, hide=self.eos_ids)
+        decoder, state = decoding.init(key, self.target, ids, drafter=drafter, **kw)
+        text = TextStream(self.tokenizer, hide=self.eos_id)
 
         def pieces():
-            for _, new in decoding.stream(state, steps_per_chunk=DEFAULTS.steps_per_chunk):
+            for _, new in decoder.stream(state, steps_per_chunk=DEFAULTS.steps_per_chunk):
                 piece = text.feed(new[0])
                 if piece:
                     yield piece

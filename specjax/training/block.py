@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from specjax.drafters.base import prefill_positions, score
 from specjax.drafters.block import BlockDrafter
 from specjax.models.attention import cache_layout
+from specjax.models.forward import prefill_positions, score
 from specjax.training.config import BlockTrainConfig
 
 __all__ = ["anchored_block_loss", "block_objective"]
@@ -54,7 +54,7 @@ def anchored_block_loss(
     g1 = drafter.block_size
     positions_BT = prefill_positions(b, t)
     _, _, features = score(target, tokens_BT, positions_BT, None, drafter.target_layers)
-    features = jax.lax.stop_gradient(features.hidden)
+    features = jax.lax.stop_gradient(features.states)
     net = nnx.merge(drafter.graphdef, params)
     kv = [cache_layout(k, v) for k, v in net.context_keys_values(features, positions_BT)]
     ctx_k = jnp.stack([k for k, _ in kv])  # [L, B, K, D, T]

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.drafters.base import prefill_positions, score
 from specjax.drafters.eagle import EagleDrafter, shift
 from specjax.models.attention import Keys, cache_layout
+from specjax.models.forward import prefill_positions, score
 from specjax.training.config import EagleTrainConfig
 
 __all__ = ["eagle_objective", "eagle_ttt_loss", "ttt_step_logits"]
@@ -111,7 +111,7 @@ def eagle_ttt_loss(
     p = jnp.exp(logp)
     best_p = jnp.argmax(logits_p, axis=-1)
     step_losses, correct = [], []
-    steps = ttt_step_logits(drafter, params, tokens_BT, features.hidden, num_steps)
+    steps = ttt_step_logits(drafter, params, tokens_BT, features.states, num_steps)
     for i, logits in enumerate(steps):
         logq = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         ce_BT = -jnp.sum(jnp.where(p > 0, p * logq, 0.0), axis=-1)

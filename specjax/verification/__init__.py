@@ -4,7 +4,9 @@
   speculative rejection sampling (``min(1, p/q)``, one-hot or full q) or by coupling;
   each docstring carries its proof;
 * `~specjax.verification.tree`: a static tree of drafts (`Tree`), verified by the same
-  exact walk along its accepted path.
+  exact walk along its accepted path;
+* `~specjax.verification.verifiers`: the decoder's verifier of a chain as an object
+  (`Rejection`, `Coupled`), chosen by ``verification=``.
 """
 
 from specjax.verification.chain import coupled_verify as coupled_verify
@@ -14,9 +16,17 @@ from specjax.verification.chain import rejection_sample_onehot as rejection_samp
 from specjax.verification.chain import target_samples as target_samples
 from specjax.verification.tree import Tree as Tree
 from specjax.verification.tree import tree_verify as tree_verify
+from specjax.verification.verifiers import VERIFIERS as VERIFIERS
+from specjax.verification.verifiers import Coupled as Coupled
+from specjax.verification.verifiers import Rejection as Rejection
+from specjax.verification.verifiers import Verifier as Verifier
 
 __all__ = [
+    "VERIFIERS",
+    "Coupled",
+    "Rejection",
     "Tree",
+    "Verifier",
     "coupled_verify",
     "greedy_verify",
     "rejection_sample",

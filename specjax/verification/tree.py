@@ -42,8 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.sampling.distributions import mask_vocab, noise, probs_from_logits, sample
-from specjax.sampling.penalties import history
-from specjax.sampling.settings import RowSampling
+from specjax.sampling.settings import RowSampling, histories_of
 from specjax.verification.chain import target_samples
 
 __all__ = [
@@ -301,20 +300,16 @@ def tree_verify(
     children = jnp.asarray(tree.children)
     rows = jnp.arange(b)
 
-    # A constraint's automaton (`specjax.sampling.constraints`) follows the path: the node at
-    # depth d is masked with the state after the path's first d tokens.
-    automaton = history(sampling)[1]
+    # The rows' histories (a constraint's automaton, a user's: `specjax.sampling.history`)
+    # follow the path: the node at depth d is masked with the history after the path's
+    # first d tokens.
+    histories = histories_of(sampling)
 
     if every_node:
         probs_BWV = target_BN1V.astype(jnp.float32)
         if sampling is not None:
-            cursor = None
-            if automaton is not None:
-                # Padding columns take the root's state: they are never read.
-                cursor = automaton.along_tree(node_tokens_BN, tree.parents)
-                pad = jnp.repeat(cursor.states[:, :1], columns - n - 1, axis=1)
-                cursor = cursor.replace(states=jnp.concatenate([cursor.states, pad], axis=1))
-            probs_BWV = probs_from_logits(target_BN1V, RowSampling.of(sampling, automaton=cursor))
+            along = tuple(h.along_tree(node_tokens_BN, tree.parents, columns) for h in histories)
+            probs_BWV = probs_from_logits(target_BN1V, RowSampling.of(sampling, along))
         # Each node draws with its depth's keys (nodes of one depth share them).
         depth_W = np.concatenate([tree.depths, np.zeros(columns - n - 1, np.int32)])
         samples_BW = target_samples(keys_BD1[:, depth_W], probs_BWV)
@@ -330,7 +325,7 @@ def tree_verify(
             if sampling is None:
                 p_BV = row_BV.astype(jnp.float32)
             else:
-                p_BV = probs_from_logits(row_BV, RowSampling.of(sampling, automaton=automaton))
+                p_BV = probs_from_logits(row_BV, RowSampling.of(sampling, histories))
             return p_BV, sample(sample_keys_BD1[:, d], p_BV)
 
     node_B = jnp.zeros((b,), jnp.int32)
@@ -351,8 +346,8 @@ def tree_verify(
         found_B = jnp.any(match_BK, axis=1)
         child_B = kids_BK[rows, jnp.argmax(match_BK, axis=1)]
         node_B = jnp.where(found_B, child_B, node_B)
-        if automaton is not None and not every_node:
-            automaton = automaton.advance(target_B)
+        if not every_node:
+            histories = tuple(h.advance(target_B) for h in histories)
         alive_B &= found_B
         num_accepted += found_B.astype(jnp.int32)
         path.append(node_B)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.core.timing import time_fn
-from specjax.drafters import TargetFeatures, prefill, score
+from specjax.models.forward import TargetHidden, prefill, score
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -111,7 +111,7 @@ def forward_loop(
             logits, cache, features = score(m, tokens, positions, cache, feature_layers)
             tokens = jnp.minimum(tokens, jnp.argmax(logits, -1).astype(jnp.int32))
             if features is not None:  # never true; it makes the features a live output
-                tokens += (jnp.sum(features.hidden, -1) > 3e38).astype(jnp.int32)
+                tokens += (jnp.sum(features.states, -1) > 3e38).astype(jnp.int32)
             return tokens, cache.rollback(positions[:, 0])
 
         return jax.lax.fori_loop(0, inner, body, (tokens, cache))[0]
@@ -148,7 +148,7 @@ def _drafter_at_context(drafter, batch_size: int, context: int, cache_len: int, 
 
 
 def _features_like(target, drafter, batch_size: int, width: int):
-    """Placeholder `TargetFeatures` of ``width`` tokens, as a verify forward hands over."""
+    """Placeholder `TargetHidden` of ``width`` tokens, as a verify forward hands over."""
     layers = tuple(drafter.target_layers)
     shape = (batch_size, width, len(layers) * target.config.hidden_size)
     return jnp.full(shape, 0.01, target.dtype)
@@ -203,7 +203,7 @@ def draft_cost(
             proposal = d.propose(keys, state, seq, lengths, sampling)
             # Features that depend on the proposal, so the update is not hoisted.
             shift = proposal.tokens[:, :1, None].astype(hidden.dtype) * 1e-6
-            features = TargetFeatures(hidden=hidden + shift, positions=positions)
+            features = TargetHidden(states=hidden + shift, positions=positions)
             state = d.update(proposal.state, lengths, features)
             return seq.at[:, : proposal.tokens.shape[1]].set(proposal.tokens), state
 

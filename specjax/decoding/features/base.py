@@ -6,12 +6,13 @@ state per feature (``[B]``-leading leaves, one row per slot) and calls the hooks
 at fixed points of every step; each hook has a default that does nothing, so a
 feature writes only the ones it needs.
 
-* `init` builds the state of the first slots, `reset` a slot's row when a refill
-  hands it the next prompt;
-* `history` and `along` give the rows' history the feature's settings read (penalty
-  counts, a constraint's automaton states; `~specjax.sampling.RowSampling` fields) at
-  the committed prefix, for the drafter, and at each scored position of the step, for
-  the target's p;
+* `init` builds the state of rows starting the given prompts: the first slots', and
+  one row's when a refill hands a slot the next prompt (the decoder writes that row
+  into the slot, so every leaf of the state carries the rows on one axis);
+* `history` gives the rows' `~specjax.sampling.history.RowHistory` at the committed
+  prefix (penalty counts, a constraint's automaton states, a user's mask): the decoder
+  hands it to the drafter, and its `~specjax.sampling.history.RowHistory.along` at each
+  scored position of the step masks the target's p;
 * `cut` limits how many of a step's tokens a row emits, and may end the row there;
 * `commit` records the emitted tokens (`Emission`);
 * `empty_output`, `gather` and `result` hand the feature's per-row output on, per
@@ -62,11 +63,8 @@ class RowFeature:
         class StepCount(RowFeature):
             name = "step_count"
 
-            def init(self, decoder, prompts_B, cache_len):
-                return jnp.zeros(prompts_B.shape, jnp.int32)
-
-            def reset(self, state_B, slot, prompt):
-                return state_B.at[slot].set(0)
+            def init(self, decoder, prompts_M, cache_len):
+                return jnp.zeros(prompts_M.shape, jnp.int32)
 
             def commit(self, state, state_B, emission):
                 return state_B + emission.active
@@ -84,23 +82,20 @@ class RowFeature:
     #: What the decoder calls the feature (unique among a decoder's features).
     name: ClassVar[str] = ""
 
-    def init(self, decoder, prompts_B: jax.Array, cache_len: int):
-        """The state of the first slots, which serve prompts ``prompts_B`` (``int32[B]``)."""
+    def init(self, decoder, prompts_M: jax.Array, cache_len: int):
+        """The state of M rows starting prompts ``prompts_M`` (``int32[M]``): the first
+        slots, or (M = 1) a slot a refill hands the next prompt.
+
+        Every leaf carries the M rows on one axis (a refill writes the one-row state
+        into its slot with `~specjax.decoding.slots.insert_row`), and a row's state
+        depends on its own prompt only.
+        """
         return None
 
-    def reset(self, state_B, slot: jax.Array, prompt: jax.Array):
-        """The state with row ``slot`` starting prompt ``prompt`` (refill)."""
-        return state_B
-
-    def history(self, state, state_B) -> dict:
-        """The rows' history (`~specjax.sampling.RowSampling` field: value) at the
-        committed prefix."""
-        return {}
-
-    def along(self, history: dict, chain_BG: jax.Array, sampling) -> dict:
-        """``history`` at each of the step's ``G + 1`` scored positions: position i is
-        after the committed tokens and drafts ``0..i-1`` of ``chain_BG``."""
-        return {}
+    def history(self, state, state_B):
+        """The rows' `~specjax.sampling.history.RowHistory` at the committed prefix, which
+        changes their distributions (the drafter's q and the target's p), or ``None``."""
+        return None
 
     def cut(self, state, state_B, block_BG: jax.Array):
         """``(int32[B], bool[B])``: at most how many of ``block``'s tokens a row may emit,
@@ -164,11 +159,8 @@ class BufferFeature(RowFeature):
         """``{name: [B, G, ...]}``: the value at each of the step's positions."""
         raise NotImplementedError
 
-    def init(self, decoder, prompts_B, cache_len):
-        return self._filled(prompts_B.shape[0], cache_len)
-
-    def reset(self, state_B, slot, prompt):
-        return {name: x.at[slot].set(self.buffers()[name][2]) for name, x in state_B.items()}
+    def init(self, decoder, prompts_M, cache_len):
+        return self._filled(prompts_M.shape[0], cache_len)
 
     def commit(self, state, state_B, emission):
         new = self.values(state, emission)

@@ -1,24 +1,19 @@
 """Constrained decoding: rows emit only text of their language (`specjax.sampling.constraints`).
 
 The feature's state is each row's automaton state after its committed tokens. Its
-cursor masks the drafter's q and the target's p at every scored position
-(`~specjax.sampling.RowSampling`'s ``automaton``), and a row ends with the token that
+history, the rows' `~specjax.sampling.constraints.AutomatonCursor`, masks the drafter's q
+and the target's p at every scored position, and a row ends with the token that
 completes its language when nothing can follow.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import struct
 
 from specjax.decoding.features.base import RowFeature
 from specjax.sampling.constraints import AutomatonCursor, ConstraintTable
-
-
-def _cursor_along(cursor_B: AutomatonCursor, drafts_BG):
-    """The ``[B, G+1]`` cursor the verifier masks p with (position i: after drafts
-    0..i-1)."""
-    return cursor_B.along(drafts_BG)
 
 
 @struct.dataclass
@@ -27,26 +22,23 @@ class Constrain(RowFeature):
 
     Attributes:
         table: the `ConstraintTable` (``initial`` per prompt).
+        eos_ids: ``int32[K]`` the decoder's EOS ids (``-1`` pads): where the language
+            is complete, an EOS id is allowed too.
     """
 
     table: ConstraintTable
+    eos_ids: jax.Array
     name = "constraint"
 
-    def init(self, decoder, prompts_B, cache_len):
-        return self.table.initial[prompts_B]
-
-    def reset(self, states_B, slot, prompt):
-        return states_B.at[slot].set(self.table.initial[prompt])
+    def init(self, decoder, prompts_M, cache_len):
+        return self.table.initial[prompts_M]
 
     def cursor(self, state, states_B) -> AutomatonCursor:
         """The rows' cursor after their committed tokens."""
-        return AutomatonCursor(self.table, states_B, state.decoder.eos_ids)
+        return AutomatonCursor(self.table, states_B, self.eos_ids)
 
     def history(self, state, states_B):
-        return {"automaton": self.cursor(state, states_B)}
-
-    def along(self, history, chain_BG, sampling):
-        return {"automaton": _cursor_along(history["automaton"], chain_BG)}
+        return self.cursor(state, states_B)
 
     def cut(self, state, states_B, block_BG):
         complete_BG = self.table.complete[self._states_along(state, states_B, block_BG)]
@@ -61,4 +53,4 @@ class Constrain(RowFeature):
 
     def _states_along(self, state, states_B, block_BG):
         """``int32[B, G]``: the state after each of ``block``'s tokens."""
-        return self.cursor(state, states_B).along(block_BG).states[:, 1:]
+        return self.table.states_after(states_B, block_BG)

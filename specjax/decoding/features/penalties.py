@@ -9,7 +9,7 @@ from __future__ import annotations
 from flax import struct
 
 from specjax.decoding.features.base import RowFeature
-from specjax.sampling.penalties import along_drafts, prefix_counts
+from specjax.sampling.penalties import prefix_counts
 
 
 @struct.dataclass
@@ -20,10 +20,6 @@ class Penalize(RowFeature):
     name = "penalties"
 
     def history(self, state, state_B):
-        counts_BV = prefix_counts(
+        return prefix_counts(
             state.sampling, state.seq, state.prompt_lengths, state.seq_lengths, self.vocab_size
         )
-        return {"counts": counts_BV}
-
-    def along(self, history, chain_BG, sampling):
-        return {"counts": along_drafts(sampling, history["counts"], chain_BG)}
