@@ -1216,3 +1216,17 @@ def test_nested_prompt_rows_are_named(prompts, index):
 def test_prompt_lookup_refuses_a_bad_ngram(ngram, error):
     with pytest.raises(error, match="PromptLookup.ngram"):
         specjax.PromptLookup(ngram=ngram)
+
+
+def test_a_budget_beyond_the_targets_context_is_refused_naming_it():
+    """Prompt plus budget past ``max_position_embeddings`` is refused before compiling;
+    a cache within the context bounds every row, so it is accepted."""
+    model = tiny_model(seed=0, max_position_embeddings=64)
+    with pytest.raises(ValueError, match=r"^max_new_tokens: prompt 1 has 4 tokens, and 4 \+ 61"):
+        specjax.generate(None, model, [[1, 2], [3, 4, 5, 6]], max_new_tokens=[10, 61])
+    with pytest.raises(ValueError, match=r"ask for at most 60 new tokens, or pass cache_len=64"):
+        specjax.generate(None, model, [[1, 2, 3, 4]], max_new_tokens=61)
+    with pytest.raises(ValueError, match=r"^prompts: prompt 0 has 65 tokens, beyond the"):
+        specjax.generate(None, model, [[1] * 65], max_new_tokens=1)
+    out = specjax.generate(None, model, [[1, 2, 3, 4]], max_new_tokens=61, cache_len=64)
+    assert bool(out.truncated[0]) and int(out.lengths[0]) < 61

@@ -128,7 +128,7 @@ def model_folders(tmp_path_factory):
     tok = train_tokenizer(texts, vocab_size=300)
     v = tok.get_vocab_size()
 
-    def make(name, vocab, seed, max_pos=64):
+    def make(name, vocab, seed, max_pos=256):
         config = ModelConfig(
             vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=1,
             num_heads=2, num_kv_heads=1, max_position_embeddings=max_pos,
@@ -388,7 +388,7 @@ def test_bad_model_folders(model_folders, tmp_path):
     proc = run_cli("generate", "def f", "--model", target, "--draft", model_folders["other_vocab"])
     assert_user_error(proc, "vocabulary")
 
-    proc = run_cli("generate", "def f(x): " * 30, "--model", target, "--draft", target)
+    proc = run_cli("generate", "def f(x): " * 120, "--model", target, "--draft", target)
     assert_user_error(proc, "context")
 
     corrupt = tmp_path / "corrupt"

@@ -24,6 +24,7 @@ __all__ = [
     "INT32_MAX",
     "as_prng_key",
     "as_prng_keys",
+    "check_bool",
     "check_float",
     "check_fits_memory",
     "check_int",
@@ -51,6 +52,14 @@ def _describe(value) -> str:
         return f"{type(value).__name__} {value.dtype}{list(value.shape)}"
     text = repr(value)
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def check_bool(name: str, value) -> bool:
+    """``value`` as a bool: only ``True`` or ``False`` (a NumPy bool too), never a truthy
+    stand-in, refused with a TypeError naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r:.40}")
+    return bool(value)
 
 
 def check_int(name: str, value, *, lo: int | None = None, hi: int | None = None) -> int:

@@ -22,6 +22,7 @@ import numpy as np
 from specjax.core.validation import (
     INT32_MAX,
     as_prng_key,
+    check_bool,
     check_fits_memory,
     check_int,
     check_int_array,
@@ -195,21 +196,38 @@ def _check_pair(target, drafter: Drafter, options: DecodeOptions) -> int:
     return vocab
 
 
-def _check_prompts(prompts, target, drafter: Drafter, vocab: int):
-    """``(int32[B, P], int32[B])``: the prompts, checked against both vocabularies and
-    the target's context."""
+def _check_prompts(prompts, drafter: Drafter, vocab: int):
+    """``(int32[B, P], int32[B])``: the prompts, checked against both vocabularies."""
     prompts_BP, lengths_B = pad_prompts(prompts)
-    p = prompts_BP.shape[1]
     _check_tokens_in_vocab(prompts_BP, lengths_B, vocab)
     if drafter.vocab_size is not None and drafter.vocab_size < vocab:
         _check_tokens_in_vocab(prompts_BP, lengths_B, drafter.vocab_size, "drafter's")
-    context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
-    if isinstance(context, int) and p > context:
-        raise ValueError(
-            f"prompts: the longest prompt has {p} tokens, beyond the target's context of "
-            f"{context} (config.max_position_embeddings)"
-        )
     return prompts_BP, lengths_B
+
+
+def _check_context(target, lengths_N, max_new_N, cache_len: int) -> None:
+    """Refuses a budget that takes a row past the target's context (a row stops at the
+    cache's end, so a ``cache_len`` within the context bounds every row)."""
+    context = getattr(getattr(target, "config", None), "max_position_embeddings", None)
+    if not (isinstance(context, int) and is_concrete(lengths_N) and is_concrete(max_new_N)):
+        return
+    lengths_N, max_new_N = np.asarray(lengths_N), np.asarray(max_new_N)
+    row = int(np.argmax(lengths_N))
+    if lengths_N[row] > context:
+        raise ValueError(
+            f"prompts: prompt {row} has {lengths_N[row]} tokens, beyond the target's context "
+            f"of {context} (config.max_position_embeddings)"
+        )
+    ends_N = np.minimum(lengths_N + max_new_N, cache_len)
+    row = int(np.argmax(ends_N))
+    if ends_N[row] > context:
+        length = int(lengths_N[row])
+        raise ValueError(
+            f"max_new_tokens: prompt {row} has {length} tokens, and {length} + "
+            f"{int(max_new_N[row])} new tokens go beyond the target's context "
+            f"of {context} (config.max_position_embeddings): ask for at most "
+            f"{context - length} new tokens, or pass cache_len={context} to stop rows there"
+        )
 
 
 def _check_key(key, sampling: SamplingConfig | None) -> jax.Array:
@@ -307,7 +325,7 @@ def prepare(key, target, drafter: Drafter, prompts, options: DecodeOptions) -> P
     """
     key = _check_key(key, options.sampling)
     vocab = _check_pair(target, drafter, options)
-    prompts_NP, lengths_N = _check_prompts(prompts, target, drafter, vocab)
+    prompts_NP, lengths_N = _check_prompts(prompts, drafter, vocab)
     n, p = prompts_NP.shape
     max_new_N = _check_max_new_tokens(options.max_new_tokens, n)
     sampling_N = _check_sampling(options, target, drafter, vocab, n)
@@ -316,8 +334,9 @@ def prepare(key, target, drafter: Drafter, prompts, options: DecodeOptions) -> P
     top_logprobs = _check_top_logprobs(options.top_logprobs, vocab)
     options = dataclasses.replace(options, forward_width=forward_width, top_logprobs=top_logprobs)
     cache_len = _resolve_cache(options, drafter, p, max_new_N)
+    _check_context(target, lengths_N, max_new_N, cache_len)
     decoder = build_decoder(options, target, drafter, sampling_N, vocab, n)
-    _check_bool("raw_logprobs", options.raw_logprobs)
+    check_bool("raw_logprobs", options.raw_logprobs)
     # Bucket the prompt width like the cache, capped by the cache itself.
     width = min(round_up(p, PROMPT_BUCKET), cache_len)
     inputs = PromptInputs(
@@ -347,12 +366,6 @@ def _check_top_logprobs(k, vocab: int) -> int:
             f"top_logprobs must be an int in [0, V = {vocab}] (0: none), got {k!r:.40}"
         )
     return int(k)
-
-
-def _check_bool(name: str, value) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r:.40}")
-    return bool(value)
 
 
 def _check_logit_transforms(sampling: SamplingConfig, vocab: int, drafter: Drafter) -> None:

@@ -337,7 +337,7 @@ def measure(
     Plain decoding at each width W in ``1..γ + 1`` gives the target's forward cost at
     W (one forward a step); speculative decoding, greedy, at each γ' in ``1..γ`` and
     width γ' + 1 gives a step's cost, and the step less the target's forward is the
-    proposal's. Only the loop is timed (`specjax.decoding.step` over a prefilled
+    proposal's. Only the loop is timed (`Decoder.run` over a prefilled
     state), so the prompt's prefill does not count as step time. Each program runs once
     to compile, then ``repeats`` times; the fastest run counts (what the machine
     adds, another process's work, only slows a run). The acceptance is read off the γ
