@@ -48,9 +48,12 @@ Stages (``--stages``; all by default):
   is a smoke run of llama.cpp alone.
 * ``cli``: ``specjax generate --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b
   --chat TEXT --max-new-tokens 64 --compare --json``, the command a user runs, with no
-  tuning flags, on each prompt at T = 0 and T = 1 (``--temperature 1``): its speed, gamma
-  auto's choice and expected speedup, its speedup over plain decoding,
-  and whether its output equals plain decoding at its forward width.
+  tuning flags, on each prompt at T = 0 and T = 1 (``--temperature 1``), and the same
+  for the bundled pair (``specjax generate TEXT --max-new-tokens 128 --compare --json``)
+  on the first code and the first prose prompt of ``prompts/bench_prompts.json``: the
+  speed, gamma auto's choice with the step costs and the expected speedup it chose
+  from, the speedup over plain decoding, and whether the output equals plain decoding
+  at its forward width.
 
 Writes ``OUT/NAME.json`` (default ``scripts/benchmarks/results/real_pair/cpu.json``),
 with each stage's date, commit, command and machine; a stage's results replace that
@@ -174,7 +177,11 @@ class SpecjaxSide:
         if tuned is not None:
             if tuned.gamma:
                 tuned.learn(out.stats)
-            row["auto"] = {"gamma": tuned.gamma, "expected_speedup": tuned.choice.expected_speedup}
+            row["auto"] = {
+                "gamma": tuned.gamma,
+                "forward_width": tuned.forward_width,
+                "expected_speedup": tuned.choice.expected_speedup,
+            }
         return row
 
 
@@ -379,6 +386,7 @@ def interleaved(
                 job = dict(w, system=system, text=texts[w["prompt"]])
                 out = servers[system].run(job)
                 if r == 0:
+                    warm_until_chosen(servers[system], job, out)
                     continue
                 key = (system, w["prompt"], w["tokens"], w["temperature"])
                 row = rows.setdefault(key, {"system": system, **w, "seconds": [], "generated": []})
@@ -386,6 +394,8 @@ def interleaved(
                     row["ids"] = out["ids"]
                     row.update({k: v for k, v in out.items() if k not in ("seconds", "ids")})
                 row["seconds"].append(round(out["seconds"], 3))
+                if "auto" in out:  # gamma auto's choice in each timed run
+                    row.setdefault("chosen", []).append(out["auto"]["gamma"])
                 row["generated"].append(len(out["ids"]))
                 log(f"round {r} {system} {w}: {len(out['ids']) / out['seconds']:.2f} tok/s")
                 if partial is not None:
@@ -394,6 +404,25 @@ def interleaved(
         rates = [n / s for n, s in zip(row["generated"], row["seconds"], strict=True)]
         row["tok_s"] = round(statistics.median(rates), 3) if rates else None
     return list(rows.values())
+
+
+def warm_until_chosen(server: Server, job: dict, out: dict, most: int = 4) -> None:
+    """Runs a gamma-auto job again until its choice repeats (at most ``most`` runs).
+
+    Each call chooses γ from the acceptance learnt so far, and the warm-up's own runs
+    move it (the first run measures the step costs, with a short measuring run's
+    acceptance): a choice that changes after the warm-up would compile its program
+    in a timed run. A Sampler keeps its choice per batch size and never recompiles.
+    """
+    for _ in range(most - 1):
+        if "auto" not in out:
+            return
+        again = server.run(job)
+        if again["auto"]["gamma"] == out["auto"]["gamma"]:
+            return
+        moved = f"{out['auto']['gamma']} -> {again['auto']['gamma']}"
+        log(f"warm-up {job['system']}: gamma auto moved {moved}")
+        out = again
 
 
 def first_difference(a, b):
@@ -546,10 +575,35 @@ def stage_peers(args, results):
     partial.unlink()
 
 
+def bundled_texts() -> dict[str, str]:
+    """The first code and the first prose prompt of ``prompts/bench_prompts.json``."""
+    spec = json.loads((ROOT / "prompts" / "bench_prompts.json").read_text())
+    return {"bundled-code": spec["code"][0]["text"], "bundled-prose": spec["prose"][0]["text"]}
+
+
+def cli_commands(rounds: int):
+    """``(prompt name, temperature, argv, argv as printed)`` of the ``cli`` stage: the
+    real pair on its two chat prompts (64 tokens), then the bundled pair on a code and
+    a prose completion (128 tokens), each at T = 0 and T = 1, with no tuning flags."""
+    repeats = ["--compare", "--json", "--repeats", str(max(rounds, 1))]
+    jobs = []
+    for prompt, text in prompt_texts().items():
+        head = ["specjax", "generate", "--model", TARGET, "--draft", DRAFT]
+        shown = [*head, "--chat", f"<{prompt} prompt>", "--max-new-tokens", "64", *repeats]
+        jobs.append((prompt, head + ["--chat", text, "--max-new-tokens", "64", *repeats], shown))
+    for prompt, text in bundled_texts().items():
+        shown = ["specjax", "generate", f"<{prompt} prompt>", "--max-new-tokens", "128", *repeats]
+        jobs.append((prompt, ["specjax", "generate", text, *shown[3:]], shown))
+    for (prompt, cmd, shown), temperature in itertools.product(jobs, (0, 1)):
+        extra = ["--temperature", str(temperature)] if temperature else []
+        yield prompt, temperature, cmd + extra, shown + extra
+
+
 def stage_cli(args, results):
     """The command a user runs, with no tuning flags, on each prompt at T = 0 and T = 1."""
     keep = (
         "preset",
+        "drafter",
         "auto",
         "gamma",
         "forward_width",
@@ -563,14 +617,8 @@ def stage_cli(args, results):
         "repeats",
     )
     runs = []
-    for (prompt, text), temperature in itertools.product(prompt_texts().items(), (0, 1)):
-        cmd = [
-            "specjax", "generate", "--model", TARGET, "--draft", DRAFT, "--chat", text,
-            "--max-new-tokens", "64", "--compare", "--json", "--repeats", str(max(args.rounds, 1)),
-        ]  # fmt: skip
-        if temperature:
-            cmd += ["--temperature", str(temperature)]
-        log(" ".join(cmd))
+    for prompt, temperature, cmd, shown in cli_commands(args.rounds):
+        log(" ".join(shown))
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(done.stderr[-3000:])
@@ -578,10 +626,12 @@ def stage_cli(args, results):
         runs.append({
             "prompt": prompt,
             "temperature": temperature,
-            "command": " ".join(cmd[:6] + ["--chat", f"<{prompt} prompt>"] + cmd[8:]),
+            "command": " ".join(shown),
             **{k: out.get(k) for k in keep},
             "stderr": done.stderr.strip().splitlines()[:2],
         })  # fmt: skip
+        speedup = out.get("speedup") or 0
+        log(f"{prompt}, T = {temperature}: {speedup:.2f}x plain, γ {out.get('gamma')}")
     results["cli"] = {"runs": runs}
 
 
