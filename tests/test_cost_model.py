@@ -112,8 +112,8 @@ def cache(tmp_path):
 def test_the_cache_gives_back_what_was_stored_for_the_same_key(cache):
     key = cache.key(target="t", drafter="d", batch=1, max_gamma=3)
     assert cache.load(key) is None
-    cache.store(key, FLAT_WIDE, (0.9, 0.8, 0.7))
-    assert cache.load(key) == (FLAT_WIDE, (0.9, 0.8, 0.7))
+    cache.store(key, FLAT_WIDE, (0.9, 0.8, 0.7), judged=(20, 15, 9))
+    assert cache.load(key) == (FLAT_WIDE, (0.9, 0.8, 0.7), (20.0, 15.0, 9.0))
     assert cache.key(target="t", drafter="d", batch=1, max_gamma=3) == key  # a later run
 
 
@@ -143,7 +143,7 @@ def test_an_unreadable_entry_is_a_miss_and_is_replaced(cache):
     cache.path(key).write_text("{not json")
     assert cache.load(key) is None
     cache.store(key, SLOW_WIDE, (0.5,))
-    assert cache.load(key) == (SLOW_WIDE, (0.5,))
+    assert cache.load(key) == (SLOW_WIDE, (0.5,), (1.0,))
     assert [p.name for p in cache.root.iterdir()] == [f"{key}.json"]  # no temporary left
 
 
@@ -166,14 +166,14 @@ def test_a_run_held_to_a_width_chooses_within_it_at_that_width_s_cost():
 
 def test_tune_reads_the_cache_and_measures_only_on_a_miss(cache, monkeypatch):
     """`tune` keys by target, drafter and batch: a stored entry is used without timing
-    anything; a miss measures once and stores; `learn` keeps a run's acceptance."""
+    anything; a miss measures once and stores; `learn` pools a run's acceptance in."""
     target = tiny_model(seed=0)
     drafter = specjax.DraftModel(tiny_model(seed=1), num_draft=3)
     calls = []
 
     def fake_measure(target, drafter, prompts, **kw):
         calls.append(len(prompts))
-        return FLAT_WIDE, (0.9, 0.9, 0.9)
+        return FLAT_WIDE, (0.9, 0.9, 0.9), (5.0, 4.0, 3.0)
 
     monkeypatch.setattr(cost_model, "measure", fake_measure)
     first = cost_model.tune(target, drafter, [[1, 2]], cache=cache)
@@ -183,13 +183,44 @@ def test_tune_reads_the_cache_and_measures_only_on_a_miss(cache, monkeypatch):
     batch = cost_model.tune(target, drafter, [[1, 2], [3, 4]], cache=cache)
     assert batch.measured and calls == [1, 2]  # another batch size: measured for it
 
-    class Stats:  # what a run reports: only position 0 was judged
+    class Stats:  # what a run reports: only position 0 was judged, 50 drafts, none kept
         acceptance_by_position = np.array([0.0, 0.5, 0.5])
-        position_reached = np.array([5, 0, 0])
+        position_reached = np.array([50, 0, 0])
 
     again.learn(Stats())
-    assert cache.load(first.key) == (FLAT_WIDE, (0.0, 0.9, 0.9))
+    pooled = (0.9 * 5.0 * cost_model.DECAY) / (5.0 * cost_model.DECAY + 50)
+    costs, alpha, judged = cache.load(first.key)
+    assert costs == FLAT_WIDE and alpha == pytest.approx((pooled, 0.9, 0.9))
+    assert judged == pytest.approx((5.0 * cost_model.DECAY + 50, 4.0, 3.0))
     assert cost_model.tune(target, drafter, [[1]], cache=cache).gamma == 0
+
+
+def test_learn_weighs_each_run_by_the_drafts_it_judged(cache, monkeypatch):
+    """A short run moves the stored acceptance by its share of the drafts, not to its own
+    value; runs of equal size pool towards their mean, the latest weighing most."""
+
+    def fake_measure(target, drafter, prompts, **kw):
+        return FLAT_WIDE, (0.8, 0.8, 0.8), (40.0, 30.0, 20.0)
+
+    monkeypatch.setattr(cost_model, "measure", fake_measure)
+    drafter = specjax.DraftModel(tiny_model(seed=1), num_draft=3)
+    tuned = cost_model.tune(tiny_model(seed=0), drafter, [[1, 2]], cache=cache)
+
+    def run(accepted, judged):
+        class Stats:
+            acceptance_by_position = np.array([accepted / judged, 0.0, 0.0])
+            position_reached = np.array([judged, 0, 0])
+
+        tuned.learn(Stats())
+        return tuned.acceptance[0]
+
+    # 4 drafts, none kept, against 40 * DECAY = 20: (0.8 * 20) / 24.
+    assert run(0, 4) == pytest.approx(0.8 * 20 / 24)
+    assert tuned.acceptance[1:] == (0.8, 0.8)  # positions a run never judged keep theirs
+    for _ in range(12):  # the same run again and again: the estimate converges to it
+        last = run(30, 40)
+    assert last == pytest.approx(0.75, abs=1e-3)
+    assert cache.load(tuned.key)[1][0] == pytest.approx(last)  # what the next tune reads
 
 
 @pytest.mark.slow
@@ -200,10 +231,11 @@ def test_measure_then_decode_at_the_chosen_width_equals_plain_decoding():
     drafter = specjax.DraftModel(tiny_model(seed=0), num_draft=2)  # the target itself
     prompts = [[1, 2, 3], [4, 5, 6, 7]]
     lines = []
-    costs, alpha = cost_model.measure(
+    costs, alpha, judged = cost_model.measure(
         target, drafter, prompts, max_new_tokens=12, repeats=2, log=lines.append
     )
     assert len(costs.target_s) == 3 and len(costs.draft_s) == 2 and len(lines) == 5
+    assert len(judged) == 2 and judged[0] > 0
     assert alpha == pytest.approx((1.0, 1.0))  # a drafter that is the target: all accepted
     choice = choose(costs, alpha)
     assert 0 <= choice.gamma <= 2 and choice.forward_width == choice.gamma + 1

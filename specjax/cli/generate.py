@@ -222,7 +222,7 @@ def _apply_preset(args):
 
 def _auto_gamma(args, target, drafter, prompts):
     """``--gamma auto``: this machine's step costs (measured once, then cached) and the
-    acceptance last measured choose γ (`specjax.decoding.cost_model.tune`); progress of a
+    acceptance of recent runs choose γ (`specjax.decoding.cost_model.tune`); progress of a
     measurement on stderr, and the reason with --verbose."""
     from specjax.decoding import cost_model
 
@@ -473,7 +473,7 @@ def cmd_generate(args) -> int:
         runs, last = time_interleaved(fns, repeats)
         result, seconds = last[0], statistics.median(runs[0])
     if choice is not None and args.gamma > 0:
-        choice.learn(result.stats)  # the next choice starts from this run's acceptance
+        choice.learn(result.stats)  # pooled into the acceptance the next choice reads
     rows = result.to_lists()
     from_draft = np.asarray(result.from_draft)
     total = int(np.sum(np.asarray(result.lengths)))

@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens drafted per target call (γ). auto: the γ from 0 (plain decoding) up "
         f"to the drafter's own ({DEFAULTS.gamma}, or a block drafter's trained γ) with the "
         "most expected tokens per second, from step costs measured on this machine once "
-        "(cached; the first run shows the measuring) and the acceptance last measured; "
+        "(cached; the first run shows the measuring) and recent runs' acceptance; "
         "--verbose says why. A tree (--tree) and --drafter none have no γ to choose",
     )  # fmt: skip
     g.add_argument(

@@ -15,7 +15,7 @@ costs against a one-wide one differs between CPUs and precisions) and on the pro
   width W from 1 to γ_max + 1 (the target's forward cost at W) and speculative
   decoding at every γ (the step cost, less the target's forward at γ + 1, is the
   proposal's cost), and reads the acceptance by position off the largest γ's run
-  (``GenerationStats.acceptance_by_position``);
+  (``GenerationStats.acceptance_by_position``), with how many drafts it judged there;
 * `choose` picks the γ that maximises expected tokens per second, γ = 0 (plain
   decoding) included, and says why; speculation must beat plain decoding by
   ``min_gain`` to be chosen, so a choice is never expected to be slower than plain;
@@ -25,7 +25,9 @@ costs against a one-wide one differs between CPUs and precisions) and on the pro
   measures again;
 * `tune` puts them together for ``gamma="auto"``, the default of `specjax.Sampler` and
   ``specjax generate``: the cached costs, or a measurement stored for next time, and
-  the choice.
+  the choice; `Tuned.learn` pools each run's acceptance into the stored one, weighted
+  by the drafts each run judged (older runs' weight halves at every run), so that
+  one short run cannot swing the next choice.
 
 The output does not depend on the choice's being right: whatever γ is chosen,
 decoding at the chosen forward width is exact (`specjax.decoding.numerics`).
@@ -65,6 +67,11 @@ __all__ = [
     "model_id",
     "tune",
 ]
+
+# A stored acceptance's weight (drafts judged) is multiplied by this at each run that
+# `Tuned.learn` pools in: the estimate follows what this machine's users decode lately
+# (about the last two runs' drafts), while one run moves it only by its share.
+DECAY = 0.5
 
 # Speculation is chosen only where it is expected to beat plain decoding by this much:
 # the costs are medians of a few runs, and a choice within noise of plain gains
@@ -127,6 +134,7 @@ class Choice:
         expected_speedup: expected tokens per second over plain decoding's.
         speedups: the expected speedup of every γ from 0 to the largest measured.
         reason: one line for users: why this γ.
+        acceptance: the α_i by draft position it chose from.
     """
 
     gamma: int
@@ -135,6 +143,7 @@ class Choice:
     expected_speedup: float
     speedups: tuple[float, ...]
     reason: str
+    acceptance: tuple[float, ...] = ()
 
 
 def expected_tokens(acceptance: Sequence[float], gamma: int) -> float:
@@ -222,6 +231,7 @@ def choose(
         expected_speedup=speedups[best],
         speedups=speedups,
         reason=reason,
+        acceptance=tuple(alpha),
     )
 
 
@@ -304,18 +314,39 @@ class CostCache:
         """The file of ``key``'s entry."""
         return self.root / f"{key}.json"
 
-    def load(self, key: str) -> tuple[StepCosts, tuple[float, ...]] | None:
-        """``(costs, acceptance)`` stored under ``key``, or None (missing or unreadable)."""
+    def load(self, key: str) -> tuple[StepCosts, tuple[float, ...], tuple[float, ...]] | None:
+        """``(costs, acceptance, judged)`` stored under ``key``, or None (missing or
+        unreadable); ``judged``: the drafts behind each position's acceptance."""
         try:
             data = json.loads(self.path(key).read_text())
-            return StepCosts.from_json(data["costs"]), tuple(map(float, data["acceptance"]))
+            acceptance = tuple(map(float, data["acceptance"]))
+            judged = tuple(map(float, data.get("judged", (1.0,) * len(acceptance))))
+            if len(judged) != len(acceptance):
+                return None
+            return StepCosts.from_json(data["costs"]), acceptance, judged
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def store(self, key: str, costs: StepCosts, acceptance: Sequence[float]) -> Path:
-        """Writes atomically: a reader sees the old entry or the new one, never a part."""
+    def store(
+        self,
+        key: str,
+        costs: StepCosts,
+        acceptance: Sequence[float],
+        judged: Sequence[float] | None = None,
+    ) -> Path:
+        """Writes atomically: a reader sees the old entry or the new one, never a part.
+
+        ``judged`` (default: one each) weighs each position's acceptance."""
         self.root.mkdir(parents=True, exist_ok=True)
-        data = {"machine": machine_id(), "costs": costs.to_json(), "acceptance": list(acceptance)}
+        judged = [1.0] * len(acceptance) if judged is None else [float(n) for n in judged]
+        if len(judged) != len(acceptance):
+            raise ValueError(f"judged has {len(judged)} positions, acceptance {len(acceptance)}")
+        data = {
+            "machine": machine_id(),
+            "costs": costs.to_json(),
+            "acceptance": list(acceptance),
+            "judged": judged,
+        }
         fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1)
@@ -331,8 +362,9 @@ def measure(
     max_new_tokens: int = 32,
     repeats: int = 3,
     log=None,
-) -> tuple[StepCosts, tuple[float, ...]]:
-    """Times the decode loop on this machine: ``(StepCosts, acceptance by position)``.
+) -> tuple[StepCosts, tuple[float, ...], tuple[float, ...]]:
+    """Times the decode loop on this machine: ``(StepCosts, acceptance, judged)``, the
+    acceptance by position and the drafts judged at each.
 
     Plain decoding at each width W in ``1..γ + 1`` gives the target's forward cost at
     W (one forward a step); speculative decoding, greedy, at each γ' in ``1..γ`` and
@@ -384,16 +416,17 @@ def measure(
         target_s.append(seconds)
         if log:
             log(f"plain, forward width {width}: {1e3 * seconds:.2f} ms a step")
-    draft_s, acceptance = [], ()
+    draft_s, acceptance, judged = [], (), ()
     for gamma in range(1, max_gamma + 1):
         seconds, out = loop_s(drafter.with_draft(gamma), gamma + 1)
         draft_s.append(max(seconds - target_s[gamma], 0.0))
         if gamma == max_gamma:
             stats = jax.device_get(out.stats)
             acceptance = tuple(float(a) for a in np.asarray(stats.acceptance_by_position))
+            judged = tuple(float(n) for n in np.asarray(stats.position_reached))
         if log:
             log(f"gamma {gamma}: {1e3 * seconds:.2f} ms a step, drafts {1e3 * draft_s[-1]:.2f} ms")
-    return StepCosts(tuple(target_s), tuple(draft_s)), acceptance
+    return StepCosts(tuple(target_s), tuple(draft_s)), acceptance, judged
 
 
 # Tokens per timed run when `tune` measures: enough steps for a stable median, few
@@ -409,7 +442,9 @@ class Tuned:
     Attributes:
         choice: the `Choice` (γ, width, expected speedup, reason).
         costs: the measured `StepCosts`.
-        acceptance: α_i by draft position that the choice used.
+        acceptance: α_i by draft position: the choice's, then pooled with every run
+            `learn` is given (the next choice's).
+        judged: the drafts behind each α_i (their weight when a run is pooled in).
         cache: the `CostCache` holding them.
         key: their key in ``cache``.
         measured: True where this call measured the costs (a cache miss).
@@ -418,6 +453,7 @@ class Tuned:
     choice: Choice
     costs: StepCosts
     acceptance: tuple[float, ...]
+    judged: tuple[float, ...]
     cache: CostCache
     key: str
     measured: bool = False
@@ -442,22 +478,28 @@ class Tuned:
             "expected_speedup_by_gamma": list(self.choice.speedups),
             "target_forward_seconds_by_width": list(self.costs.target_s),
             "draft_seconds_by_gamma": list(self.costs.draft_s),
-            "acceptance_by_position": list(self.acceptance),
+            "acceptance_by_position": list(self.choice.acceptance),
+            "learnt_acceptance_by_position": list(self.acceptance),
+            "drafts_judged_by_position": list(self.judged),
             "measured_now": self.measured,
             "cache": str(self.cache.path(self.key)),
         }
 
     def learn(self, stats) -> None:
-        """Stores the acceptance a run measured (``GenerationStats``) at the positions it
-        judged, for the next choice; the costs stay as measured. Runs on the host, after
-        the decode."""
-        reached = np.asarray(stats.position_reached)
-        alpha = list(self.acceptance)
-        for i, a in enumerate(np.asarray(stats.acceptance_by_position).tolist()):
-            if i < len(alpha) and reached[i] > 0:
-                alpha[i] = float(a)
-        self.acceptance = tuple(alpha)
-        self.cache.store(self.key, self.costs, alpha)
+        """Pools the acceptance a run measured (``GenerationStats``) into the stored one,
+        for the next choice: at each position the run judged, the stored α_i with its
+        weight times `DECAY` and the run's accepted drafts over its judged ones. The
+        costs stay as measured. Runs on the host, after the decode."""
+        reached = np.asarray(stats.position_reached, np.float64)
+        accepted = np.asarray(stats.acceptance_by_position, np.float64) * reached
+        alpha, judged = list(self.acceptance), list(self.judged)
+        for i in range(min(len(alpha), len(reached))):
+            if reached[i] > 0:
+                weight = judged[i] * DECAY
+                alpha[i] = float((alpha[i] * weight + accepted[i]) / (weight + reached[i]))
+                judged[i] = float(weight + reached[i])
+        self.acceptance, self.judged = tuple(alpha), tuple(judged)
+        self.cache.store(self.key, self.costs, alpha, judged)
 
 
 def tune(
@@ -503,5 +545,5 @@ def tune(
         cache.store(key, *hit)
     if forward_width is not None and forward_width > drafter.num_draft + 1:
         forward_width = None  # wider than any γ measured: each γ costed at its own width
-    choice = choose(*hit, forward_width=forward_width)
+    choice = choose(*hit[:2], forward_width=forward_width)
     return Tuned(choice, *hit, cache=cache, key=key, measured=measured)

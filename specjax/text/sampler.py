@@ -103,7 +103,7 @@ class Sampler:
             drafts, the γ from 0 (plain decoding) up to the drafter's own with the most
             expected tokens per second on this machine, from step costs measured once
             per target, drafter and batch size (cached, `specjax.decoding.cost_model`)
-            and the acceptance last measured. The choice is made at a batch size's
+            and the acceptance of recent runs. The choice is made at a batch size's
             first `sample` and kept by this sampler (`tuned`); another machine may
             choose another γ, and so other sampled tokens: pass an int for output that
             is the same everywhere.
