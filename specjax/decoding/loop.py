@@ -10,6 +10,7 @@ step, until every row is done or a step budget runs out.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -173,72 +174,102 @@ def _score_fixed(target, drafter, tokens_BW, positions_BW, cache, num_hidden: in
     return logits_BWV, cache, hidden
 
 
-def _chain_drafter(decoder: Decoder, gamma: int):
-    """The drafter as this step runs it: ``gamma`` drafts, under the decoder's τ."""
-    drafter = decoder.drafter
-    if gamma != drafter.num_draft:
-        drafter = drafter.replace(num_draft=gamma)
-    if decoder.draft_confidence is not None:
-        drafter = drafter.with_confidence(decoder.draft_confidence)
-    return drafter
+@dataclasses.dataclass(frozen=True)
+class _StepPlan:
+    """How one step runs, read off the decoder's options once per trace (`_plan`); the
+    step's other functions read the plan, never the options.
+
+    Attributes:
+        drafter: the drafter as the step runs it (its γ, under τ).
+        gamma: drafts per row (a tree's depth).
+        width: W, the columns of the step's target forward.
+        fixed: W is the decoder's ``forward_width``: every column is scored and kept
+            (`specjax.decoding.numerics`), and XLA may not narrow any product.
+        confidence: τ (``float32[]``), or ``None``: every row proposes γ drafts.
+    """
+
+    drafter: object
+    gamma: int
+    width: int
+    fixed: bool
+    confidence: jax.Array | None
+
+    @property
+    def narrows(self) -> bool:
+        """The forward scores only the longest chain a row proposed (rows stop under τ,
+        and no width is fixed)."""
+        return not self.fixed and self.confidence is not None and self.gamma > 0
 
 
-def _num_drafted(decoder: Decoder, drafter, proposal, draft_probs, gamma: int):
+def _plan(decoder: Decoder, gamma: int) -> _StepPlan:
+    """The `_StepPlan` of a step with ``gamma`` drafts (a tree: the drafter's tree)."""
+    drafter, tree, confidence = decoder.drafter, decoder.drafter.tree, decoder.draft_confidence
+    if tree is None:
+        if gamma != drafter.num_draft:
+            drafter = drafter.replace(num_draft=gamma)
+        if confidence is not None:
+            drafter = drafter.with_confidence(confidence)
+    own_width = gamma + 1 if tree is None else tree.num_nodes + 1
+    fixed = decoder.forward_width is not None
+    return _StepPlan(
+        drafter=drafter,
+        gamma=gamma if tree is None else tree.depth,
+        width=decoder.forward_width if fixed else own_width,
+        fixed=fixed,
+        confidence=confidence,
+    )
+
+
+def _num_drafted(plan: _StepPlan, proposal, draft_probs):
     """``int32[B]`` drafts each row proposes: γ, or fewer under ``draft_confidence``."""
-    b = proposal.tokens.shape[0]
-    confidence = decoder.draft_confidence
-    if confidence is None or gamma == 0:
+    b, gamma = proposal.tokens.shape[0], plan.gamma
+    if plan.confidence is None or gamma == 0:
         return jnp.full((b,), gamma, jnp.int32)
     if proposal.num_drafted is not None:  # the drafter stopped its rows itself
         return proposal.num_drafted.astype(jnp.int32)
     if draft_probs is None:
         raise ValueError(
             f"draft_confidence needs a drafter that returns its q, and the "
-            f"{type(drafter).__name__} proposes one-hot drafts (probs=None): use a "
+            f"{type(plan.drafter).__name__} proposes one-hot drafts (probs=None): use a "
             "drafter that samples its drafts and returns their q (Proposal.probs)"
         )
-    return _confident_drafts(proposal.tokens.astype(jnp.int32), draft_probs, confidence)
+    return _confident_drafts(proposal.tokens.astype(jnp.int32), draft_probs, plan.confidence)
 
 
-def _propose_chain(
-    decoder: Decoder, state: DecodeState, drafter, keys_BW, history: tuple, gamma: int
-):
+def _propose_chain(decoder: Decoder, state: DecodeState, plan: _StepPlan, keys_BW, history):
     """``(proposal, q [B, γ, V] or None, num_drafted [B], chain [B, W-1])``.
 
     The chain holds the proposed drafts, then -1: a draft that was not proposed reads
     as out of vocabulary, which every verifier rejects with q := 0, so the row's next
     token comes from p itself, exactly.
     """
-    b, vocab = state.seq.shape[0], decoder.target.vocab_size
-    proposal = drafter.propose(
+    b, vocab, gamma = state.seq.shape[0], decoder.target.vocab_size, plan.gamma
+    proposal = plan.drafter.propose(
         _draft_keys(decoder, keys_BW, gamma),
         state.drafter_state,
         state.seq,
         state.seq_lengths,
         RowSampling.of(state.sampling, history),
     )
-    draft_probs = _draft_probs(proposal, drafter, b, gamma, vocab)
-    num_drafted = _num_drafted(decoder, drafter, proposal, draft_probs, gamma)
+    draft_probs = _draft_probs(proposal, plan.drafter, b, gamma, vocab)
+    num_drafted = _num_drafted(plan, proposal, draft_probs)
     proposed_BG = jnp.arange(gamma)[None] < num_drafted[:, None]
     chain_BG = jnp.where(proposed_BG, proposal.tokens.astype(jnp.int32), -1)
-    return proposal, draft_probs, num_drafted, _pad_columns(chain_BG, keys_BW.shape[1] - 1, -1)
+    return proposal, draft_probs, num_drafted, _pad_columns(chain_BG, plan.width - 1, -1)
 
 
 def _score_chain(
-    decoder: Decoder, state: DecodeState, drafter, chain_BW1, positions_BW, num_drafted, gamma: int
+    decoder: Decoder, state: DecodeState, plan: _StepPlan, chain_BW1, positions_BW, num_drafted
 ):
     """Scores the pending token and the chain in one target call: ``(logits, cache,
     hidden)``; a drafter's hidden come out of this same forward."""
     pending_B = state.seq[jnp.arange(state.seq.shape[0]), state.seq_lengths - 1]
     tokens_BW = jnp.concatenate([pending_B[:, None], jnp.maximum(chain_BW1, 0)], axis=1)
-    if decoder.forward_width is None and decoder.draft_confidence is not None and gamma > 0:
+    target, cache = decoder.target, state.target_cache
+    if plan.narrows:
         width_index = jnp.max(jnp.where(~state.done, num_drafted, 0))
-        return _score_drafted(
-            decoder.target, drafter, tokens_BW, positions_BW, state.target_cache, width_index
-        )
-    return _score_fixed(
-        decoder.target, drafter, tokens_BW, positions_BW, state.target_cache, gamma + 1
-    )
+        return _score_drafted(target, plan.drafter, tokens_BW, positions_BW, cache, width_index)
+    return _score_fixed(target, plan.drafter, tokens_BW, positions_BW, cache, plan.gamma + 1)
 
 
 def _verify_block(decoder: Decoder, keys_BW, chain_BW1, draft_probs, target_probs):
@@ -249,8 +280,8 @@ def _verify_block(decoder: Decoder, keys_BW, chain_BW1, draft_probs, target_prob
     return decoder.verifier.verify(keys_BW, chain_BW1, draft_probs, target_probs)
 
 
-def _verify_chain(decoder: Decoder, state: DecodeState, gamma: int) -> Verified:
-    """Drafts a chain of ``gamma`` tokens, scores it in one target call, verifies it.
+def _verify_chain(decoder: Decoder, state: DecodeState, plan: _StepPlan) -> Verified:
+    """Drafts a chain of γ tokens, scores it in one target call, verifies it.
 
     The target scores ``W = γ + 1`` columns, or the decoder's fixed forward width: then
     the chain is padded with drafts that were not proposed (-1, fed to the target as
@@ -259,15 +290,13 @@ def _verify_chain(decoder: Decoder, state: DecodeState, gamma: int) -> Verified:
     verification of such a chain: its token at each position is the target's sample
     there, drawn exactly as coupled speculative decoding draws it.
     """
-    drafter = _chain_drafter(decoder, gamma)
-    width = gamma + 1 if decoder.forward_width is None else decoder.forward_width
-    positions_BW, keys_BW = _step_keys(state, width)
+    positions_BW, keys_BW = _step_keys(state, plan.width)
     history = _history(decoder, state)
     proposal, draft_probs, num_drafted, chain_BW1 = _propose_chain(
-        decoder, state, drafter, keys_BW, history, gamma
+        decoder, state, plan, keys_BW, history
     )
     logits_BWV, target_cache, hidden = _score_chain(
-        decoder, state, drafter, chain_BW1, positions_BW, num_drafted, gamma
+        decoder, state, plan, chain_BW1, positions_BW, num_drafted
     )
     # Position i's penalties count the prefix and drafts 0..i-1 (`specjax.sampling.penalties`);
     # its constraint mask is the automaton's state after them (`specjax.sampling.constraints`).
@@ -275,7 +304,7 @@ def _verify_chain(decoder: Decoder, state: DecodeState, gamma: int) -> Verified:
     target_probs = probs_from_logits(logits_BWV, scored)
     block_BW, num_accepted = _verify_block(decoder, keys_BW, chain_BW1, draft_probs, target_probs)
     return Verified(
-        drafter=drafter,
+        drafter=plan.drafter,
         drafter_state=proposal.state,
         block=block_BW,
         num_accepted=num_accepted,
@@ -309,7 +338,7 @@ def _propose_tree(decoder: Decoder, state: DecodeState, keys_BD1):
     return proposal, node_tokens.astype(jnp.int32)
 
 
-def _score_tree(decoder: Decoder, state: DecodeState, node_tokens_BN, width: int):
+def _score_tree(decoder: Decoder, state: DecodeState, plan: _StepPlan, node_tokens_BN):
     """Scores the root (the pending token) and every node in one target call.
 
     The root is at slot ``last`` and node j at slot ``last + j``, each at position
@@ -317,7 +346,7 @@ def _score_tree(decoder: Decoder, state: DecodeState, node_tokens_BN, width: int
     nodes are followed by ``W - N - 1`` padding columns at later slots and positions,
     each seeing only itself (and no node sees them: their slots follow the tree's).
     """
-    tree = decoder.drafter.tree
+    tree, width = decoder.drafter.tree, plan.width
     last = state.seq_lengths - 1
     n1 = tree.num_nodes + 1
     pending_B = state.seq[jnp.arange(state.seq.shape[0]), last]
@@ -337,12 +366,12 @@ def _score_tree(decoder: Decoder, state: DecodeState, node_tokens_BN, width: int
         decoder.drafter.target_layers,
         tree=mask,
     )
-    if decoder.forward_width is not None:  # as in `_score_fixed`
+    if plan.fixed:  # as in `_score_fixed`
         logits_BWV, hidden = jax.lax.optimization_barrier((logits_BWV, hidden))
     return logits_BWV, target_cache, hidden
 
 
-def _verify_tree(decoder: Decoder, state: DecodeState) -> Verified:
+def _verify_tree(decoder: Decoder, state: DecodeState, plan: _StepPlan) -> Verified:
     """Drafts the drafter's tree, scores all N + 1 nodes in one target call, verifies it.
 
     Every node's p and the target's samples are computed only on the D + 1 nodes of
@@ -353,12 +382,10 @@ def _verify_tree(decoder: Decoder, state: DecodeState) -> Verified:
     drafter, tree = decoder.drafter, decoder.drafter.tree
     b, depth, n1 = state.seq.shape[0], tree.depth, tree.num_nodes + 1
     last = state.seq_lengths - 1
-    fixed = decoder.forward_width is not None
+    fixed = plan.fixed
     _, keys_BD1 = _step_keys(state, depth + 1)
     proposal, node_tokens = _propose_tree(decoder, state, keys_BD1)
-    logits_BWV, target_cache, hidden = _score_tree(
-        decoder, state, node_tokens, decoder.forward_width if fixed else n1
-    )
+    logits_BWV, target_cache, hidden = _score_tree(decoder, state, plan, node_tokens)
     history = _history(decoder, state)
     block_BD1, num_accepted, path_BD, probs_BD1V = tree_verify(
         keys_BD1,
@@ -394,9 +421,10 @@ def _verify_tree(decoder: Decoder, state: DecodeState) -> Verified:
 
 def _decode_step(decoder: Decoder, state: DecodeState, gamma: int) -> DecodeState:
     """One decode step with γ = ``gamma`` drafts (at most the drafter's own γ), or a tree."""
+    plan = _plan(decoder, gamma)
     if decoder.drafter.tree is not None:
-        return commit(decoder, state, _verify_tree(decoder, state))
-    return commit(decoder, state, _verify_chain(decoder, state, gamma))
+        return commit(decoder, state, _verify_tree(decoder, state, plan))
+    return commit(decoder, state, _verify_chain(decoder, state, plan))
 
 
 def run_loop(decoder: Decoder, state: DecodeState, num_steps=None) -> DecodeState:
