@@ -594,8 +594,16 @@ def test_gamma_auto_measures_once_chooses_and_equals_plain(tmp_path):
         [1.0] + [s for s in auto["expected_speedup_by_gamma"][1:] if s >= 1.05]
     )
     assert out["drafter"] == ("none" if gamma == 0 else "block")
+    review = auto["expected_at_this_run"]  # the cost model at this run's own acceptance
     if gamma:
         assert out["equals_plain_at_width"] is True
+        judged = out["acceptance_by_position"][0] if out["position_reached"][0] else None
+        assert review["acceptance_by_position"][0] == pytest.approx(
+            auto["acceptance_by_position"][0] if judged is None else judged
+        )
+        assert len(review["expected_speedup_by_gamma"]) == 3
+    else:
+        assert review is None
     assert f"gamma auto: {auto['reason']}" in first.stderr
     assert auto["achieved_speedup"] == out["speedup"] and auto["measured_now"] is True
     second = subprocess.run(
@@ -606,6 +614,7 @@ def test_gamma_auto_measures_once_chooses_and_equals_plain(tmp_path):
     assert "timing plain decoding" not in second.stderr
     again = json.loads(second.stdout)["auto"]
     assert again["measured_now"] is False and f"gamma auto: {again['reason']}" in second.stderr
+    assert ("this run's acceptance by position" in second.stderr) == (again["gamma"] > 0)
     assert again["target_forward_seconds_by_width"] == auto["target_forward_seconds_by_width"]
 
 

@@ -223,6 +223,35 @@ def test_learn_weighs_each_run_by_the_drafts_it_judged(cache, monkeypatch):
     assert cache.load(tuned.key)[1][0] == pytest.approx(last)  # what the next tune reads
 
 
+def test_review_reads_the_run_s_acceptance_where_it_judged_drafts(cache, monkeypatch):
+    """`Tuned.review`: every γ's expected speedup from the same costs at the acceptance a
+    run achieved; positions the run never judged keep the choice's acceptance."""
+    monkeypatch.setattr(
+        cost_model, "measure", lambda *a, **kw: (FLAT_WIDE, (0.9, 0.8, 0.7), (9.0, 8.0, 7.0))
+    )
+    drafter = specjax.DraftModel(tiny_model(seed=1), num_draft=3)
+    tuned = cost_model.tune(tiny_model(seed=0), drafter, [[1, 2]], cache=cache)
+
+    class Stats:  # a γ = 1 run: one position, judged 20 times
+        acceptance_by_position = np.array([0.25])
+        position_reached = np.array([20])
+
+    review = tuned.review(Stats())
+    assert review["acceptance_by_position"] == pytest.approx([0.25, 0.8, 0.7])
+    expected = choose(FLAT_WIDE, (0.25, 0.8, 0.7), min_gain=1.0).speedups
+    assert review["expected_speedup_by_gamma"] == pytest.approx(list(expected))
+    assert review["expected_speedup"] == pytest.approx(expected[tuned.gamma])
+    assert review["expected_speedup"] < tuned.choice.expected_speedup  # it drafted worse
+
+    class Unjudged:  # a run that judged nothing: the choice's own numbers
+        acceptance_by_position = np.array([0.0])
+        position_reached = np.array([0])
+
+    assert tuned.review(Unjudged())["expected_speedup"] == pytest.approx(
+        tuned.choice.expected_speedup
+    )
+
+
 @pytest.mark.slow
 def test_measure_then_decode_at_the_chosen_width_equals_plain_decoding():
     """Tiny target and draft: `measure` times widths 1..3 and γ 1..2, the choice is

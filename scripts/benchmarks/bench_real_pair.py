@@ -52,8 +52,9 @@ Stages (``--stages``; all by default):
   for the bundled pair (``specjax generate TEXT --max-new-tokens 128 --compare --json``)
   on the first code and the first prose prompt of ``prompts/bench_prompts.json``: the
   speed, gamma auto's choice with the step costs and the expected speedup it chose
-  from, the speedup over plain decoding, and whether the output equals plain decoding
-  at its forward width.
+  from, the speedup the cost model expects at the acceptance the run achieved, the
+  speedup over plain decoding, and whether the output equals plain decoding at its
+  forward width.
 
 Writes ``OUT/NAME.json`` (default ``scripts/benchmarks/results/real_pair/cpu.json``),
 with each stage's date, commit, command and machine; a stage's results replace that
@@ -599,36 +600,6 @@ def cli_commands(rounds: int):
         yield prompt, temperature, cmd + extra, shown + extra
 
 
-def expected_at_run(out: dict) -> dict | None:
-    """The cost model's own account of a run: every γ's expected speedup from the step
-    costs gamma auto chose with and the acceptance this run achieved (at the positions
-    it judged; the others keep the choice's). Where the achieved speedup misses a
-    target, these say whether any γ could have reached it on this machine."""
-    auto = out.get("auto")
-    if not auto:
-        return None
-    from specjax.decoding.cost_model import StepCosts, choose
-
-    costs = StepCosts(
-        tuple(auto["target_forward_seconds_by_width"]), tuple(auto["draft_seconds_by_gamma"])
-    )
-    alpha = [
-        achieved if judged else chosen
-        for achieved, judged, chosen in zip(
-            out["acceptance_by_position"],
-            out["position_reached"],
-            auto["acceptance_by_position"],
-            strict=False,
-        )
-    ]
-    speedups = choose(costs, alpha, min_gain=1.0).speedups
-    return {
-        "acceptance_by_position": alpha,
-        "expected_speedup_by_gamma": list(speedups),
-        "draft_over_target_forward": costs.draft_s[0] / costs.target_s[1],
-    }
-
-
 def stage_cli(args, results):
     """The command a user runs, with no tuning flags, on each prompt at T = 0 and T = 1."""
     keep = (
@@ -658,7 +629,9 @@ def stage_cli(args, results):
             "temperature": temperature,
             "command": " ".join(shown),
             **{k: out.get(k) for k in keep},
-            "expected_at_this_runs_acceptance": expected_at_run(out),
+            # The cost model's account of the run (`Tuned.review`): every γ's expected
+            # speedup at the acceptance this run achieved.
+            "expected_at_this_runs_acceptance": (out.get("auto") or {}).get("expected_at_this_run"),
             "stderr": done.stderr.strip().splitlines()[:2],
         })  # fmt: skip
         speedup = out.get("speedup") or 0

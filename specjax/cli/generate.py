@@ -233,6 +233,10 @@ def _auto_gamma(args, target, drafter, prompts):
     return tuned
 
 
+def _rounded(values) -> list[float]:
+    return [round(float(v), 2) for v in values]
+
+
 def _forward_width(args, verify_width: int) -> int:
     """``--forward-width``, checked against the verify's width; default the verify's."""
     if args.forward_width is None:
@@ -472,7 +476,17 @@ def cmd_generate(args) -> int:
         # Round robin (speculative, plain, ...): slow drifts of the machine hit both alike.
         runs, last = time_interleaved(fns, repeats)
         result, seconds = last[0], statistics.median(runs[0])
+    review = None
     if choice is not None and args.gamma > 0:
+        review = choice.review(result.stats)
+        if args.verbose:
+            print(
+                f"specjax: gamma auto: this run's acceptance by position "
+                f"{_rounded(review['acceptance_by_position'])} (chosen with "
+                f"{_rounded(choice.choice.acceptance)}): gamma {args.gamma} expected at "
+                f"{review['expected_speedup']:.2f}x plain",
+                file=sys.stderr,
+            )
         choice.learn(result.stats)  # pooled into the acceptance the next choice reads
     rows = result.to_lists()
     from_draft = np.asarray(result.from_draft)
@@ -483,7 +497,7 @@ def cmd_generate(args) -> int:
         "forward_width": width,
         "verification": args.verification,
         "preset": None if preset is None else preset.describe(),
-        "auto": None if choice is None else choice.describe(),
+        "auto": None if choice is None else dict(choice.describe(), expected_at_this_run=review),
         "tokens": total,
         "seconds": seconds,
         "tokens_per_second": total / seconds,

@@ -448,6 +448,7 @@ class Tuned:
         cache: the `CostCache` holding them.
         key: their key in ``cache``.
         measured: True where this call measured the costs (a cache miss).
+        held_width: the forward width the run is held to (`choose`), or ``None``.
     """
 
     choice: Choice
@@ -457,6 +458,7 @@ class Tuned:
     cache: CostCache
     key: str
     measured: bool = False
+    held_width: int | None = None
 
     @property
     def gamma(self) -> int:
@@ -483,6 +485,31 @@ class Tuned:
             "drafts_judged_by_position": list(self.judged),
             "measured_now": self.measured,
             "cache": str(self.cache.path(self.key)),
+        }
+
+    def review(self, stats) -> dict:
+        """The cost model's account of a finished run (``GenerationStats``).
+
+        Every γ's expected speedup from the measured step costs and the acceptance the
+        run achieved, at the positions it judged (the others keep the choice's). Beside
+        the achieved speedup it says whether the choice was right for this run, and
+        whether any γ could have reached a given speedup on this machine.
+
+        Returns:
+            ``{"acceptance_by_position", "expected_speedup_by_gamma",
+            "expected_speedup"}`` (the last for the chosen γ), plain JSON values.
+        """
+        reached = np.asarray(stats.position_reached)
+        achieved = np.asarray(stats.acceptance_by_position, np.float64)
+        alpha = [
+            float(achieved[i]) if i < len(reached) and reached[i] > 0 else float(chosen)
+            for i, chosen in enumerate(self.choice.acceptance)
+        ]
+        speedups = choose(self.costs, alpha, 1.0, forward_width=self.held_width).speedups
+        return {
+            "acceptance_by_position": alpha,
+            "expected_speedup_by_gamma": list(speedups),
+            "expected_speedup": speedups[self.gamma],
         }
 
     def learn(self, stats) -> None:
@@ -546,4 +573,4 @@ def tune(
     if forward_width is not None and forward_width > drafter.num_draft + 1:
         forward_width = None  # wider than any γ measured: each γ costed at its own width
     choice = choose(*hit[:2], forward_width=forward_width)
-    return Tuned(choice, *hit, cache=cache, key=key, measured=measured)
+    return Tuned(choice, *hit, cache=cache, key=key, measured=measured, held_width=forward_width)
