@@ -186,6 +186,7 @@ def test_tune_reads_the_cache_and_measures_only_on_a_miss(cache, monkeypatch):
     class Stats:  # what a run reports: only position 0 was judged, 50 drafts, none kept
         acceptance_by_position = np.array([0.0, 0.5, 0.5])
         position_reached = np.array([50, 0, 0])
+        position_accepted = np.array([0, 0, 0])
 
     again.learn(Stats())
     pooled = (0.9 * 5.0 * cost_model.DECAY) / (5.0 * cost_model.DECAY + 50)
@@ -210,6 +211,7 @@ def test_learn_weighs_each_run_by_the_drafts_it_judged(cache, monkeypatch):
         class Stats:
             acceptance_by_position = np.array([accepted / judged, 0.0, 0.0])
             position_reached = np.array([judged, 0, 0])
+            position_accepted = np.array([accepted, 0, 0])
 
         tuned.learn(Stats())
         return tuned.acceptance[0]

@@ -143,7 +143,7 @@ class Choice:
     expected_speedup: float
     speedups: tuple[float, ...]
     reason: str
-    acceptance: tuple[float, ...] = ()
+    acceptance: tuple[float, ...]
 
 
 def expected_tokens(acceptance: Sequence[float], gamma: int) -> float:
@@ -320,7 +320,7 @@ class CostCache:
         try:
             data = json.loads(self.path(key).read_text())
             acceptance = tuple(map(float, data["acceptance"]))
-            judged = tuple(map(float, data.get("judged", (1.0,) * len(acceptance))))
+            judged = tuple(map(float, data["judged"]))
             if len(judged) != len(acceptance):
                 return None
             return StepCosts.from_json(data["costs"]), acceptance, judged
@@ -518,7 +518,7 @@ class Tuned:
         weight times `DECAY` and the run's accepted drafts over its judged ones. The
         costs stay as measured. Runs on the host, after the decode."""
         reached = np.asarray(stats.position_reached, np.float64)
-        accepted = np.asarray(stats.acceptance_by_position, np.float64) * reached
+        accepted = np.asarray(stats.position_accepted, np.float64)
         alpha, judged = list(self.acceptance), list(self.judged)
         for i in range(min(len(alpha), len(reached))):
             if reached[i] > 0:
