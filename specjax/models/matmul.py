@@ -17,10 +17,12 @@ product: XLA would then pick the row-first kernel again, so an
 floats, nothing next to the O · I weights). BENCHMARKS.md ("What bounds the speedup
 on a CPU: the step costs") has both forms' costs on Qwen2.5-Coder-1.5B.
 
-Only the float32 product on a CPU takes this path: other backends and dtypes
-have their own kernels, and one row (a plain decoding step) and more than 16
-rows (a prompt's prefill, where the product is bound by arithmetic) keep the
-ordinary form. The values are the float32 product either way; only the
+Only the float32 product in a program compiled for a CPU takes this path: other
+platforms and dtypes have their own kernels, and one row (a plain decoding step) and
+more than 16 rows (a prompt's prefill, where the product is bound by arithmetic) keep
+the ordinary form. The platform is the one the program is compiled for
+(`specjax.core.platform`), so a program compiled on a CPU host for a TPU or GPU
+takes the chip's form. The values are the float32 product either way; only the
 summation order may differ, as between any two kernels.
 """
 
@@ -29,14 +31,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax.core.platform import by_platform
+
 # Row counts the weight-first kernel runs well; others are padded up to the next.
 _FAST_ROWS = (2, 3, 4, 8, 16)
 
 
 def weight_first_rows(rows: int) -> int | None:
-    """The padded row count the weight-first form uses for ``rows``, or None for the
-    ordinary form (one row, more than 16, or not a CPU)."""
-    if jax.default_backend() != "cpu" or rows < 2 or rows > _FAST_ROWS[-1]:
+    """The padded row count the weight-first form uses for ``rows`` on a CPU, or None
+    for the ordinary form (one row, or more than 16)."""
+    if rows < 2 or rows > _FAST_ROWS[-1]:
         return None
     return next(m for m in _FAST_ROWS if m >= rows)
 
@@ -55,13 +59,22 @@ def matmul_rows(x_MI: jax.Array, weight_OI: jax.Array) -> jax.Array:
     rows = x_MI.shape[0]
     padded = weight_first_rows(rows) if weight_OI.dtype == jnp.float32 else None
     if padded is None:
-        return jax.lax.dot_general(x_MI, weight_OI, (((1,), (1,)), ((), ())))
-    if padded > rows:
-        x_MI = jnp.pad(x_MI, ((0, padded - rows), (0, 0)))
-    y_OM = jax.lax.dot_general(weight_OI, x_MI, (((1,), (1,)), ((), ())))
-    # Keeps XLA from folding the transpose into the product (see the module docstring).
-    y_OM = jax.lax.optimization_barrier(y_OM)
-    return y_OM.T[:rows]
+        return _row_first(x_MI, weight_OI)
+
+    def weight_first(x_MI, weight_OI):
+        if padded > rows:
+            x_MI = jnp.pad(x_MI, ((0, padded - rows), (0, 0)))
+        y_OM = jax.lax.dot_general(weight_OI, x_MI, (((1,), (1,)), ((), ())))
+        # Keeps XLA from folding the transpose into the product (see the module docstring).
+        y_OM = jax.lax.optimization_barrier(y_OM)
+        return y_OM.T[:rows]
+
+    return by_platform(x_MI, weight_OI, cpu=weight_first, other=_row_first)
+
+
+def _row_first(x_MI: jax.Array, weight_OI: jax.Array) -> jax.Array:
+    """The ordinary ``x · weightᵀ``."""
+    return jax.lax.dot_general(x_MI, weight_OI, (((1,), (1,)), ((), ())))
 
 
 def matmul(x: jax.Array, weight_OI: jax.Array) -> jax.Array:
@@ -76,10 +89,16 @@ def einsum_f32(subscripts: str, a: jax.Array, b: jax.Array) -> jax.Array:
 
     Attention scores are summed in float32 whatever the cache's dtype. XLA:CPU has no
     kernel for a bfloat16 × bfloat16 → float32 product (for some shapes it fails at run
-    time: "Unsupported element type for DotThunk"), so on a CPU the operands are
-    widened first. That is exact: every bfloat16 (and float16) value is a float32, and
-    their products are exact in float32, so the sums are the same float32 sums.
+    time: "Unsupported element type for DotThunk"), so in a program compiled for a CPU
+    the operands are widened first; other platforms multiply them as they are. That is
+    exact: every bfloat16 (and float16) value is a float32, and their products are
+    exact in float32, so the sums are the same float32 sums.
     """
-    if jax.default_backend() == "cpu":
-        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-    return jnp.einsum(subscripts, a, b, preferred_element_type=jnp.float32)
+
+    def product(a, b):
+        return jnp.einsum(subscripts, a, b, preferred_element_type=jnp.float32)
+
+    def widened(a, b):
+        return product(a.astype(jnp.float32), b.astype(jnp.float32))
+
+    return by_platform(a, b, cpu=widened, other=product)

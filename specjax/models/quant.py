@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.core.platform import by_platform
 from specjax.models.attention import Attention
 from specjax.models.layers import MLP, Dense
 from specjax.models.llama import TiedEmbedding
@@ -89,16 +90,23 @@ def _int8_matmul(x_MI: jax.Array, q_OI: jax.Array, scale_O: jax.Array) -> jax.Ar
     """
     rows = x_MI.shape[0]
     xq_MI, xs_M = quantize_rows(x_MI)
-    if rows == 1:
-        # XLA:CPU's one-row int8 dot is about 20x slower than its two-row one; the
-        # zero row changes nothing in row 0 (rows are independent, sums exact).
-        xq_MI = jnp.concatenate([xq_MI, jnp.zeros_like(xq_MI)], axis=0)
     dims = (((1,), (1,)), ((), ()))
-    if jax.default_backend() == "cpu" and rows <= _WEIGHT_FIRST_MAX_ROWS:
+
+    def row_first(xq_MI, q_OI):
+        return jax.lax.dot_general(xq_MI, q_OI, dims, preferred_element_type=jnp.int32)
+
+    def on_cpu(xq_MI, q_OI):
+        if rows == 1:
+            # XLA:CPU's one-row int8 dot is about 20x slower than its two-row one; the
+            # zero row changes nothing in row 0 (rows are independent, sums exact).
+            xq_MI = jnp.concatenate([xq_MI, jnp.zeros_like(xq_MI)], axis=0)
+        if rows > _WEIGHT_FIRST_MAX_ROWS:
+            return row_first(xq_MI, q_OI)[:rows]
         acc_OM = jax.lax.dot_general(q_OI, xq_MI, dims, preferred_element_type=jnp.int32)
-        acc_MO = jax.lax.optimization_barrier(acc_OM).T[:rows]
-    else:
-        acc_MO = jax.lax.dot_general(xq_MI, q_OI, dims, preferred_element_type=jnp.int32)[:rows]
+        return jax.lax.optimization_barrier(acc_OM).T[:rows]
+
+    # The form follows the platform the program is compiled for (`specjax.core.platform`).
+    acc_MO = by_platform(xq_MI, q_OI, cpu=on_cpu, other=row_first)
     return acc_MO.astype(jnp.float32) * xs_M[:, None] * scale_O[None, :]
 
 
