@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from specjax.cli.common import UserError
+from specjax.cli.compile import cmd_compile
 from specjax.cli.fetch import cmd_fetch
 from specjax.cli.generate import COMPARE_REPEATS, cmd_generate
 from specjax.cli.train import SIZES, cmd_distill, cmd_train, cmd_train_drafter
@@ -230,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cache_flag(g)
     g.set_defaults(func=cmd_generate)
 
+    _add_compile(sub)
+
     for name, helptext in [
         ("train", "train a model (and a byte-level BPE tokenizer) on text files"),
         ("distill", "distil a draft model from a --model (the target) on text files"),
@@ -276,6 +279,73 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--list", action="store_true", help="list the names, whether each is cached")
     f.set_defaults(func=cmd_fetch)
     return parser
+
+
+def _add_compile(sub) -> None:
+    from specjax.chips.table import CHIPS
+
+    c = sub.add_parser(
+        "compile",
+        formatter_class=_DefaultsFormatter,
+        help="compile the decoder for a TPU or GPU from this host, and predict what it does there",
+        description="Compile the decoder ahead of time for --chip (no chip needed: libtpu or "
+        "jax's CUDA plugin describes it) and report whether it fits the chip's memory, what "
+        "one decode step reads and costs for every gamma, and the speedup predicted at the "
+        "acceptance this pair reaches. Predictions come from the compiled programs' bytes "
+        "and flops and the chip's published figures; nothing is measured. Exit status 3: "
+        "it does not fit (the report says what to change).",
+    )
+    c.add_argument("--chip", default="v5e-1", help=f"one of {', '.join(CHIPS)}")
+    c.add_argument(
+        "--model",
+        help="target: a Hugging Face folder, a GGUF file or a model name (only its "
+        "configuration is read; no weights are loaded); default: the bundled target",
+    )
+    c.add_argument("--draft", help="draft model for --drafter model, as --model")
+    c.add_argument(
+        "--drafter",
+        default="auto",
+        choices=["auto", "model", "lookup", "block", "eagle", "none"],
+        help="who drafts; auto: the draft model of --draft (the bundled draft without "
+        "--model), else prompt lookup",
+    )
+    c.add_argument(
+        "--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+        help="the weights' (and activations') dtype on the chip",
+    )  # fmt: skip
+    c.add_argument(
+        "--quantize", choices=["int8", "int8-weights"], default=None,
+        help="int8 weights (specjax.models.quant) for the target and the draft model "
+        "(default: none, --dtype weights)",
+    )  # fmt: skip
+    c.add_argument(
+        "--draft-quantize", choices=["int8", "int8-weights", "none"], default=None,
+        help="the draft model's own --quantize (default: the same as --quantize)",
+    )  # fmt: skip
+    c.add_argument(
+        "--gamma", type=_gamma, default="auto", metavar="{N,auto}",
+        help="the gamma a run uses; step costs are predicted for 0..gamma. auto: for "
+        "0..4, and the gamma with the most predicted tokens per second is chosen",
+    )  # fmt: skip
+    c.add_argument("--batch-size", dest="batch", type=int, default=1, help="rows at once")
+    c.add_argument("--prompt-length", type=int, default=128, help="tokens per prompt")
+    c.add_argument(
+        "--max-new-tokens", type=int, default=256,
+        help="tokens generated per row (with --prompt-length, the context to hold)",
+    )  # fmt: skip
+    c.add_argument(
+        "--acceptance", metavar="A1,A2,...",
+        help="acceptance by draft position to predict the speedups at (default: what this "
+        "machine's runs of the pair learnt, in the tuning cache)",
+    )  # fmt: skip
+    c.add_argument(
+        "--mesh", metavar="DATAxMODEL",
+        help="mesh axes over a slice's chips (default 1xN: tensor parallel over every chip, "
+        "the draft model replicated)",
+    )  # fmt: skip
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    c.set_defaults(func=cmd_compile)
 
 
 def _add_cache_flag(parser) -> None:

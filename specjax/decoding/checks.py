@@ -316,8 +316,9 @@ class Prepared:
     width: int
 
 
-def prepare(key, target, drafter: Drafter, prompts, options: DecodeOptions) -> Prepared:
-    """Validates a decoder's inputs on the host, before anything compiles.
+def prepare(key, target, drafter: Drafter, prompts, options: DecodeOptions, *, host_memory=True):
+    """Validates a decoder's inputs on the host, before anything compiles (the state's
+    size against this host with ``host_memory``; `specjax.chips` checks a chip's).
 
     Returns:
         the `Prepared` inputs: the `Decoder`, the prompts' arrays, the static cache
@@ -356,7 +357,8 @@ def prepare(key, target, drafter: Drafter, prompts, options: DecodeOptions) -> P
         num_slots=num_slots,
         width=output_width(max_new_N, host_lengths, cache_len),
     )
-    _check_memory(options, prepared)
+    if host_memory:
+        _check_memory(options, prepared)
     return prepared
 
 

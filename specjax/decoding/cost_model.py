@@ -65,6 +65,7 @@ __all__ = [
     "machine_id",
     "measure",
     "model_id",
+    "pair_id",
     "tune",
 ]
 
@@ -282,6 +283,21 @@ def model_id(model) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
+def pair_id(target, drafter) -> str:
+    """What the acceptance depends on: the target's and the drafter's architectures and
+    the drafter's kind, not their precision, batch or machine. A chip's predictions
+    (`specjax.chips`) read the acceptance this machine's runs learnt for the same pair."""
+    draft_model = getattr(drafter, "model", None)
+    parts = [
+        repr(dataclasses.replace(target.config, scan_layers=False))
+        if dataclasses.is_dataclass(getattr(target, "config", None))
+        else type(target).__qualname__,
+        type(drafter).__qualname__,
+        repr(getattr(draft_model, "config", None)),
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
 class CostCache:
     """Measured `StepCosts` on disk, one JSON file per key, in ``<cache>/tuning/``.
 
@@ -333,10 +349,12 @@ class CostCache:
         costs: StepCosts,
         acceptance: Sequence[float],
         judged: Sequence[float] | None = None,
+        pair: str | None = None,
     ) -> Path:
         """Writes atomically: a reader sees the old entry or the new one, never a part.
 
-        ``judged`` (default: one each) weighs each position's acceptance."""
+        ``judged`` (default: one each) weighs each position's acceptance; ``pair``
+        (`pair_id`) lets `learnt_acceptance` find it for the same models elsewhere."""
         self.root.mkdir(parents=True, exist_ok=True)
         judged = [1.0] * len(acceptance) if judged is None else [float(n) for n in judged]
         if len(judged) != len(acceptance):
@@ -347,11 +365,31 @@ class CostCache:
             "acceptance": list(acceptance),
             "judged": judged,
         }
+        if pair is not None:
+            data["pair"] = pair
         fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1)
         os.replace(tmp, self.path(key))
         return self.path(key)
+
+    def learnt_acceptance(self, pair: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """``(acceptance, judged)`` learnt for the pair ``pair`` (`pair_id`) at any
+        precision and batch on this machine: the entry that judged the most drafts,
+        or None where no run decoded that pair."""
+        best = None
+        for path in sorted(self.root.glob("*.json")) if self.root.is_dir() else ():
+            try:
+                data = json.loads(path.read_text())
+                if data.get("pair") != pair:
+                    continue
+                acceptance = tuple(map(float, data["acceptance"]))
+                judged = tuple(map(float, data["judged"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if acceptance and (best is None or sum(judged) > sum(best[1])):
+                best = (acceptance, judged)
+        return best
 
 
 def measure(
@@ -459,6 +497,7 @@ class Tuned:
     key: str
     measured: bool = False
     held_width: int | None = None
+    pair: str | None = None
 
     @property
     def gamma(self) -> int:
@@ -526,7 +565,7 @@ class Tuned:
                 alpha[i] = float((alpha[i] * weight + accepted[i]) / (weight + reached[i]))
                 judged[i] = float(weight + reached[i])
         self.acceptance, self.judged = tuple(alpha), tuple(judged)
-        self.cache.store(self.key, self.costs, alpha, judged)
+        self.cache.store(self.key, self.costs, alpha, judged, pair=self.pair)
 
 
 def tune(
@@ -569,8 +608,16 @@ def tune(
                 f"at gamma 1..{drafter.num_draft} on this machine, once (kept in {cache.root})"
             )
         hit = measure(target, drafter, prompts, max_new_tokens=TUNE_TOKENS, repeats=2, log=log)
-        cache.store(key, *hit)
+        cache.store(key, *hit, pair=pair_id(target, drafter))
     if forward_width is not None and forward_width > drafter.num_draft + 1:
         forward_width = None  # wider than any γ measured: each γ costed at its own width
     choice = choose(*hit[:2], forward_width=forward_width)
-    return Tuned(choice, *hit, cache=cache, key=key, measured=measured, held_width=forward_width)
+    return Tuned(
+        choice,
+        *hit,
+        cache=cache,
+        key=key,
+        measured=measured,
+        held_width=forward_width,
+        pair=pair_id(target, drafter),
+    )

@@ -427,6 +427,15 @@ def _decode_step(decoder: Decoder, state: DecodeState, gamma: int) -> DecodeStat
     return commit(decoder, state, _verify_chain(decoder, state, plan))
 
 
+def step(decoder: Decoder, state: DecodeState, gamma: int | None = None) -> DecodeState:
+    """One step of the loop, without the refill of finished slots that follows it.
+
+    The unit a decode's time is made of: `specjax.chips` compiles it alone to predict
+    what it costs on a chip. ``gamma``: drafts (default the drafter's own γ).
+    """
+    return _decode_step(decoder, state, decoder.drafter.num_draft if gamma is None else gamma)
+
+
 def run_loop(decoder: Decoder, state: DecodeState, num_steps=None) -> DecodeState:
     """Runs the loop until every row is done, or for at most ``num_steps`` iterations.
 

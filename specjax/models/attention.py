@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.core.platform import by_platform
 from specjax.models.cache import TreeMask
 from specjax.models.config import ModelConfig
 from specjax.models.layers import Dense, config_norm
@@ -154,14 +155,62 @@ def write_kv(k_LBKDS, v_LBKSD, layer, slots_BT, k_BTKD, v_BTKD) -> tuple[jax.Arr
 
     The whole cache (keys ``[L, B, K, D, S]``, values ``[L, B, K, S, D]``) goes in and
     out, so that inside a loop that carries it XLA updates it in place instead of
-    copying a layer. ``mode="drop"``: a write at a slot at or beyond the cache's end is
-    a no-op instead of XLA's default of clamping it onto the last slot.
+    copying a layer. A write at a slot at or beyond the cache's end is a no-op (not
+    clamped onto the last slot). A row's slots are consecutive (``slots[b, t] ==
+    slots[b, 0] + t``), as every writer in specjax writes them: slot == position from
+    the row's length, and a tree's nodes at consecutive slots.
+
+    In a program compiled for a CPU the write is one scatter. On TPUs and GPUs each
+    row's T slots are written as one block (`write_rows`): a scatter along the slots
+    there makes XLA copy the whole cache into another layout around it, at every layer
+    of every step, and a block update is done in place.
     """
-    # Indexing puts the broadcast [B, T] dims first: [B, T, K, D].
-    rows = jnp.arange(k_LBKDS.shape[1])[:, None]
-    k_LBKDS = k_LBKDS.at[layer, rows, :, :, slots_BT].set(k_BTKD.astype(k_LBKDS.dtype), mode="drop")
-    v_LBKSD = v_LBKSD.at[layer, rows, :, slots_BT].set(v_BTKD.astype(v_LBKSD.dtype), mode="drop")
-    return k_LBKDS, v_LBKSD
+    k_new, v_new = k_BTKD.astype(k_LBKDS.dtype), v_BTKD.astype(v_LBKSD.dtype)
+
+    def scatter(k_LBKDS, v_LBKSD, slots_BT, k_new, v_new):
+        # Indexing puts the broadcast [B, T] dims first: [B, T, K, D].
+        rows = jnp.arange(k_LBKDS.shape[1])[:, None]
+        k_LBKDS = k_LBKDS.at[layer, rows, :, :, slots_BT].set(k_new, mode="drop")
+        v_LBKSD = v_LBKSD.at[layer, rows, :, slots_BT].set(v_new, mode="drop")
+        return k_LBKDS, v_LBKSD
+
+    def blocks(k_LBKDS, v_LBKSD, slots_BT, k_new, v_new):
+        return write_rows(k_LBKDS, v_LBKSD, layer, slots_BT[:, 0], k_new, v_new)
+
+    if k_BTKD.shape[1] > k_LBKDS.shape[-1]:  # more tokens than slots: no block fits
+        return scatter(k_LBKDS, v_LBKSD, slots_BT, k_new, v_new)
+    return by_platform(k_LBKDS, v_LBKSD, slots_BT, k_new, v_new, cpu=scatter, other=blocks)
+
+
+def write_rows(k_LBKDS, v_LBKSD, layer, start_B, k_BTKD, v_BTKD) -> tuple[jax.Array, jax.Array]:
+    """`write_kv` of each row's T tokens at slots ``start .. start + T - 1``, one block
+    update per row (in place in a loop); slots at or past the cache's end are dropped.
+
+    The block is written at ``min(start, S - T)``, where it fits whole, with the
+    tokens shifted into their slots and the block's other slots keeping what they
+    held, so that a row near the end writes exactly its slots that exist.
+    """
+    s, t = k_LBKDS.shape[-1], k_BTKD.shape[1]
+    kh, d = k_BTKD.shape[2], k_BTKD.shape[3]
+
+    def row(b, kv):
+        k_LBKDS, v_LBKSD = kv
+        at = jnp.clip(start_B[b], 0, s - t)
+        source_T = jnp.arange(t) + at - start_B[b]  # the token each block slot receives
+        written_T = (source_T >= 0) & (source_T < t)
+        source_T = jnp.clip(source_T, 0, t - 1)
+        k_KDT = jnp.take(k_BTKD[b], source_T, axis=0).transpose(1, 2, 0)
+        v_KTD = jnp.take(v_BTKD[b], source_T, axis=0).transpose(1, 0, 2)
+        old_k = jax.lax.dynamic_slice(k_LBKDS, (layer, b, 0, 0, at), (1, 1, kh, d, t))
+        old_v = jax.lax.dynamic_slice(v_LBKSD, (layer, b, 0, at, 0), (1, 1, kh, t, d))
+        k_block = jnp.where(written_T[None, None, None, None, :], k_KDT[None, None], old_k)
+        v_block = jnp.where(written_T[None, None, None, :, None], v_KTD[None, None], old_v)
+        k_LBKDS = jax.lax.dynamic_update_slice(k_LBKDS, k_block, (layer, b, 0, 0, at))
+        v_LBKSD = jax.lax.dynamic_update_slice(v_LBKSD, v_block, (layer, b, 0, at, 0))
+        return k_LBKDS, v_LBKSD
+
+    start_B = jnp.asarray(start_B, jnp.int32)
+    return jax.lax.fori_loop(0, k_LBKDS.shape[1], row, (k_LBKDS, v_LBKSD))
 
 
 def visible_slots(key_pos_BS, query_pos_BT, window=None, tree: TreeMask | None = None):

@@ -407,7 +407,10 @@ class Model:
 
     @property
     def dtype(self):
-        """The compute dtype: that of the floating parameters (int8 ones are quantized)."""
+        """The compute dtype: that of the floating parameters; float32 for a quantized
+        model (its scales, norms and activations' arithmetic)."""
+        if self.quantization is not None:
+            return jnp.dtype(jnp.float32)
         leaves = jax.tree.leaves(self.params)
         return next(
             (x.dtype for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)), leaves[0].dtype

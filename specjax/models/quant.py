@@ -192,7 +192,8 @@ def quantize(model, mode: str = "int8"):
 
     Returns:
         The quantized `~specjax.models.Model` (``model.quantization == mode``); its
-        norms, biases and KV cache are float32. It is a model like any other for the
+        norms, biases and KV cache are float32, and an untied input embedding (only
+        looked up) keeps the checkpoint's dtype. It is a model like any other for the
         decoders, drafters and `specjax.check_model`; it is not saved as a Hugging
         Face checkpoint (save the float model and quantize after loading).
 
@@ -210,6 +211,15 @@ def quantize(model, mode: str = "int8"):
         raise ValueError(
             f"model is already quantized ({model.quantization!r}); quantize the float one"
         )
+    # An untied input embedding (`nnx.Embed`) is only looked up, never multiplied: it
+    # keeps its checkpoint's dtype. Widened to float32 it would take twice the memory,
+    # and `nnx.Embed` converts its whole table to its compute dtype before taking rows
+    # (a bfloat16 model's 151,936-row table, at every step).
+    tables = {
+        path: sub.embedding[...]
+        for path, sub in nnx.iter_graph(nnx.merge(model.graphdef, model.params))
+        if isinstance(sub, nnx.Embed)
+    }
     # A scanned model is quantized as it is, its stacked [L, O, I] matrices row by row:
     # unrolling it first would copy every weight (twice the model's memory at the peak).
     if model.dtype != jnp.float32:
@@ -243,5 +253,9 @@ def quantize(model, mode: str = "int8"):
             parent[path[-1]] = new
         else:
             setattr(parent, path[-1], new)
+    for path, sub in nnx.iter_graph(module):
+        if isinstance(sub, nnx.Embed) and path in tables:
+            sub.embedding = nnx.Param(tables[path])
+            sub.dtype = sub.param_dtype = tables[path].dtype
     graphdef, params = nnx.split(module)
     return model.replace(graphdef=graphdef, params=params)

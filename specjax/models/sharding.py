@@ -240,7 +240,12 @@ def param_partition_specs(
 
 
 def _place(x, sharding: NamedSharding):
-    """Puts one array onto ``sharding``; across processes through a host copy."""
+    """Puts one array onto ``sharding``; across processes through a host copy.
+
+    A ``jax.ShapeDtypeStruct`` (a model with no weights, compiled for devices that are
+    not here: `specjax.chips`) gets the sharding as its own."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
     if jax.process_count() == 1 or (isinstance(x, jax.Array) and not x.is_fully_addressable):
         return jax.device_put(x, sharding)  # local, or a reshard of a global array
     # Every process holds the same full value (loaded from the same checkpoint
