@@ -70,7 +70,7 @@ def test_a_failing_fast_test_keeps_its_own_failure(suite):
     [
         ("", "*test_needs_it uses ?'smollm2_path'?: mark it `real`*"),
         ("@pytest.mark.slow\n", "*test_needs_it uses ?'smollm2_path'?: mark it `real`*"),
-        ("@pytest.mark.real\n@pytest.mark.slow\n", "*marked both `real` and `slow`*"),
+        ("@pytest.mark.real\n@pytest.mark.slow\n", "*marked real and slow: one tier only*"),
     ],
     ids=["unmarked", "slow", "real-and-slow"],
 )

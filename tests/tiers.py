@@ -3,7 +3,9 @@
 * ``pytest``: the fast tier, every module's contract (minutes; run it often).
 * ``pytest -m slow``: the rest of what runs on the bundled pair and random models: the
   statistical tests at full size, the other cases of each parametrized contract, the
-  notebooks at small size, the benchmark scripts' smoke runs. CI runs both.
+  notebooks at small size, the benchmark scripts' smoke runs.
+* ``pytest -m aot``: the decoders compiled ahead of time for TPUs and a GPU from this
+  host (`tests/test_aot.py`, minutes). CI runs the fast, slow and aot tiers.
 * ``pytest -m real``: what loads a real checkpoint (SmolLM2-135M, the Qwen2.5-Coder
   pair; fetched once into ``$SPECJAX_CACHE``), and the notebooks at full size. Opt-in.
 
@@ -12,7 +14,7 @@ checked when the suite is collected, so a misplaced test is an error before anyt
 runs:
 
 * a test that asks for a real checkpoint's fixture (`REAL_CHECKPOINT_FIXTURES`) is
-  marked ``real``; a test marked ``real`` is not also marked ``slow``;
+  marked ``real``; a test is marked with at most one of ``real``, ``aot``, ``slow``;
 * every test gets its tier's limit (`TIMEOUT_S`, pytest-timeout; setup included)
   unless it sets its own, so that a hang fails with its stack instead of running into
   CI's limit;
@@ -34,7 +36,7 @@ import pytest
 REAL_CHECKPOINT_FIXTURES = frozenset({"smollm2_path", "real_pair_paths"})
 # Well above each tier's slowest test on a 2-core CPU: only a hang or a many-fold
 # slowdown trips them.
-TIMEOUT_S = {"fast": 300, "slow": 1200, "real": 2400}
+TIMEOUT_S = {"fast": 300, "slow": 1200, "real": 2400, "aot": 1200}
 DEFAULT_FAST_TEST_BUDGET_S = 10.0
 
 
@@ -57,15 +59,20 @@ def pytest_configure(config):
         "full size (`pytest -m real`; opt-in)",
     )
     config.addinivalue_line(
+        "markers",
+        "aot: the ahead-of-time tier: decoders compiled for TPUs and a GPU (`pytest -m aot`)",
+    )
+    config.addinivalue_line(
         "markers", "first_case_fast: only the first case of each parametrize list is fast"
     )
 
 
 def tier(item: pytest.Item) -> str:
-    """The tier of a collected test: ``"real"``, ``"slow"`` or ``"fast"``."""
-    if item.get_closest_marker("real"):
-        return "real"
-    return "slow" if item.get_closest_marker("slow") else "fast"
+    """The tier of a collected test: ``"real"``, ``"aot"``, ``"slow"`` or ``"fast"``."""
+    for name in ("real", "aot", "slow"):
+        if item.get_closest_marker(name):
+            return name
+    return "fast"
 
 
 def _misplaced(item: pytest.Item) -> list[str]:
@@ -74,8 +81,9 @@ def _misplaced(item: pytest.Item) -> list[str]:
     problems = []
     if needs and not real:
         problems.append(f"{item.nodeid} uses {sorted(needs)}: mark it `real`")
-    if real and item.get_closest_marker("slow"):
-        problems.append(f"{item.nodeid} is marked both `real` and `slow`: one tier only")
+    marked = [name for name in ("real", "aot", "slow") if item.get_closest_marker(name)]
+    if len(marked) > 1:
+        problems.append(f"{item.nodeid} is marked {' and '.join(marked)}: one tier only")
     return problems
 
 

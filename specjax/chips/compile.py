@@ -58,7 +58,13 @@ from specjax.drafters.base import NoDraft
 from specjax.models.cache import KVCache
 from specjax.models.sharding import ShardedModel, make_mesh, shard_model
 
-__all__ = ["DEFAULT_MAX_GAMMA", "compile_for_chip"]
+__all__ = [
+    "DEFAULT_MAX_GAMMA",
+    "STEP_TRIPS",
+    "DecoderPrograms",
+    "compile_decoder",
+    "compile_for_chip",
+]
 
 DEFAULT_MAX_GAMMA = 4
 """The largest γ whose step ``gamma="auto"`` costs, as `specjax generate` drafts."""
@@ -147,8 +153,8 @@ def compile_for_chip(
     drafter = NoDraft() if drafter is None else drafter
     if drafter.tree is not None:
         raise ValueError(
-            "compile_for_chip predicts chains of drafts; a tree drafter's step compiles "
-            "with specjax.chips.compile_decoder"
+            "compile_for_chip predicts chains of drafts; compile a tree drafter's decoder "
+            "with specjax.chips.compile.compile_decoder"
         )
     if gamma == "auto":
         top = drafter.num_draft if drafter.num_draft else 0
@@ -292,6 +298,90 @@ def _looped_step(decoder, state):
     whole cache, at every step); inside a loop, as in a decode, it pays them once.
     """
     return jax.lax.fori_loop(0, STEP_TRIPS, lambda _, s: step(decoder, s), state)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderPrograms:
+    """What `compile_decoder` compiled.
+
+    Attributes:
+        analyses: ``{program: Analysis}``, or the compiler's `OutOfMemory` refusal.
+        min_step_bytes: what the plain step must read per device (weights and cache),
+            where ``"step"`` was compiled.
+        mesh: the ``(data, model)`` axes, or None on one device.
+    """
+
+    analyses: dict
+    min_step_bytes: int | None
+    mesh: tuple[int, int] | None
+
+
+def compile_decoder(
+    chip: str | Chip,
+    target,
+    drafter=None,
+    *,
+    batch_size: int = 1,
+    prompt_length: int = 128,
+    max_new_tokens: int = 256,
+    num_prompts: int | None = None,
+    mesh: tuple[int, int] | None = None,
+    programs: Sequence[str] = ("init", "run"),
+    cache: AnalysisCache | None = None,
+    workers: int | None = None,
+    log: Callable[[str], None] | None = None,
+    **options,
+) -> DecoderPrograms:
+    """Compiles a decoder's programs for ``chip``, any drafter (a tree's too), no predictions.
+
+    Args:
+        chip, target, drafter, batch_size, prompt_length, max_new_tokens, mesh,
+            cache, workers, log, options: as `compile_for_chip`.
+        num_prompts: prompts queued (default ``batch_size``); more than ``batch_size``
+            (the slots) refills finished slots inside the loop (continuous batching).
+        programs: which to compile: ``"init"`` (prefill), ``"run"`` (the decode loop)
+            and ``"step"`` (one plain step in a loop, what `compile_for_chip` costs).
+
+    Returns:
+        The `DecoderPrograms`.
+    """
+    chip = chip_named(chip)
+    drafter = NoDraft() if drafter is None else drafter
+    cache = AnalysisCache() if cache is None else cache
+    placement = _Placement.of(chip, target, drafter, mesh, batch_size)
+    key = jax.random.key(0) if options.get("sampling") is not None else None
+    prompts = [[1] * prompt_length] * (num_prompts or batch_size)
+    opts = DecodeOptions(**options, max_new_tokens=max_new_tokens, num_slots=batch_size)
+    p = prepare(key, placement.target, placement.drafter, prompts, opts, host_memory=False)
+    lowered = []
+    init_args, run_args = placement.run_args(p)
+    if "init" in programs:
+        fn = partial(init_state, cache_len=p.cache_len, num_slots=p.num_slots)
+        lowered.append(lower_program("init", fn, init_args, chip=chip, cache=cache))
+    if "run" in programs:
+        lowered.append(
+            lower_program("run", run_loop, run_args, chip=chip, donate_argnums=(1,), cache=cache)
+        )
+    if "step" in programs:
+        plain = prepare(key, placement.target, NoDraft(), prompts, opts, host_memory=False)
+        args = placement.step_args(plain)
+        lowered.append(
+            lower_program(
+                "step",
+                _looped_step,
+                args,
+                chip=chip,
+                donate_argnums=(1,),
+                cache=cache,
+                per_trip=True,
+            )
+        )
+    workers = workers or min(4, os.cpu_count() or 1)
+    return DecoderPrograms(
+        analyses=compile_all(lowered, cache=cache, workers=workers, log=log),
+        min_step_bytes=placement.min_bytes(args) if "step" in programs else None,
+        mesh=placement.mesh_shape,
+    )
 
 
 def _quantization(model) -> str | None:

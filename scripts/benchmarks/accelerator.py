@@ -1,0 +1,282 @@
+#!/usr/bin/env python
+"""Everything specjax checks and measures on a GPU or TPU, in one command of minutes.
+
+Run on one accelerator (a GPU may be lent for 15 minutes in all, so one call does
+everything, and it starts nothing new after ``--budget-s``)::
+
+    python scripts/benchmarks/accelerator.py            # on the accelerator
+    python scripts/benchmarks/accelerator.py --quick    # a CPU smoke run, seconds
+
+In bfloat16 at jax's default flags it
+
+1. checks exactness there: greedy speculative decoding equals plain decoding at its
+   forward width token for token (the bundled pair, a draft model, γ = 3), and one
+   statistical test: the joint law of two sampled tokens of a tiny model under
+   rejection sampling against the exact law (chi-square, 20,000 rows, false alarm
+   0.001);
+2. measures the step costs per γ (`specjax.decoding.cost_model.measure`: plain
+   decoding at each forward width, speculation at each γ) of the bundled pair and of
+   the real pair's shapes (Qwen2.5-Coder 1.5B and 0.5B; their weights when they are
+   in the specjax cache, else random ones, whose timings are the same), and times
+   each pair through ``specjax generate --compare --json`` with no tuning flags at
+   T = 0 and T = 1 where its files are here;
+3. writes each measured step beside what ``specjax compile`` predicted for the same
+   chip (``results/accelerator/predicted-<chip>.json``, written by this script's
+   ``--predict`` on any host), so that the prediction's error is a number.
+
+Writes ``$OUT/accelerator.json`` (or ``--out``) with the date, commit, command and
+machine, and exits 1 if an exactness check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import specjax  # noqa: E402
+from harness.machine import RESULTS, run_record  # noqa: E402
+from specjax.decoding import cost_model  # noqa: E402
+
+GAMMA = 3
+MAX_GAMMA = 4
+PREDICTED = RESULTS / "accelerator"
+CONFIGS = Path(__file__).resolve().parent / "pair_configs"
+REAL = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+START = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[accelerator {time.perf_counter() - START:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
+def chip_name(device) -> str | None:
+    """The `specjax.chips` name of the device this runs on, if it is one of them."""
+    kind = getattr(device, "device_kind", "")
+    for pattern, name in (
+        ("H100", "h100"),
+        ("H200", "h200"),
+        ("v5 lite", "v5e-1"),
+        ("v6 lite", "v6e-1"),
+    ):
+        if pattern in kind:
+            return name
+    return None
+
+
+def pairs(quick: bool):
+    """``{name: (target, draft, prompts, real_weights)}`` in bfloat16."""
+    target, draft, tokenizer = specjax.default_pair(jnp.bfloat16)
+    texts = ["def fibonacci(n):", "import os\n\ndef main():"]
+    out = {"bundled": (target, draft, [tokenizer.encode(t).ids for t in texts], True)}
+    if quick:
+        return out
+    from specjax.io.fetch import remote
+
+    if all(remote(name).path().is_file() for name in REAL):
+        t, d = (specjax.load_pretrained(remote(n).path(), jnp.bfloat16) for n in REAL)
+        out["real"] = (t, d, [t.tokenizer.encode("def quicksort(items):").ids], True)
+    else:
+        from specjax.io.hf_config import config_from_hf
+
+        def shaped(name):
+            config = config_from_hf(json.loads((CONFIGS / f"{name}.json").read_text()))
+            return specjax.Model.random(config, dtype=jnp.bfloat16)
+
+        prompt = [[(i * 7919) % 50000 + 10 for i in range(40)]]
+        out["real_shapes"] = (shaped(REAL[0]), shaped(REAL[1]), prompt, False)
+    return out
+
+
+def check_greedy(target, draft, prompts, tokens: int) -> dict:
+    """Speculative (γ = 3) against plain at width γ + 1, greedy: the first differing
+    position per row (None where equal)."""
+    kw = dict(max_new_tokens=tokens, forward_width=GAMMA + 1)
+    drafter = specjax.DraftModel(draft, num_draft=GAMMA)
+    spec = specjax.speculative_generate(None, target, drafter, prompts, **kw).to_lists()
+    plain = specjax.generate(None, target, prompts, **kw).to_lists()
+    first = [
+        next((i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b), None)
+        for x, y in zip(spec, plain, strict=True)
+    ]
+    return {"first_difference": first, "equal": all(f is None for f in first)}
+
+
+def check_statistics(rows: int) -> dict:
+    """Two tokens sampled by rejection sampling against their exact joint law."""
+    from specjax.testing import (
+        chi_square_pvalue,
+        exact_sequence_probs,
+        perturbed,
+        sequence_counts,
+        tiny_model,
+    )
+
+    target = tiny_model(seed=0, vocab_size=16)
+    drafter = specjax.DraftModel(perturbed(target, seed=1), num_draft=2)
+    sampling = specjax.SamplingConfig(temperature=1.0)
+    prompt = [3, 1, 4]
+    out = specjax.speculative_generate(
+        jax.random.key(0), target, drafter, [prompt] * rows, max_new_tokens=2, sampling=sampling
+    )
+    counts = sequence_counts(np.asarray(out.tokens), target.vocab_size)
+    probs = exact_sequence_probs(target, prompt, 2, sampling)
+    p = chi_square_pvalue(counts, probs)
+    return {"rows": rows, "pvalue": p, "false_alarm": 1e-3, "exact": bool(p >= 1e-3)}
+
+
+def measure_steps(target, draft, prompts, tokens: int) -> dict:
+    drafter = specjax.DraftModel(draft, num_draft=MAX_GAMMA)
+    costs, acceptance, _ = cost_model.measure(
+        target, drafter, prompts, max_new_tokens=tokens, repeats=3, log=log
+    )
+    steps = {str(g): costs.step_s(g) for g in range(MAX_GAMMA + 1)}
+    widths = {str(w): s for w, s in enumerate(costs.target_s, 1)}
+    return {
+        "step_seconds": steps,
+        "target_step_seconds_by_width": widths,
+        "acceptance": list(acceptance),
+    }
+
+
+def through_the_command(name: str, tokens: int) -> dict:
+    """``specjax generate --compare --json`` with no tuning flags, T = 0 and T = 1."""
+    models = [] if name == "bundled" else ["--model", REAL[0], "--draft", REAL[1]]
+    out = {}
+    for temperature in ("0", "1"):
+        cmd = [
+            sys.executable,
+            "-m",
+            "specjax.cli",
+            "generate",
+            "def quicksort(items):",
+            "--max-new-tokens",
+            "128",
+            "--compare",
+            "--json",
+            "--temperature",
+            temperature,
+            *models,
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            out[f"T={temperature}"] = {"error": done.stderr[-500:]}
+            continue
+        data = json.loads(done.stdout)
+        keep = (
+            "tokens_per_second",
+            "plain_tokens_per_second",
+            "speedup",
+            "equals_plain_at_width",
+            "gamma",
+        )
+        out[f"T={temperature}"] = {k: data.get(k) for k in keep} | {"auto": data.get("auto")}
+        log(f"{name} T={temperature}: {out[f'T={temperature}']}")
+    return out
+
+
+def predict(chips, out: Path) -> None:
+    """``specjax compile``'s predictions for each chip, both pairs (any host)."""
+    for chip in chips:
+        report = {}
+        for name, extra in (("bundled", []), ("real", ["--model", REAL[0], "--draft", REAL[1]])):
+            cmd = [
+                sys.executable,
+                "-m",
+                "specjax.cli",
+                "compile",
+                "--chip",
+                chip,
+                "--json",
+                "--gamma",
+                str(MAX_GAMMA),
+                "--acceptance",
+                "0.8,0.7,0.6,0.5",
+                *extra,
+            ]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            report[name] = json.loads(done.stdout)
+            log(f"predicted {chip} {name}")
+        path = out / f"predicted-{chip}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**run_record(sys.argv[1:]), "pairs": report}, indent=1))
+
+
+def errors(measured: dict, predicted: dict | None) -> dict | None:
+    """Measured over predicted seconds per step, per γ."""
+    if predicted is None:
+        return None
+    steps = predicted["step_seconds"]
+    return {
+        g: measured["step_seconds"][g] / steps[g] for g in measured["step_seconds"] if g in steps
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "accelerator.json"
+    )
+    p.add_argument("--quick", action="store_true", help="small settings: a CPU smoke run")
+    p.add_argument("--budget-s", type=float, default=420.0, help="start nothing new after")
+    p.add_argument(
+        "--predict",
+        nargs="*",
+        metavar="CHIP",
+        help="write specjax compile's predictions for these chips, then stop",
+    )
+    args = p.parse_args(argv)
+    if args.predict is not None:
+        predict(args.predict or ["h100", "h200", "v5e-1", "v6e-1"], PREDICTED)
+        return 0
+    device = jax.devices()[0]
+    chip = chip_name(device)
+    tokens = 16 if args.quick else 64
+    report = {
+        **run_record(argv),
+        "backend": jax.default_backend(),
+        "device": getattr(device, "device_kind", str(device)),
+        "chip": chip,
+        "dtype": "bfloat16",
+        "pairs": {},
+    }
+    log(f"{report['backend']} {report['device']} (chip {chip}), jax {jax.__version__}")
+    report["statistics"] = check_statistics(2_000 if args.quick else 20_000)
+    log(f"statistical test: {report['statistics']}")
+    predicted_file = PREDICTED / f"predicted-{chip}.json"
+    predicted = json.loads(predicted_file.read_text())["pairs"] if predicted_file.is_file() else {}
+    ok = report["statistics"]["exact"]
+    for name, (target, draft, prompts, real_weights) in pairs(args.quick).items():
+        if time.perf_counter() - START > args.budget_s:
+            log(f"budget spent: {name} not measured")
+            break
+        entry = {"greedy_equals_plain_at_width": check_greedy(target, draft, prompts, tokens)}
+        ok &= entry["greedy_equals_plain_at_width"]["equal"]
+        entry["measured"] = measure_steps(target, draft, prompts[:1], tokens)
+        forecast = predicted.get("real" if name.startswith("real") else name)
+        entry["predicted"] = forecast and {k: forecast[k] for k in ("step_seconds", "gamma")}
+        entry["measured_over_predicted"] = errors(entry["measured"], forecast)
+        if real_weights and not args.quick:
+            entry["command"] = through_the_command(name, tokens)
+        report["pairs"][name] = entry
+        log(f"{name}: {json.dumps(entry['measured_over_predicted'])}")
+    report["seconds"] = time.perf_counter() - START
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    log(f"wrote {args.out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
