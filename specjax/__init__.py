@@ -55,7 +55,7 @@ from specjax.sampling.stops import StopStrings as StopStrings
 from specjax.text import ChatSampler as ChatSampler
 from specjax.text import Sampler as Sampler
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "Sampler",

@@ -456,3 +456,26 @@ def test_real_pair_rounds_and_summary_from_fake_servers(monkeypatch):
     assert all(e["fastest_peer"] == "hf-float32-plain" for e in greedy)
     assert all(e["speculative_over_peer"] == 1.6 for e in greedy)
     assert all("fastest_peer" not in e for e in summary if e["temperature"] > 0)
+
+
+@pytest.mark.slow
+def test_accelerator_script_quick_run_checks_and_measures(tmp_path):
+    """The one command for a GPU or TPU runs on a CPU at small settings: its exactness
+    checks pass, the steps are measured, and a prediction error is computed where a
+    prediction for the chip is committed."""
+    out = tmp_path / "accelerator.json"
+    _run_script(BENCHMARKS / "accelerator.py", "--quick", "--out", str(out))
+    report = json.loads(out.read_text())
+    assert report["statistics"]["exact"] and report["statistics"]["rows"] >= 1000
+    bundled = report["pairs"]["bundled"]
+    assert bundled["greedy_equals_plain_at_width"]["equal"]
+    steps = bundled["measured"]["step_seconds"]
+    assert set(steps) == {"0", "1", "2", "3", "4"} and all(s > 0 for s in steps.values())
+    for key in ("date", "commit", "command", "machine"):
+        assert key in report, key
+    accelerator = _load_script("accelerator")
+    measured = {"step_seconds": {"0": 2.0, "1": 3.0}}
+    assert accelerator.errors(measured, {"step_seconds": {"0": 1.0, "1": 1.5}}) == {
+        "0": 2.0,
+        "1": 2.0,
+    }

@@ -137,6 +137,25 @@ def test_model_id_follows_shapes_dtypes_and_precision_not_values():
     assert model_id(quantize(a, "int8")) != model_id(a)
 
 
+def test_learnt_acceptance_is_found_for_the_same_pair_at_any_precision(cache):
+    """A chip's prediction (`specjax.chips`) reads what this machine's runs of the same
+    models learnt: the pair's id ignores precision, and the entry that judged the most
+    drafts wins; another pair's entries are never read."""
+    from specjax.models.quant import quantize
+
+    target, draft = tiny_model(seed=0), tiny_model(seed=1)
+    pair = cost_model.pair_id(target, specjax.DraftModel(draft))
+    quantized = specjax.DraftModel(quantize(draft, "int8"), num_draft=2)
+    assert cost_model.pair_id(quantize(target, "int8"), quantized) == pair
+    other = cost_model.pair_id(target, specjax.PromptLookup())
+    assert other != pair
+    assert cache.learnt_acceptance(pair) is None
+    cache.store(cache.key(batch=1), FLAT_WIDE, (0.5, 0.4), judged=(10, 4), pair=pair)
+    cache.store(cache.key(batch=2), FLAT_WIDE, (0.8, 0.7), judged=(90, 60), pair=pair)
+    cache.store(cache.key(batch=3), FLAT_WIDE, (0.1, 0.1), judged=(900, 900), pair=other)
+    assert cache.learnt_acceptance(pair) == ((0.8, 0.7), (90.0, 60.0))
+
+
 def test_an_unreadable_entry_is_a_miss_and_is_replaced(cache):
     key = cache.key(x=1)
     cache.root.mkdir(parents=True)

@@ -21,8 +21,8 @@ In bfloat16 at jax's default flags it
    each pair through ``specjax generate --compare --json`` with no tuning flags at
    T = 0 and T = 1 where its files are here;
 3. writes each measured step beside what ``specjax compile`` predicted for the same
-   chip (``results/accelerator/predicted-<chip>.json``, written by this script's
-   ``--predict`` on any host), so that the prediction's error is a number.
+   chip (``results/chips/predicted.json``, written by this script's ``--predict`` on
+   any host), so that the prediction's error is a number.
 
 Writes ``$OUT/accelerator.json`` (or ``--out``) with the date, commit, command and
 machine, and exits 1 if an exactness check fails.
@@ -51,7 +51,7 @@ from specjax.decoding import cost_model  # noqa: E402
 
 GAMMA = 3
 MAX_GAMMA = 4
-PREDICTED = RESULTS / "accelerator"
+PREDICTED = RESULTS / "chips"
 CONFIGS = Path(__file__).resolve().parent / "pair_configs"
 REAL = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
 START = time.perf_counter()
@@ -186,31 +186,65 @@ def through_the_command(name: str, tokens: int) -> dict:
     return out
 
 
-def predict(chips, out: Path) -> None:
-    """``specjax compile``'s predictions for each chip, both pairs (any host)."""
-    for chip in chips:
-        report = {}
-        for name, extra in (("bundled", []), ("real", ["--model", REAL[0], "--draft", REAL[1]])):
-            cmd = [
-                sys.executable,
-                "-m",
-                "specjax.cli",
-                "compile",
-                "--chip",
-                chip,
-                "--json",
-                "--gamma",
-                str(MAX_GAMMA),
-                "--acceptance",
-                "0.8,0.7,0.6,0.5",
-                *extra,
-            ]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            report[name] = json.loads(done.stdout)
-            log(f"predicted {chip} {name}")
-        path = out / f"predicted-{chip}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**run_record(sys.argv[1:]), "pairs": report}, indent=1))
+def _learnt_acceptance(prompt: str, temperature: int) -> list[float]:
+    """The acceptance by position this host's runs of a pair learnt, from the committed
+    CPU results of ``bench_real_pair.py --stages cli`` (acceptance belongs to the
+    models and prompts, not to the chip)."""
+    runs = json.loads((RESULTS / "real_pair" / "cpu.json").read_text())["cli"]["runs"]
+    row = next(r for r in runs if r["prompt"] == prompt and r["temperature"] == temperature)
+    return [round(a, 2) for a in row["auto"]["learnt_acceptance_by_position"]]
+
+
+# What --predict compiles: (chip, pair, flags); the real pair in bfloat16 on every chip
+# of the README's table, and in int8 on Colab's v5e-1.
+PREDICTIONS = [
+    *((chip, "real", ()) for chip in ("v5e-1", "v6e-1", "v5p-8", "h100", "h200")),
+    ("v5e-1", "real", ("--quantize", "int8")),
+    *((chip, "bundled", ()) for chip in ("v5e-1", "h100")),
+]
+
+
+def predict(out: Path) -> None:
+    """``specjax compile --json`` for every row of `PREDICTIONS` (any host; jax's CUDA
+    plugin from the specjax cache for the GPUs, as the aot tier fetches it)."""
+    from specjax.core.paths import cache_root
+
+    acceptance = {
+        "real": _learnt_acceptance("chat", 0),
+        "bundled": _learnt_acceptance("bundled-code", 1),
+    }
+    models = {"real": ["--model", REAL[0], "--draft", REAL[1]], "bundled": []}
+    plugin = cache_root() / "jax-cuda-plugin" / jax.__version__
+    rows = []
+    for chip, pair, flags in PREDICTIONS:
+        alpha = ",".join(map(str, acceptance[pair]))
+        cmd = [
+            "specjax",
+            "compile",
+            "--chip",
+            chip,
+            "--json",
+            "--gamma",
+            "auto",
+            "--acceptance",
+            alpha,
+            *models[pair],
+            *flags,
+        ]
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        if chip.startswith("h"):
+            env["PYTHONPATH"] = str(plugin)
+        done = subprocess.run(
+            [sys.executable, "-m", "specjax.cli", *cmd[1:]], capture_output=True, text=True, env=env
+        )
+        if done.returncode not in (0, 3):
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        rows.append({"command": " ".join(cmd), "pair": pair, "report": json.loads(done.stdout)})
+        log(f"predicted {chip} {pair} {' '.join(flags)}")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "predicted.json"
+    path.write_text(json.dumps({**run_record(sys.argv[1:]), "rows": rows}, indent=1))
+    log(f"wrote {path}")
 
 
 def errors(measured: dict, predicted: dict | None) -> dict | None:
@@ -232,13 +266,12 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=420.0, help="start nothing new after")
     p.add_argument(
         "--predict",
-        nargs="*",
-        metavar="CHIP",
-        help="write specjax compile's predictions for these chips, then stop",
+        action="store_true",
+        help="write specjax compile's predictions (results/chips/predicted.json), then stop",
     )
     args = p.parse_args(argv)
-    if args.predict is not None:
-        predict(args.predict or ["h100", "h200", "v5e-1", "v6e-1"], PREDICTED)
+    if args.predict:
+        predict(PREDICTED)
         return 0
     device = jax.devices()[0]
     chip = chip_name(device)
@@ -254,8 +287,11 @@ def main(argv=None) -> int:
     log(f"{report['backend']} {report['device']} (chip {chip}), jax {jax.__version__}")
     report["statistics"] = check_statistics(2_000 if args.quick else 20_000)
     log(f"statistical test: {report['statistics']}")
-    predicted_file = PREDICTED / f"predicted-{chip}.json"
-    predicted = json.loads(predicted_file.read_text())["pairs"] if predicted_file.is_file() else {}
+    predicted = {}  # pair -> the bfloat16 report for this chip
+    if (PREDICTED / "predicted.json").is_file():
+        for row in json.loads((PREDICTED / "predicted.json").read_text())["rows"]:
+            if row["report"]["chip"] == chip and "--quantize" not in row["command"]:
+                predicted[row["pair"]] = row["report"]
     ok = report["statistics"]["exact"]
     for name, (target, draft, prompts, real_weights) in pairs(args.quick).items():
         if time.perf_counter() - START > args.budget_s:

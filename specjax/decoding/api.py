@@ -184,8 +184,9 @@ def speculative_generate(
     ``verification="rejection"`` accepts a draft with probability ``min(1, p/q)``: the
     output has exactly `generate`'s distribution. ``"coupled"`` draws drafts with the
     target's noise and accepts a draft iff it equals the target's sample: the output
-    equals `generate`'s for the same key and seeds. `specjax.decoding` describes every
-    argument in full.
+    equals `generate`'s for the same key and seeds. ``"block"`` judges the chain as a
+    whole (Sun et al. 2025): exact, and at least as many drafts kept on average as
+    ``"rejection"``. `specjax.decoding` describes every argument in full.
 
     Args:
         key: one PRNG key, or ``None`` when every row is greedy (temperature 0, the
@@ -199,7 +200,8 @@ def speculative_generate(
         eos_id: optional id, or ``[K]`` ids, that end a row (it is emitted).
         seeds: optional ``int[B]`` per-row seeds (default: the row index).
         cache_len: static cache length S (default: the longest row's need, rounded up).
-        verification: ``"rejection"`` or ``"coupled"``.
+        verification: ``"rejection"``, ``"coupled"`` or ``"block"`` (a chain judged as
+            a whole, `specjax.verification.block`; not for trees).
         num_slots: rows decoded at once (default: one per prompt); fewer slots than
             prompts refill finished slots on device (continuous batching).
         gamma_by_active_rows: optional ``{max_active_rows: γ}`` table of each step's γ.

@@ -95,11 +95,22 @@ def build_decoder(
         features=builtin + _check_user_features(options.features, builtin),
         eos_ids=eos_ids,
         draft_confidence=_check_confidence(options.draft_confidence),
-        # The null drafter proposes nothing: its steps are coupled verification's.
-        verifier=Coupled() if drafter.null_drafter else VERIFIERS[options.verification],
+        verifier=_verifier(options.verification, drafter),
         gamma_table=_check_gamma_table(options.gamma_by_active_rows, drafter.num_draft),
         forward_width=options.forward_width,
     )
+
+
+def _verifier(verification: str, drafter):
+    """The verifier of ``verification=`` (checked against the names before)."""
+    if drafter.null_drafter:  # proposes nothing: its steps are coupled verification's
+        return Coupled()
+    if verification == "block" and drafter.tree is not None:
+        raise ValueError(
+            "verification='block' judges a chain of drafts; a tree drafter "
+            f"({drafter.tree!r}) is verified by 'rejection' or 'coupled'"
+        )
+    return VERIFIERS[verification]
 
 
 def _builtin_features(

@@ -148,7 +148,7 @@ def _step_keys(state: DecodeState, width: int):
 
 def _draft_keys(decoder: Decoder, keys_BG1, gamma: int):
     """The keys the drafter draws ``gamma`` drafts with: its verifier's noise stream."""
-    return noise.stream(keys_BG1[:, :gamma], decoder.verifier.draft_noise)
+    return decoder.verifier.draft_keys(keys_BG1, gamma)
 
 
 def _pad_columns(x_BT, width: int, value):

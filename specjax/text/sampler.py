@@ -17,6 +17,7 @@ import numpy as np
 
 from specjax.core.validation import check_float, check_int
 from specjax.decoding import api as decoding
+from specjax.decoding.state import VERIFICATIONS
 from specjax.drafters.base import Drafter, TreeDrafter, lookahead
 from specjax.io.chat import apply_chat_template
 from specjax.sampling import SamplingConfig
@@ -112,7 +113,8 @@ class Sampler:
         forward_width: every target forward scores exactly this many tokens, so that
             speculative output equals plain output at the same width token for token
             (`specjax.speculative_generate`); default the verify's width.
-        verification: ``"rejection"`` (default) or ``"coupled"``.
+        verification: ``"rejection"`` (default), ``"coupled"`` or ``"block"`` (chains
+            judged as a whole: `specjax.verification.block`).
         draft_confidence: optional τ in ``[0, 1]``: a row stops drafting after its
             first draft whose own probability is below τ (exact; pays for costly
             draft models).
@@ -210,8 +212,8 @@ class Sampler:
         # auto chooses a chain's γ; a tree drafts its shape and plain decoding nothing.
         chain = drafter is not None and getattr(drafter, "tree", None) is None
         self.auto = gamma == "auto" and chain
-        if verification not in ("rejection", "coupled"):
-            raise ValueError(f"verification must be 'rejection' or 'coupled', got {verification!r}")
+        if verification not in VERIFICATIONS:
+            raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
         if forward_width is not None:
             forward_width = check_int("forward_width", forward_width, lo=1)
             verify = 1 if drafter is None else lookahead(drafter)

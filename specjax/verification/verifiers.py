@@ -1,7 +1,7 @@
 """Verifiers: the exact rule that keeps a prefix of each row's drafted chain, as objects.
 
 A decoder holds one verifier, chosen by its ``verification=`` argument: `Rejection`
-(speculative rejection sampling, the default) or `Coupled`. Each says which noise the
+(speculative rejection sampling, the default), `Coupled` or `Block`. Each says which noise the
 drafter draws its drafts with and verifies a step's chain in one call; the proofs are
 in `specjax.verification.chain`. Plain decoding (the null drafter, which proposes
 nothing) is `Coupled` verification of an empty chain: its token at each position is the
@@ -16,6 +16,7 @@ from typing import ClassVar
 import jax
 
 from specjax.sampling import noise
+from specjax.verification.block import block_keys, block_verify
 from specjax.verification.chain import coupled_verify, rejection_sample, rejection_sample_onehot
 
 
@@ -27,6 +28,11 @@ class Verifier:
     name: ClassVar[str] = ""
     #: The noise stream the drafter draws its drafts with (`specjax.sampling.noise`).
     draft_noise: ClassVar[int] = noise.DRAFT
+
+    def draft_keys(self, keys_BW: jax.Array, gamma: int) -> jax.Array:
+        """The keys ``[B, gamma]`` the drafter draws a step's drafts with: its
+        `draft_noise` stream of each position's key."""
+        return noise.stream(keys_BW[:, :gamma], self.draft_noise)
 
     def verify(
         self,
@@ -75,5 +81,22 @@ class Coupled(Verifier):
         return coupled_verify(keys_BW, chain_BW1, target_probs_BWV)
 
 
+@dataclasses.dataclass(frozen=True)
+class Block(Verifier):
+    """Block verification (`specjax.verification.block`): the chain judged as a whole,
+    the most accepted drafts on average of any exact verifier. The drafts and coins of
+    a step come from the step's own noise, so the output has exactly the target's
+    distribution."""
+
+    name: ClassVar[str] = "block"
+    draft_noise: ClassVar[int] = noise.DRAFT
+
+    def draft_keys(self, keys_BW, gamma):
+        return block_keys(keys_BW, 0)[:, :gamma]
+
+    def verify(self, keys_BW, chain_BW1, draft_probs_BW1V, target_probs_BWV):
+        return block_verify(keys_BW, chain_BW1, draft_probs_BW1V, target_probs_BWV)
+
+
 #: The verifiers by the name ``verification=`` takes.
-VERIFIERS: dict[str, Verifier] = {v.name: v for v in (Rejection(), Coupled())}
+VERIFIERS: dict[str, Verifier] = {v.name: v for v in (Rejection(), Coupled(), Block())}
