@@ -245,6 +245,33 @@ def predict(out: Path) -> None:
     path = out / "predicted.json"
     path.write_text(json.dumps({**run_record(sys.argv[1:]), "rows": rows}, indent=1))
     log(f"wrote {path}")
+    print("\n".join(predicted_table(rows)))
+
+
+def predicted_table(rows: list[dict]) -> list[str]:
+    """The predictions as Markdown, one line per chip and pair."""
+    gib = 2**30
+    out = [
+        "| chip | pair | weights | fits: peak / usable per chip | plain step | step at γ = 1..4 "
+        "| predicted speedup at γ = 1..4 | auto's γ |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        r = row["report"]
+        precision = "int8" if "--quantize" in row["command"] else "bfloat16"
+        steps = r["step_seconds"]
+        later = " / ".join(f"{1e3 * steps[g]:.2f}" for g in sorted(steps, key=int)[1:])
+        speedups = " / ".join(
+            f"{r['predicted_speedup'][g]:.2f}x" for g in sorted(r["predicted_speedup"], key=int)[1:]
+        )
+        fits = "yes" if r["fits"] else "no"
+        out.append(
+            f"| {r['chip']} | {row['pair']} | {precision} | {fits}: "
+            f"{r['peak_bytes'] / gib:.2f} / {r['usable_bytes'] / gib:.2f} GiB | "
+            f"{1e3 * steps['0']:.2f} ms ({r['step_bytes']['0'] / 1e9:.2f} GB) | {later} ms | "
+            f"{speedups} | {r['gamma']} |"
+        )
+    return out
 
 
 def errors(measured: dict, predicted: dict | None) -> dict | None:

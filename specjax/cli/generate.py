@@ -85,8 +85,23 @@ def _load_models(args):
         raise UserError("--drafter eagle: the bundled EAGLE head only fits the bundled target")
     if args.drafter not in ("model", "block"):
         draft = _named_drafter(args, target)
+    if args.corpus is not None:
+        draft = _with_corpus(args, draft, tokenizer)
     del specjax
     return target, draft, tokenizer
+
+
+def _with_corpus(args, drafter, tokenizer):
+    """The suffix drafter of ``--drafter suffix`` over the files of ``--corpus``."""
+    from specjax.drafters.suffix import SuffixDrafter
+    from specjax.text.corpus import load_corpus
+
+    if not isinstance(drafter, SuffixDrafter):
+        raise UserError("--corpus is what a suffix drafter drafts from: add --drafter suffix")
+    try:
+        return drafter.with_documents(load_corpus(args.corpus, tokenizer))
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(f"--corpus: {e}") from None
 
 
 def _quantized(args, target, draft):

@@ -105,10 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     g.add_argument(
         "--drafter", default=DEFAULTS.drafter,
-        metavar="{auto,block,eagle,model,lookup,none,PATH}",
+        metavar="{auto,block,eagle,model,lookup,suffix,none,PATH}",
         help="who drafts: the block drafter (reads the target's hidden states), the bundled "
         "EAGLE-style head (eagle: reads them too, drafts step by step), the draft "
-        "model, prompt lookup (n-gram copy), none (plain decoding), or the path of a block "
+        "model, prompt lookup (n-gram copy), suffix (the longest suffix match in the "
+        "prompt, the output and --corpus), none (plain decoding), or the path of a block "
         "drafter folder (the same as --drafter block --block-drafter PATH); default "
         f"{DEFAULTS.drafter}: for the bundled pair the draft model "
         f"({DEFAULTS.bundled_drafter}); with --model, the draft model of --draft, else the "
@@ -156,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--tree", default=None, metavar="K1,K2,...",
         help="draft a tree instead of a chain: K1 children at the root, K2 under each of "
         "those, ... (e.g. 3,2,2,1; --drafter block or model); its depth is γ",
+    )  # fmt: skip
+    g.add_argument(
+        "--corpus", metavar="PATH",
+        help="with --drafter suffix: a file or folder of text or code to draft from too, "
+        "besides the prompt and the output so far (tokenised once and cached)",
     )  # fmt: skip
     g.add_argument(
         "--ngram", type=int, default=DEFAULTS.ngram,

@@ -196,9 +196,10 @@ class _StepPlan:
 
     @property
     def narrows(self) -> bool:
-        """The forward scores only the longest chain a row proposed (rows stop under τ,
-        and no width is fixed)."""
-        return not self.fixed and self.confidence is not None and self.gamma > 0
+        """The forward scores only the longest chain a row proposed (rows stop under τ
+        or by the drafter's own rule, and no width is fixed)."""
+        varies = self.confidence is not None or self.drafter.drafts_fewer
+        return not self.fixed and varies and self.gamma > 0
 
 
 def _plan(decoder: Decoder, gamma: int) -> _StepPlan:
@@ -223,10 +224,10 @@ def _plan(decoder: Decoder, gamma: int) -> _StepPlan:
 def _num_drafted(plan: _StepPlan, proposal, draft_probs):
     """``int32[B]`` drafts each row proposes: γ, or fewer under ``draft_confidence``."""
     b, gamma = proposal.tokens.shape[0], plan.gamma
+    if proposal.num_drafted is not None and gamma:  # the drafter stopped its rows itself
+        return proposal.num_drafted.astype(jnp.int32)
     if plan.confidence is None or gamma == 0:
         return jnp.full((b,), gamma, jnp.int32)
-    if proposal.num_drafted is not None:  # the drafter stopped its rows itself
-        return proposal.num_drafted.astype(jnp.int32)
     if draft_probs is None:
         raise ValueError(
             f"draft_confidence needs a drafter that returns its q, and the "

@@ -5,6 +5,8 @@
   `specjax.models.forward.TargetHidden`);
 * `specjax.drafters.draft_model`: `DraftModel`, a smaller LM;
 * `specjax.drafters.lookup`: `PromptLookup` (no weights); `NoDraft` (γ = 0) is in `base`;
+* `specjax.drafters.suffix`: `SuffixDrafter`, the longest suffix match in the row's text
+  and a corpus (no weights);
 * `specjax.drafters.features`: `FeatureDrafter`, the shared base of the drafters that
   read the target's hidden states, `specjax.drafters.block` (`BlockDrafter`) and
   `specjax.drafters.eagle` (`EagleDrafter`);
@@ -28,3 +30,4 @@ from specjax.drafters.draft_model import DraftModel as DraftModel
 from specjax.drafters.eagle import EagleDrafter as EagleDrafter
 from specjax.drafters.features import FeatureDrafter as FeatureDrafter
 from specjax.drafters.lookup import PromptLookup as PromptLookup
+from specjax.drafters.suffix import SuffixDrafter as SuffixDrafter

@@ -100,8 +100,9 @@ class Proposal:
             ``[B, γ, V_d]``; the decoder zero-pads it (`specjax.sampling.vocab`).
         state: the drafter's new state.
         num_drafted: ``int32[B]`` how many leading drafts each row proposes, from a
-            drafter that stops early (`Drafter.stops_early`); the rest of ``tokens``
-            is never verified. ``None``: all γ.
+            drafter that stops early (`Drafter.stops_early`) or drafts fewer by its
+            own rule (`Drafter.drafts_fewer`); the rest of ``tokens`` is never
+            verified. ``None``: all γ.
     """
 
     tokens: jax.Array
@@ -139,6 +140,11 @@ class Drafter(abc.ABC):
     #: it in `Proposal.num_drafted`, skipping forwards no row needs. Otherwise the
     #: decoder cuts the chain from the returned q after the drafter ran all γ.
     stops_early: bool = False
+    #: Whether `propose` may draft fewer than γ for a row by its own rule (a match too
+    #: short to trust: `specjax.drafters.suffix.SuffixDrafter`), always reported in
+    #: `Proposal.num_drafted`; the verify forward then scores only the longest chain
+    #: (unless a forward width is fixed).
+    drafts_fewer: bool = False
     #: What errors call it ("block drafter").
     noun: str = "drafter"
 

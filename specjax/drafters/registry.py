@@ -16,6 +16,7 @@ from specjax.drafters.block import BlockDrafter
 from specjax.drafters.draft_model import DraftModel
 from specjax.drafters.eagle import EagleDrafter
 from specjax.drafters.lookup import PromptLookup
+from specjax.drafters.suffix import SuffixDrafter
 
 __all__ = ["Entry", "get", "names", "register"]
 
@@ -79,3 +80,4 @@ register("block", BlockDrafter, asset="block_drafter")
 register("eagle", EagleDrafter, asset="eagle_drafter")
 register("model", DraftModel, asset="draft")
 register("lookup", PromptLookup)
+register("suffix", SuffixDrafter)

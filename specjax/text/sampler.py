@@ -19,8 +19,10 @@ from specjax.core.validation import check_float, check_int
 from specjax.decoding import api as decoding
 from specjax.decoding.state import VERIFICATIONS
 from specjax.drafters.base import Drafter, TreeDrafter, lookahead
+from specjax.drafters.suffix import SuffixDrafter
 from specjax.io.chat import apply_chat_template
 from specjax.sampling import SamplingConfig
+from specjax.text.corpus import corpus_documents
 from specjax.text.defaults import DEFAULTS, auto_drafter
 from specjax.text.eos import stop_ids
 from specjax.text.loading import build_drafter, load_model
@@ -130,6 +132,10 @@ class Sampler:
             tree's depth).
         seed: the PRNG seed of sampled rows when `sample` gets no ``key``
             (``jax.random.key(seed)``); greedy rows do not depend on it.
+        corpus: what a suffix drafter (``drafter="suffix"``) drafts from besides each
+            row's own text and this sampler's earlier prompts and outputs: a file or
+            folder of text or code (tokenised once, `specjax.text.corpus`), or a list
+            of strings.
 
     Raises:
         TypeError: a target that is a path, a drafter that is not a `Drafter`.
@@ -161,6 +167,7 @@ class Sampler:
         draft_quantize: str | None = None,
         tree=None,
         seed: int = DEFAULTS.seed,
+        corpus=None,
     ):
         cls = type(self).__name__
         if isinstance(target, (str, bytes)) or hasattr(target, "__fspath__"):
@@ -180,11 +187,11 @@ class Sampler:
                 f"{type(tokenizer).__name__}"
             )
         if isinstance(drafter, str):
-            if drafter not in ("auto", "lookup", "none"):
+            if drafter not in ("auto", "lookup", "suffix", "none"):
                 raise ValueError(
-                    f"drafter={drafter!r}: {cls}(...) takes a Drafter, None, 'auto', 'lookup' "
-                    f"or 'none'; for drafters with weights use {cls}.from_pretrained(..., "
-                    f"drafter={drafter!r})"
+                    f"drafter={drafter!r}: {cls}(...) takes a Drafter, None, 'auto', 'lookup', "
+                    f"'suffix' or 'none'; for drafters with weights use "
+                    f"{cls}.from_pretrained(..., drafter={drafter!r})"
                 )
             name = auto_drafter(bundled=False) if drafter == "auto" else drafter
             drafter = build_drafter(name, target, bundled=False)
@@ -200,6 +207,16 @@ class Sampler:
             )
         # Settings are checked here, where they are given, not at the first sample.
         target, drafter = _quantized(target, drafter, quantize, draft_quantize)
+        # A suffix drafter drafts from the corpus and from this sampler's earlier
+        # prompts and outputs, which `sample` adds as it goes.
+        self._documents = corpus_documents(corpus, tokenizer)
+        if corpus is not None and not isinstance(drafter, SuffixDrafter):
+            raise ValueError(
+                "corpus= is what a suffix drafter drafts from: pass drafter='suffix' (or a "
+                "specjax.drafters.SuffixDrafter) with it"
+            )
+        if isinstance(drafter, SuffixDrafter) and self._documents:
+            drafter = drafter.with_documents(self._documents)
         if tree is not None:
             drafter, gamma = _with_tree(drafter, tree, gamma)
         self.seed = check_int("seed", seed, lo=0, hi=2**32 - 1)
@@ -466,9 +483,17 @@ class Sampler:
             result = decoding.speculative_generate(key, self.target, drafter, ids, **kw)
             if self.auto:
                 self.tuned[len(ids)].learn(result.stats)
+        self._remember(ids, result.to_lists())
         texts = [self._text(row) for row in result.to_lists()]
         text = texts[0] if single else texts
         return (text, result) if return_result else text
+
+    def _remember(self, ids: list[list[int]], outputs: list[list[int]]) -> None:
+        """Adds a call's prompts and outputs to a suffix drafter's corpus."""
+        if not isinstance(self.drafter, SuffixDrafter):
+            return
+        self._documents += [np.asarray(p + o, np.int32) for p, o in zip(ids, outputs, strict=True)]
+        self.drafter = self.drafter.with_documents(self._documents)
 
     def _constraint(self, regex, json_schema):
         """The `specjax.Constraint` of ``regex`` or ``json_schema``, built once each."""
@@ -514,13 +539,16 @@ class Sampler:
         text = TextStream(self.tokenizer, hide=self.eos_id)
 
         def pieces():
+            generated = []
             for _, new in decoder.stream(state, steps_per_chunk=DEFAULTS.steps_per_chunk):
+                generated += new[0]
                 piece = text.feed(new[0])
                 if piece:
                     yield piece
             rest = text.flush()
             if rest:
                 yield rest
+            self._remember(ids, [generated])
 
         return pieces()
 

@@ -1,0 +1,144 @@
+#!/usr/bin/env python
+"""Block against token-wise verification: drafts kept per step at T = 1, same drafts' law.
+
+Both verifiers are exact; block verification keeps at least as many drafts on average.
+This measures how many more, per target call, on the bundled pair (γ = 4) and on the
+real pair (Qwen2.5-Coder 1.5B with the 0.5B drafting, int8 as its preset, γ = 2) where
+its files are in the specjax cache. Each prompt (the real pair: the first two chat and
+two code-edit prompts of ``prompts/real_prompts.json`` in its chat template; the
+bundled pair: `BUNDLED_PROMPTS`) is decoded by ``--rows`` rows with
+their own seeds at temperature 1, by both verifiers with the same key; a row's accepted
+drafts per target call is one unit, and the table gives the mean and its standard error
+over the units, with the paired difference (block - token-wise, the same prompt and
+seed) and its standard error. Only acceptance is measured, not time.
+
+    python scripts/benchmarks/bench_verification.py
+    python scripts/benchmarks/bench_verification.py --quick   # the bundled pair, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import specjax  # noqa: E402
+from harness.machine import RESULTS, run_record  # noqa: E402
+
+BUNDLED_PROMPTS = [
+    "def fibonacci(n):",
+    "import os\n\ndef list_files(path):",
+    "class Stack:\n    def __init__(self):",
+    "def parse_args(argv):",
+    "with open(path) as f:",
+    "def merge_sort(items):",
+]
+REAL = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+START = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[verification {time.perf_counter() - START:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
+def pairs(quick: bool):
+    """``{name: (target, drafter, [prompt ids])}``."""
+    target, draft, tokenizer = specjax.default_pair()
+    out = {
+        "bundled": (
+            target,
+            specjax.DraftModel(draft, num_draft=4),
+            [tokenizer.encode(t).ids for t in BUNDLED_PROMPTS[: 2 if quick else None]],
+        )
+    }
+    if quick:
+        return out
+    from specjax.io.fetch import remote
+    from specjax.io.presets import load_pair
+
+    if all(remote(name).path().is_file() for name in REAL):
+        target, drafter, _ = load_pair(*REAL)
+        sets = json.loads((ROOT / "prompts" / "real_prompts.json").read_text())
+        texts = [p["text"] for p in sets["chat"][:2] + sets["code-edit"][:2]]
+        messages = [[{"role": "user", "content": t}] for t in texts]
+        prompts = [
+            target.tokenizer.encode(
+                specjax.apply_chat_template(target, m), add_special_tokens=False
+            ).ids
+            for m in messages
+        ]
+        out["real"] = (target, drafter.with_draft(2), prompts)
+    else:
+        log("the real pair is not in the specjax cache: bundled pair only")
+    return out
+
+
+def units(target, drafter, prompts, verification: str, rows: int, tokens: int) -> np.ndarray:
+    """Accepted drafts per target call of every (prompt, seed) row."""
+    out = []
+    sampling = specjax.SamplingConfig(temperature=1.0)
+    for prompt in prompts:
+        result = specjax.speculative_generate(
+            jax.random.key(0),
+            target,
+            drafter,
+            [prompt] * rows,
+            max_new_tokens=tokens,
+            sampling=sampling,
+            verification=verification,
+            seeds=jnp.arange(rows),
+        )
+        stats = jax.device_get(result.stats)
+        calls = np.maximum(np.asarray(stats.row_target_calls), 1)
+        out.append(np.asarray(stats.accepted) / calls)
+    return np.concatenate(out)
+
+
+def summary(values: np.ndarray) -> dict:
+    return {
+        "mean": float(values.mean()),
+        "standard_error": float(values.std(ddof=1) / np.sqrt(len(values))),
+        "units": len(values),
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=16, help="seeds per prompt")
+    p.add_argument("--tokens", type=int, default=64, help="new tokens per row")
+    p.add_argument("--quick", action="store_true", help="the bundled pair, 2 prompts, 4 rows")
+    p.add_argument("--out", type=Path, default=RESULTS / "verification" / "cpu.json")
+    args = p.parse_args(argv)
+    rows, tokens = (4, 16) if args.quick else (args.rows, args.tokens)
+    report = {**run_record(argv), "temperature": 1.0, "rows_per_prompt": rows, "pairs": {}}
+    lines = ["| pair | γ | token-wise | block | block - token-wise |", "|---|---|---|---|---|"]
+    for name, (target, drafter, prompts) in pairs(args.quick).items():
+        kept = {v: units(target, drafter, prompts, v, rows, tokens) for v in ("rejection", "block")}
+        entry = {v: summary(x) for v, x in kept.items()}
+        entry["difference"] = summary(kept["block"] - kept["rejection"])
+        entry["gamma"], entry["prompts"] = drafter.num_draft, len(prompts)
+        report["pairs"][name] = entry
+        cell = lambda s: f"{s['mean']:.3f} ± {s['standard_error']:.3f}"  # noqa: E731
+        lines.append(
+            f"| {name} | {drafter.num_draft} | {cell(entry['rejection'])} | "
+            f"{cell(entry['block'])} | {cell(entry['difference'])} |"
+        )
+        log(lines[-1])
+    print("\n".join(lines))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
