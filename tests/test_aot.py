@@ -92,6 +92,10 @@ def _check(report: dict) -> None:
                 problems.append(f"{name} {program}: host transfers {result['host_transfers']}")
     for precision, step in report["steps"].items():
         ratio = step["hbm_bytes"] / step["min_bytes"]
+        # A GPU keeps no weights on chip between steps: a step reads them all (a TPU
+        # may keep a model this small in its on-chip memory).
+        if report["chip"].startswith("h") and ratio < 0.9:
+            problems.append(f"{precision} plain step reads {ratio:.2f}x its weights and cache")
         if ratio > STEP_BOUND:
             top = "\n    ".join(step["top_ops"])
             problems.append(

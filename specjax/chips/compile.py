@@ -60,7 +60,6 @@ from specjax.models.sharding import ShardedModel, make_mesh, shard_model
 
 __all__ = [
     "DEFAULT_MAX_GAMMA",
-    "STEP_TRIPS",
     "DecoderPrograms",
     "compile_decoder",
     "compile_for_chip",
@@ -196,7 +195,7 @@ def compile_for_chip(
             per_trip=True,
         )
         programs.append(program)
-        flops[(kind, n)] = program.flops / STEP_TRIPS / placement.devices
+        flops[(kind, n)] = program.flops / placement.devices
         sizes[(kind, n)] = placement.min_bytes(args)
     say(f"compiling {len(programs)} step programs for {chip.name} ({workers} at a time)")
     # The plain step first: where it does not fit, no other program does.
@@ -286,18 +285,16 @@ def compile_for_chip(
     )
 
 
-# Steps a step program runs in its loop (`_looped_step`).
-STEP_TRIPS = 2
-
-
-def _looped_step(decoder, state):
-    """`STEP_TRIPS` decode steps in a loop: one trip is a step as the decode loop runs it.
+def _looped_step(decoder, state, trips):
+    """``trips`` decode steps in a loop: one trip is a step as the decode loop runs it.
 
     Compiled alone, a step would also pay, at its entry and exit, conversions between
     the caller's layouts and those XLA picks for the cache inside a loop (on a TPU the
-    whole cache, at every step); inside a loop, as in a decode, it pays them once.
+    whole cache, at every step); inside a loop, as in a decode, it pays them once. The
+    trip count is an argument, as the decode loop's is data: a loop of a known small
+    count may be unrolled, and then no trip is a step.
     """
-    return jax.lax.fori_loop(0, STEP_TRIPS, lambda _, s: step(decoder, s), state)
+    return jax.lax.fori_loop(0, trips, lambda _, s: step(decoder, s), state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -461,7 +458,8 @@ class _Placement:
         )
 
     def step_args(self, p) -> tuple:
-        return abstract(p.decoder, self.default), self.state_of(p)
+        trips = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.default)
+        return abstract(p.decoder, self.default), self.state_of(p), trips
 
     def run_args(self, p) -> tuple[tuple, tuple]:
         decoder = abstract(p.decoder, self.default)
@@ -472,7 +470,7 @@ class _Placement:
         """What a step reads at least, per device: the models' weights (the target's,
         and a drafter's; an untied input embedding only gives rows) and the caches the
         state holds."""
-        decoder, state = step_args
+        decoder, state, _ = step_args
         models = _device_bytes((decoder.target, decoder.drafter))
         for model in (decoder.target, getattr(decoder.drafter, "model", None)):
             models -= _looked_up_bytes(model)
@@ -553,7 +551,7 @@ def _advice(chip: Chip, placement: _Placement, setups, needed: int, usable: int 
     """One message: what the decode needs per device, what the chip has, what to change."""
     gib = 2**30
     p = setups[max(setups, key=lambda k: (k[0] == "gamma", k[1]))]
-    decoder, state = placement.step_args(p)
+    decoder, state, _ = placement.step_args(p)
     weights = _device_bytes((decoder.target, decoder.drafter))
     caches = _device_bytes((state.target_cache, state.drafter_state))
     have = f"{usable / gib:.2f} GiB" if usable else f"{chip.hbm_bytes / gib:.0f} GiB"

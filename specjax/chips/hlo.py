@@ -328,8 +328,15 @@ class _Walker:
                     users[operand].append(i)
         whole = _array_bytes(self.shapes[computation].get(value, ""), hbm_only=False)
         uses = users.get(value, [])
-        if not uses or depth > 8:
-            return whole if depth > 8 else 0.0
+        roots = [i for i in self.computations.get(computation, ()) if i.is_root]
+        leaves = any(
+            r.name == value or (r.opcode in ("tuple", "bitcast") and value in r.operands)
+            for r in roots
+        )
+        if depth > 8 or leaves:
+            return whole  # it leaves the computation whole (or the walk is too deep)
+        if not uses:
+            return 0.0
         total = 0.0
         for use in uses:
             if use.opcode in _SLICING and use.operands[0] == value:

@@ -45,6 +45,9 @@ __all__ = [
 
 # Instructions kept in an analysis, dearest first: enough to name what a step reads.
 _TOP_OPS = 8
+# The version of how a compiled program is read (`specjax.chips.hlo`): part of the
+# cache key, so that analyses kept by an older reader are read again.
+READER = 2
 
 
 class OutOfMemory(Exception):
@@ -134,7 +137,8 @@ class AnalysisCache:
 
     @staticmethod
     def key(lowered_text: str, chip: Chip, program: str) -> str:
-        blob = json.dumps({"chip": dataclasses.asdict(chip), "program": program, **_versions()})
+        parts = {"chip": dataclasses.asdict(chip), "program": program, "reader": READER}
+        blob = json.dumps({**parts, **_versions()})
         digest = hashlib.sha256(blob.encode())
         digest.update(lowered_text.encode())
         return digest.hexdigest()[:32]

@@ -43,6 +43,7 @@ def _load_models(args):
     import specjax
     from specjax.io.pretrained import default_pair
 
+    chain_first = _split_chain(args)
     if args.model:
         target = load_folder(args.model, "--model")
         draft = load_folder(args.draft, "--draft") if args.draft else None
@@ -85,10 +86,40 @@ def _load_models(args):
         raise UserError("--drafter eagle: the bundled EAGLE head only fits the bundled target")
     if args.drafter not in ("model", "block"):
         draft = _named_drafter(args, target)
-    if args.corpus is not None:
+    if chain_first is not None:
+        draft = _chain(args, chain_first, target, draft, tokenizer)
+    elif args.corpus is not None:
         draft = _with_corpus(args, draft, tokenizer)
     del specjax
     return target, draft, tokenizer
+
+
+def _split_chain(args) -> str | None:
+    """``--drafter suffix,model``: the chain's first member (``args.drafter`` becomes the
+    last, loaded as usual), or None for one drafter."""
+    if "," not in args.drafter:
+        return None
+    first, _, last = args.drafter.partition(",")
+    if first != "suffix" or last in ("", "auto", "none", "suffix") or "," in last:
+        raise UserError(
+            f"--drafter {args.drafter}: a chain is suffix,DRAFTER (e.g. suffix,model): the "
+            "suffix drafter where it has a match, the other drafter elsewhere"
+        )
+    args.drafter = last
+    return first
+
+
+def _chain(args, first: str, target, last, tokenizer):
+    """The `ChainDrafter` of ``first`` (with ``--corpus``) and the loaded ``last``."""
+    from specjax.drafters.chain import ChainDrafter
+
+    if last is None:
+        raise UserError(f"--drafter {first},{args.drafter}: the chain needs its second drafter")
+    ahead = _with_corpus(args, _named_drafter_of(first, args, target), tokenizer)
+    try:
+        return ChainDrafter.of(ahead, last)
+    except ValueError as e:
+        raise UserError(f"--drafter {first},{args.drafter}: {e}") from None
 
 
 def _with_corpus(args, drafter, tokenizer):
@@ -96,6 +127,8 @@ def _with_corpus(args, drafter, tokenizer):
     from specjax.drafters.suffix import SuffixDrafter
     from specjax.text.corpus import load_corpus
 
+    if args.corpus is None:
+        return drafter
     if not isinstance(drafter, SuffixDrafter):
         raise UserError("--corpus is what a suffix drafter drafts from: add --drafter suffix")
     try:
@@ -133,12 +166,16 @@ def _quantized(args, target, draft):
 def _named_drafter(args, target):
     """The eagle head, prompt lookup, none, or any other drafter of
     `specjax.drafters.registry`, built as `specjax.Sampler.from_pretrained` builds it."""
+    return _named_drafter_of(args.drafter, args, target)
+
+
+def _named_drafter_of(name: str, args, target):
     from specjax.text.loading import build_drafter
 
     try:
-        return build_drafter(args.drafter, target, bundled=not args.model, ngram=args.ngram)
+        return build_drafter(name, target, bundled=not args.model, ngram=args.ngram)
     except ValueError as e:
-        raise UserError(f"--drafter {args.drafter}: {e}") from None
+        raise UserError(f"--drafter {name}: {e}") from None
 
 
 def _drafter_names() -> tuple[str, ...]:
@@ -210,7 +247,8 @@ def _apply_preset(args):
     them; says what it chose on stderr. Returns the preset, or None."""
     from specjax.io.presets import find
 
-    if not (args.model and args.draft) or args.drafter not in ("auto", "model"):
+    # A chain (suffix,model) keeps the pair's precisions for its draft model.
+    if not (args.model and args.draft) or args.drafter.split(",")[-1] not in ("auto", "model"):
         return None
     preset = find(args.model, args.draft)
     if preset is None:

@@ -7,6 +7,8 @@
 * `specjax.drafters.lookup`: `PromptLookup` (no weights); `NoDraft` (γ = 0) is in `base`;
 * `specjax.drafters.suffix`: `SuffixDrafter`, the longest suffix match in the row's text
   and a corpus (no weights);
+* `specjax.drafters.chain`: `ChainDrafter`, a suffix drafter where it has a match and a
+  draft model elsewhere;
 * `specjax.drafters.features`: `FeatureDrafter`, the shared base of the drafters that
   read the target's hidden states, `specjax.drafters.block` (`BlockDrafter`) and
   `specjax.drafters.eagle` (`EagleDrafter`);
@@ -26,6 +28,7 @@ from specjax.drafters.base import TreeDrafter as TreeDrafter
 from specjax.drafters.base import as_tree as as_tree
 from specjax.drafters.base import lookahead as lookahead
 from specjax.drafters.block import BlockDrafter as BlockDrafter
+from specjax.drafters.chain import ChainDrafter as ChainDrafter
 from specjax.drafters.draft_model import DraftModel as DraftModel
 from specjax.drafters.eagle import EagleDrafter as EagleDrafter
 from specjax.drafters.features import FeatureDrafter as FeatureDrafter

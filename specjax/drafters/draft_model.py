@@ -47,6 +47,10 @@ class DraftModel(TreeDrafter):
         greedy_draft: propose the draft's argmax with one-hot q (static).
         stop_below: τ, from the decoders' ``draft_confidence`` (`with_confidence`;
             ``None``: every row drafts γ).
+        catch_up: static: the cache may lack any number of committed tokens (it sat
+            out steps another drafter served, `specjax.drafters.chain`); they are fed
+            in forwards of ``catch_up`` tokens before drafting. 0: it lacks at most
+            two, as when it drafts every step.
     """
 
     model: object
@@ -54,6 +58,7 @@ class DraftModel(TreeDrafter):
     greedy_draft: bool = struct.field(pytree_node=False, default=False)
     tree: Tree | None = struct.field(pytree_node=False, default=None)
     stop_below: jax.Array | None = None
+    catch_up: int = struct.field(pytree_node=False, default=0)
     stops_early = True
     noun = "draft model"
 
@@ -90,6 +95,8 @@ class DraftModel(TreeDrafter):
         last = seq_lengths_B - 1
         # After a step where every draft was accepted the draft cache lacks the last
         # draft token (at last - 1) as well as the newest.
+        if self.catch_up:
+            state = self._catch_up(state, seq_BS, last)
         logits_BV, cache = self._feed_missing(state, seq_BS, last, (1, 2))
         if self.num_draft == 0:
             # A step that drafts nothing (adaptive γ): the two newest tokens are still
@@ -187,6 +194,29 @@ class DraftModel(TreeDrafter):
         missing = jnp.max(last_B + 1 - cache.lengths)
         index = jnp.minimum(jnp.sum(jnp.asarray(widths) < missing), len(widths) - 1)
         return jax.lax.switch(index, [feed(w) for w in widths], cache)
+
+    def _catch_up(self, cache: KVCache, seq_BS, last_B) -> KVCache:
+        """Feeds, ``catch_up`` tokens a forward, what the cache lacks beyond the newest two.
+
+        A row that lacks fewer rides along, rewriting its newest entries with the same
+        tokens (`_feed_missing`'s rule); the loop stops when no row lacks more than two.
+        """
+        width = self.catch_up
+        b, s = seq_BS.shape
+        rows = jnp.arange(b)
+
+        def lacking(cache):
+            return jnp.max(last_B + 1 - cache.lengths) > 2
+
+        def feed(cache):
+            first_B = jnp.maximum(jnp.minimum(cache.lengths, last_B - 1 - width), 0)
+            positions_BW = first_B[:, None] + jnp.arange(width)[None]
+            tokens_BW = self._readable(seq_BS[rows[:, None], jnp.minimum(positions_BW, s - 1)])
+            _, cache, _ = score(self.model, tokens_BW, positions_BW, cache)
+            # Only up to the row's second newest: the usual feed takes it from there.
+            return cache.rollback(jnp.minimum(cache.lengths, jnp.maximum(last_B - 1, 0)))
+
+        return jax.lax.while_loop(lacking, feed, cache)
 
     def _propose_tree(self, state: KVCache, seq_BS, seq_lengths_B, sampling) -> Proposal:
         """Expands the top-k of each node, one draft forward per level.
