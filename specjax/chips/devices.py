@@ -37,8 +37,11 @@ def devices(chip: Chip) -> tuple:
     import jax
     from jax.experimental import topologies
 
-    # libtpu otherwise asks a TPU VM's metadata server for the slice it runs on.
+    # libtpu otherwise asks a TPU VM's metadata server for the slice it runs on, and
+    # lets one process at a time load it (a lock file): compiling touches no chip, so
+    # several processes may compile at once.
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     install = _INSTALL[chip.platform].format(v=jax.__version__)
     try:
         if chip.platform == "tpu":
