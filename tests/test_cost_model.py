@@ -195,11 +195,11 @@ def test_tune_reads_the_cache_and_measures_only_on_a_miss(cache, monkeypatch):
         return FLAT_WIDE, (0.9, 0.9, 0.9), (5.0, 4.0, 3.0)
 
     monkeypatch.setattr(cost_model, "measure", fake_measure)
-    first = cost_model.tune(target, drafter, [[1, 2]], cache=cache)
+    first = cost_model.tune(target, drafter, [[1, 2]], cache=cache, method="measure")
     assert first.measured and calls == [1] and first.gamma == 3
-    again = cost_model.tune(target, drafter, [[5, 6, 7]], cache=cache)
+    again = cost_model.tune(target, drafter, [[5, 6, 7]], cache=cache, method="measure")
     assert not again.measured and calls == [1] and again.key == first.key
-    batch = cost_model.tune(target, drafter, [[1, 2], [3, 4]], cache=cache)
+    batch = cost_model.tune(target, drafter, [[1, 2], [3, 4]], cache=cache, method="measure")
     assert batch.measured and calls == [1, 2]  # another batch size: measured for it
 
     class Stats:  # what a run reports: only position 0 was judged, 50 drafts, none kept
@@ -212,7 +212,7 @@ def test_tune_reads_the_cache_and_measures_only_on_a_miss(cache, monkeypatch):
     costs, alpha, judged = cache.load(first.key)
     assert costs == FLAT_WIDE and alpha == pytest.approx((pooled, 0.9, 0.9))
     assert judged == pytest.approx((5.0 * cost_model.DECAY + 50, 4.0, 3.0))
-    assert cost_model.tune(target, drafter, [[1]], cache=cache).gamma == 0
+    assert cost_model.tune(target, drafter, [[1]], cache=cache, method="measure").gamma == 0
 
 
 def test_learn_weighs_each_run_by_the_drafts_it_judged(cache, monkeypatch):
@@ -224,7 +224,7 @@ def test_learn_weighs_each_run_by_the_drafts_it_judged(cache, monkeypatch):
 
     monkeypatch.setattr(cost_model, "measure", fake_measure)
     drafter = specjax.DraftModel(tiny_model(seed=1), num_draft=3)
-    tuned = cost_model.tune(tiny_model(seed=0), drafter, [[1, 2]], cache=cache)
+    tuned = cost_model.tune(tiny_model(seed=0), drafter, [[1, 2]], cache=cache, method="measure")
 
     def run(accepted, judged):
         class Stats:
@@ -251,7 +251,7 @@ def test_review_reads_the_run_s_acceptance_where_it_judged_drafts(cache, monkeyp
         cost_model, "measure", lambda *a, **kw: (FLAT_WIDE, (0.9, 0.8, 0.7), (9.0, 8.0, 7.0))
     )
     drafter = specjax.DraftModel(tiny_model(seed=1), num_draft=3)
-    tuned = cost_model.tune(tiny_model(seed=0), drafter, [[1, 2]], cache=cache)
+    tuned = cost_model.tune(tiny_model(seed=0), drafter, [[1, 2]], cache=cache, method="measure")
 
     class Stats:  # a γ = 1 run: one position, judged 20 times
         acceptance_by_position = np.array([0.25])
@@ -271,6 +271,35 @@ def test_review_reads_the_run_s_acceptance_where_it_judged_drafts(cache, monkeyp
     assert tuned.review(Unjudged())["expected_speedup"] == pytest.approx(
         tuned.choice.expected_speedup
     )
+
+
+def test_a_probe_times_the_parts_and_starts_from_what_runs_of_the_pair_learnt(cache):
+    """`tune`'s default: the target's forward at every width and the proposals at every γ,
+    timed alone (positive, the draft included), with the acceptance learnt for the
+    pair at another precision, else the prior, which the first run replaces."""
+    from specjax.models.quant import quantize
+
+    target, draft = tiny_model(seed=0), tiny_model(seed=1)
+    drafter = specjax.DraftModel(draft, num_draft=2)
+    lines = []
+    fresh = cost_model.tune(target, drafter, [[1, 2, 3]], cache=cache, log=lines.append)
+    assert fresh.measured and len(fresh.costs.target_s) == 3 and len(fresh.costs.draft_s) == 2
+    assert all(s > 0 for s in fresh.costs.target_s + fresh.costs.draft_s)
+    assert fresh.acceptance == (cost_model.PRIOR_ACCEPTANCE,) * 2 and fresh.judged == (0.0, 0.0)
+    assert any("target's forward at widths 1..3" in line for line in lines)
+
+    class Stats:  # a run: 10 drafts judged at position 0, 6 kept
+        acceptance_by_position = np.array([0.6, 0.0])
+        position_reached = np.array([10, 0])
+        position_accepted = np.array([6, 0])
+
+    fresh.learn(Stats())
+    assert fresh.acceptance[0] == pytest.approx(0.6)  # the prior weighed nothing
+    other = cost_model.tune(
+        quantize(target, "int8"), specjax.DraftModel(quantize(draft, "int8"), num_draft=2),
+        [[1, 2, 3]], cache=cache,
+    )  # fmt: skip
+    assert other.measured and other.acceptance == pytest.approx((0.6, 0.7))
 
 
 @pytest.mark.slow

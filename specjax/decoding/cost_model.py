@@ -638,6 +638,12 @@ class Tuned:
         self.acceptance, self.judged = tuple(alpha), tuple(judged)
         self.cache.store(self.key, self.costs, alpha, judged, pair=self.pair)
 
+    def rechoose(self) -> Choice:
+        """Chooses again from the costs and the pooled acceptance (`learn`): a
+        `specjax.Sampler` does after each run, so its γ follows what it decodes."""
+        self.choice = choose(self.costs, self.acceptance, forward_width=self.held_width)
+        return self.choice
+
 
 def tune(
     target,
@@ -647,9 +653,16 @@ def tune(
     forward_width: int | None = None,
     cache: CostCache | None = None,
     log=None,
+    method: str = "probe",
 ) -> Tuned:
     """Chooses γ for ``target`` and ``drafter`` on this machine: from the cache, or
-    measured once (`measure`) and stored.
+    timed once and stored.
+
+    ``method="probe"`` (default) times the step's parts alone (`probe`: seconds, not a
+    minute), with the acceptance this machine's runs of the pair learnt (any precision
+    or batch, `CostCache.learnt_acceptance`), else `PRIOR_ACCEPTANCE` until a run
+    reports its own (`Tuned.learn`). ``"measure"``, or a drafter `probe` cannot time
+    alone, times whole decode loops (`measure`).
 
     Args:
         target: the target model.
@@ -672,14 +685,27 @@ def tune(
     )  # fmt: skip
     hit = cache.load(key)
     measured = hit is None
+    pair = pair_id(target, drafter)
     if measured:
-        if log:
-            log(
-                f"timing plain decoding at widths 1..{drafter.num_draft + 1} and speculation "
-                f"at gamma 1..{drafter.num_draft} on this machine, once (kept in {cache.root})"
-            )
-        hit = measure(target, drafter, prompts, max_new_tokens=TUNE_TOKENS, repeats=2, log=log)
-        cache.store(key, *hit, pair=pair_id(target, drafter))
+        gamma = drafter.num_draft
+        costs = None
+        if method == "probe":
+            if log:
+                log(
+                    f"timing the target's forward at widths 1..{gamma + 1} and the drafts at "
+                    f"gamma 1..{gamma} on this machine, once (kept in {cache.root})"
+                )
+            costs = probe(target, drafter, prompts, log=log)
+        if costs is not None:
+            hit = (costs, *_starting_acceptance(cache, pair, gamma))
+        else:
+            if log:
+                log(
+                    f"timing plain decoding at widths 1..{gamma + 1} and speculation at "
+                    f"gamma 1..{gamma} on this machine, once (kept in {cache.root})"
+                )
+            hit = measure(target, drafter, prompts, max_new_tokens=TUNE_TOKENS, repeats=2, log=log)
+        cache.store(key, *hit, pair=pair)
     if forward_width is not None and forward_width > drafter.num_draft + 1:
         forward_width = None  # wider than any γ measured: each γ costed at its own width
     choice = choose(*hit[:2], forward_width=forward_width)
@@ -690,5 +716,20 @@ def tune(
         key=key,
         measured=measured,
         held_width=forward_width,
-        pair=pair_id(target, drafter),
+        pair=pair,
     )
+
+
+# The acceptance by position assumed before any run of a pair on this machine reported
+# its own (`tune` with a probe): a middling drafter's. It weighs nothing against a run's
+# (judged 0), so the first run replaces it.
+PRIOR_ACCEPTANCE = 0.7
+
+
+def _starting_acceptance(cache: CostCache, pair: str, gamma: int):
+    """``(acceptance, judged)`` for ``gamma`` positions: learnt for the pair, else the prior."""
+    learnt = cache.learnt_acceptance(pair)
+    alpha, judged = learnt if learnt is not None else ((), ())
+    alpha = tuple(alpha[:gamma]) + (PRIOR_ACCEPTANCE,) * max(0, gamma - len(alpha))
+    judged = tuple(judged[:gamma]) + (0.0,) * max(0, gamma - len(judged))
+    return alpha, judged

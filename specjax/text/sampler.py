@@ -107,9 +107,9 @@ class Sampler:
             expected tokens per second on this machine, from step costs measured once
             per target, drafter and batch size (cached, `specjax.decoding.cost_model`)
             and the acceptance of recent runs. The choice is made at a batch size's
-            first `sample` and kept by this sampler (`tuned`); another machine may
-            choose another γ, and so other sampled tokens: pass an int for output that
-            is the same everywhere.
+            first `sample` and made again after each (`tuned`), from the acceptance the
+            runs saw; another machine may choose another γ, and so other sampled
+            tokens: pass an int for output that is the same everywhere.
         sampling: the default `specjax.SamplingConfig` of `sample`; default greedy.
         max_new_tokens: the default budget of `sample` (EOS included).
         forward_width: every target forward scores exactly this many tokens, so that
@@ -481,8 +481,9 @@ class Sampler:
             result = decoding.generate(key, self.target, ids, **kw)
         else:
             result = decoding.speculative_generate(key, self.target, drafter, ids, **kw)
-            if self.auto:
+            if self.auto:  # the next call chooses from what this one saw too
                 self.tuned[len(ids)].learn(result.stats)
+                self.tuned[len(ids)].rechoose()
         self._remember(ids, result.to_lists())
         texts = [self._text(row) for row in result.to_lists()]
         text = texts[0] if single else texts
