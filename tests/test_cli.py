@@ -356,7 +356,7 @@ def test_generate_repeats_must_be_positive(cli_in_process):
     [
         ("empty prompt", ["   "], ["prompt is empty"]),
         ("unknown option", ["hi", "--bogus"], ["unrecognized arguments: --bogus"]),
-        ("bad gamma", ["hi", "--gamma", "0"], ["--gamma"]),
+        ("bad gamma", ["hi", "--gamma", "-1"], ["--gamma must be >= 0"]),
         ("bad top-p", ["hi", "--top-p", "1.5"], ["--top-p"]),
         ("bad penalty", ["hi", "--repetition-penalty", "0"], ["--repetition-penalty"]),
         ("empty stop", ["hi", "--stop", ""], ["--stop", "non-empty"]),
@@ -376,7 +376,7 @@ def test_bad_input_one_line_error(case, args, fragments, cli_in_process):
 
 
 def test_bad_input_is_one_line_from_a_real_process():
-    proc = run_cli("generate", "hi", "--gamma", "0")
+    proc = run_cli("generate", "hi", "--gamma", "-1")
     assert_user_error(proc, "--gamma")
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
@@ -560,6 +560,27 @@ def test_a_named_pair_gets_its_preset_unless_a_flag_sets_it(capsys):
     args = parse(["generate", "hi", "--model", preset.target, "--draft", preset.draft,
                   "--drafter", "lookup"])  # fmt: skip
     assert _apply_preset(args) is None and args.gamma == "auto"
+
+
+def test_the_command_says_its_version(cli_in_process):
+    import specjax
+
+    assert cli_in_process("--version").stdout.strip() == f"specjax {specjax.__version__}"
+
+
+@pytest.mark.slow
+def test_version_gamma_zero_and_what_the_summary_says(cli_in_process):
+    """``--version`` answers; ``--gamma 0`` decodes plainly (what auto may choose); the
+    summary names the decoder and its γ, and says when the answer was cut short."""
+    import specjax
+
+    assert cli_in_process("--version").stdout.strip() == f"specjax {specjax.__version__}"
+    args = ("generate", "def f(x):", "--max-new-tokens", "4", "--no-stream", "--no-eos")
+    plain = cli_in_process(*args, "--gamma", "0")
+    assert plain.returncode == 0, plain.stderr
+    assert "[plain] 4 tokens" in plain.stderr and "cut at --max-new-tokens 4" in plain.stderr
+    lookup = cli_in_process(*args, "--drafter", "lookup", "--gamma", "2")
+    assert "[PromptLookup, gamma 2]" in lookup.stderr, lookup.stderr
 
 
 def test_gamma_is_a_whole_number_or_auto(cli_in_process):

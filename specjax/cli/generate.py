@@ -378,6 +378,12 @@ def cmd_generate(args) -> int:
         raise UserError("the prompt is empty")
     # --gamma auto (the default) chooses a chain's γ; a tree drafts its depth and plain
     # decoding nothing, so there it has nothing to choose.
+    if isinstance(args.gamma, int) and args.gamma < 0:
+        raise UserError(f"--gamma must be >= 0 (0 decodes plainly) or auto, got {args.gamma}")
+    if args.gamma == 0:  # γ = 0 is plain decoding, what auto may choose too
+        if args.tree is not None:
+            raise UserError(f"--gamma 0 decodes plainly: drop --tree {args.tree}")
+        args.drafter, args.gamma = "none", None
     if args.gamma == "auto" and (args.drafter == "none" or args.tree is not None):
         args.gamma = None
     auto = args.gamma == "auto"
@@ -606,11 +612,20 @@ def cmd_generate(args) -> int:
             f"median of {repeats}{' interleaved' if args.compare else ''} runs; "
             f"first run incl. compile {compile_s:.1f} s"
         )
+    who = "plain" if drafter is None else f"{type(drafter).__name__}, gamma {summary['gamma']}"
+    if tree is not None and drafter is not None:
+        who = f"{type(drafter).__name__}, tree {args.tree}"
     line = (
-        f"[{args.drafter}] {total} tokens in {seconds:.2f} s = "
+        f"[{who}] {total} tokens in {seconds:.2f} s = "
         f"{summary['tokens_per_second']:.1f} tokens/s ({timing})"
     )
-    if args.drafter != "none":
+    cut = [
+        b for b, row in enumerate(rows) if len(row) >= args.max_new_tokens and row[-1] not in stop
+    ]
+    if cut:
+        which = "" if args.batch == 1 else f" ({len(cut)} of {args.batch} samples)"
+        line += f" | cut at --max-new-tokens {args.max_new_tokens}{which}"
+    if drafter is not None:
         line += (
             f" | acceptance {summary['acceptance_rate']:.2f}"
             f" | {summary['tokens_per_target_call']:.2f} tokens/target call"

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="specjax",
         description="Exact speculative decoding in JAX. Runs offline on a bundled code model pair.",
     )
+    from specjax import __version__
+
+    parser.add_argument("--version", action="version", version=f"specjax {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser(
@@ -86,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--quantize", choices=["int8", "int8-weights"], default=None,
-        help="run the target (and the draft model) with int8 weights: int8 also quantizes "
+        help="run the target (and the draft model) with int8 weights (default: none, the "
+        "checkpoint's precision, or a named pair's preset): int8 also quantizes "
         "each token's activations (int8 x int8 dots, the fastest on a CPU at batch 1), "
         "int8-weights keeps float32 products (specjax.models.quant); either way the "
         "speculative output equals the quantized model's plain output at the same "
@@ -98,10 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--draft-quantize int8 is the fastest exact setting measured on a CPU",
     )  # fmt: skip
     g.add_argument(
-        "--draft-head", type=int, default=None, metavar="K",
-        help="the draft model's LM head scores only K ids, its tokenizer's added tokens "
-        "and then the lowest ids (specjax.sampling.vocab.frequent_ids); exact whatever K, cheaper "
-        "drafts, lower acceptance when the next token is outside them",
+        "--draft-head", type=int, default=None, metavar="N",
+        help="the draft model's LM head scores only N ids, its tokenizer's added tokens "
+        "and then the lowest ids (specjax.sampling.vocab.frequent_ids); exact whatever N, cheaper "
+        "drafts, lower acceptance when the next token is outside them (default: none, every id)",
     )  # fmt: skip
     g.add_argument(
         "--drafter", default=DEFAULTS.drafter,
@@ -126,24 +130,26 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     g.add_argument(
         "--gamma", type=_gamma, default="auto", metavar="{N,auto}",
-        help="tokens drafted per target call (γ). auto: the γ from 0 (plain decoding) up "
-        f"to the drafter's own ({DEFAULTS.gamma}, or a block drafter's trained γ) with the "
+        help="tokens drafted per target call (γ; 0 decodes plainly). auto: the γ from 0 "
+        f"(plain decoding) up to the drafter's own ({DEFAULTS.gamma}, or a block drafter's "
+        "trained γ) with the "
         "most expected tokens per second, from step costs measured on this machine once "
         "(cached; the first run shows the measuring) and recent runs' acceptance; "
         "--verbose says why. A tree (--tree) and --drafter none have no γ to choose",
     )  # fmt: skip
     g.add_argument(
-        "--draft-confidence", type=float, default=None, metavar="TAU",
+        "--draft-confidence", type=float, default=None, metavar="X",
         help="a row stops drafting after its first draft the drafter gives a probability "
-        "below TAU (0..1; its softmax when it drafts the argmax); the draft model then "
+        "below X (0..1; its softmax when it drafts the argmax; default: none, every row "
+        "drafts gamma); the draft model then "
         "skips the forwards no row needs. Exact; pays where draft forwards are costly "
         "and often wrong (0.5 on the Qwen2.5-Coder pair's chat; BENCHMARKS.md)",
     )  # fmt: skip
     g.add_argument(
-        "--forward-width", type=int, default=None, metavar="W",
-        help="every target forward scores exactly W tokens (speculative decoding's verify "
-        "is padded to W, plain decoding's step too), so that speculative output equals "
-        "plain output at width W token for token in any precision; default: the verify's "
+        "--forward-width", type=int, default=None, metavar="N",
+        help="every target forward scores exactly N tokens (speculative decoding's verify "
+        "is padded to N, plain decoding's step too), so that speculative output equals "
+        "plain output at width N token for token in any precision; default: the verify's "
         "width (gamma + 1, or a tree's nodes + 1), 1 with --drafter none",
     )  # fmt: skip
     g.add_argument(
@@ -164,13 +170,21 @@ def build_parser() -> argparse.ArgumentParser:
         "besides the prompt and the output so far (tokenised once and cached)",
     )  # fmt: skip
     g.add_argument(
-        "--ngram", type=int, default=DEFAULTS.ngram,
+        "--ngram", type=int, default=DEFAULTS.ngram, metavar="N",
         help="longest n-gram matched by --drafter lookup",
     )  # fmt: skip
-    g.add_argument("--temperature", type=float, default=DEFAULTS.temperature, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1 = off)")
-    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p × max prob")
+    g.add_argument(
+        "--temperature", type=float, default=DEFAULTS.temperature, metavar="X", help="0 = greedy"
+    )
+    g.add_argument(
+        "--top-k", type=int, default=0, metavar="N", help="keep the N most likely tokens (0 = off)"
+    )
+    g.add_argument(
+        "--top-p", type=float, default=1.0, metavar="X", help="nucleus mass to keep (1 = off)"
+    )
+    g.add_argument(
+        "--min-p", type=float, default=0.0, metavar="X", help="drop tokens below X × max prob"
+    )
     g.add_argument(
         "--stop", action="append", metavar="TEXT",
         help="end a sample when its text contains TEXT (repeatable; kept in the output)",
@@ -185,26 +199,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="constrain the output to JSON documents valid under the schema in FILE",
     )  # fmt: skip
     g.add_argument(
-        "--repetition-penalty", type=float, default=1.0,
+        "--repetition-penalty", type=float, metavar="X", default=1.0,
         help="transformers' repetition penalty over prompt and output (1 = off)",
     )  # fmt: skip
     g.add_argument(
-        "--presence-penalty", type=float, default=0.0,
+        "--presence-penalty", type=float, metavar="X", default=0.0,
         help="OpenAI's presence penalty over the output, in [-2, 2] (0 = off)",
     )  # fmt: skip
     g.add_argument(
-        "--frequency-penalty", type=float, default=0.0,
+        "--frequency-penalty", type=float, metavar="X", default=0.0,
         help="OpenAI's frequency penalty over the output, in [-2, 2] (0 = off)",
     )  # fmt: skip
     g.add_argument(
-        "--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens,
+        "--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens, metavar="N",
         help="tokens to generate (EOS included)",
     )  # fmt: skip
     g.add_argument(
-        "--seed", type=int, default=DEFAULTS.seed, help="PRNG seed (same seed, same output)"
+        "--seed",
+        type=int,
+        default=DEFAULTS.seed,
+        metavar="N",
+        help="PRNG seed (same seed, same output)",
     )
     g.add_argument(
-        "--batch-size", dest="batch", type=int, default=1,
+        "--batch-size", dest="batch", type=int, default=1, metavar="N",
         help="generate this many samples at once",
     )  # fmt: skip
     g.add_argument(

@@ -37,6 +37,26 @@ class KVCache:
 
     @classmethod
     def zeros(cls, num_layers, batch_size, max_len, num_kv_heads, head_dim, dtype=jnp.float32):
+        """An empty cache: every row of length 0.
+
+        Args:
+            num_layers: L, one set of keys and values per layer.
+            batch_size: B rows.
+            max_len: S slots per row (a row's positions ``0..S-1``).
+            num_kv_heads: K key/value heads.
+            head_dim: D, the width of one head.
+            dtype: the keys' and values' dtype.
+
+        Returns:
+            ``KVCache(k=zeros[L, B, K, D, S], v=zeros[L, B, K, S, D], lengths=zeros[B])``
+            (keys stored slots-last, values slots-before-width: see the class doc).
+
+        Examples:
+            >>> import specjax
+            >>> cache = specjax.KVCache.zeros(2, 1, 16, 4, 8)
+            >>> cache.k.shape, cache.v.shape, cache.lengths.tolist()
+            ((2, 1, 4, 8, 16), (2, 1, 4, 16, 8), [0])
+        """
         return cls(
             k=jnp.zeros((num_layers, batch_size, num_kv_heads, head_dim, max_len), dtype),
             v=jnp.zeros((num_layers, batch_size, num_kv_heads, max_len, head_dim), dtype),
