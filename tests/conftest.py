@@ -42,6 +42,10 @@ if "SPECJAX_COMPILATION_CACHE" not in os.environ:
 if "SPECJAX_TUNING_CACHE" not in os.environ:
     os.environ["SPECJAX_TUNING_CACHE"] = tempfile.mkdtemp(prefix="specjax-test-tuning-")
 
+# The suite never reaches the Hugging Face Hub (tests/test_hub.py serves one of its own
+# to a subprocess): a Hub id is looked up in the Hub's cache only, and fails at once.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 # GGUF loads convert every time in tests unless a test turns the converted-weights
 # cache on (tests/test_gguf.py, "converted-weights cache"): several tests load one
 # file twice with the conversion patched, which a cache hit would silently skip.

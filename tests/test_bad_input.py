@@ -790,8 +790,8 @@ def test_a_plain_nnx_module_is_pointed_at_the_contract():
         specjax.generate(jax.random.key(0), Plain(), [[1, 2]], max_new_tokens=3)
 
 
-def test_a_hub_id_given_to_load_pretrained_says_how_to_get_it():
-    with pytest.raises(FileNotFoundError, match=r"not Hugging Face Hub ids: download it first"):
+def test_a_hub_id_offline_and_not_cached_says_so():
+    with pytest.raises(FileNotFoundError, match=r"Qwen/Qwen2.5-0.5B is not in the Hub's cache"):
         load_pretrained("Qwen/Qwen2.5-0.5B")
 
 

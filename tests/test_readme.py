@@ -3,8 +3,13 @@
 Its Python examples run with the docs' (tests/test_docs.py).
 """
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -25,3 +30,20 @@ def test_ci_runs_the_quickstart_test_command():
     assert "pytest -m slow" in commands[1] and commands[1].index("pytest &&") < commands[1].index(
         "-m slow"
     )
+
+
+@pytest.mark.slow
+def test_each_python_block_runs_on_its_own():
+    """Pasted alone into a fresh interpreter, every Python block of the README runs: none
+    leans on a name an earlier block defined (the docs' test runs them in sequence)."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert len(blocks) >= 3
+    for block in blocks:
+        done = subprocess.run(
+            [sys.executable, "-c", block],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        )
+        assert done.returncode == 0, f"{block[:200]}\n{done.stderr[-2000:]}"

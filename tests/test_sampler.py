@@ -432,7 +432,7 @@ def _raw_model():
         (lambda m: Sampler.from_pretrained("/nonexistent/model"), None, ValueError,
          "path /nonexistent/model: no such directory"),
         (lambda m: Sampler.from_pretrained("Qwen/Qwen2.5-0.5B"), None, ValueError,
-         "not Hugging Face Hub ids: download it first.*hf download Qwen/Qwen2.5-0.5B"),
+         "path Qwen/Qwen2.5-0.5B is not in the Hub's cache and the Hub cannot be reached"),
     ],
     ids=["token ids", "an int", "empty list", "empty prompt", "stream a batch",
          "sampling dict", "no tokenizer", "a path", "a raw model drafter",

@@ -20,13 +20,13 @@ def model_path(path, flag) -> Path:
         raise UserError(str(e)) from None
 
 
-def load_folder(path, flag):
-    """The model at ``path`` (a Hugging Face folder, a GGUF file or a model name,
-    `specjax.text.loading.load_model`); errors name ``flag``."""
+def load_folder(path, flag, gguf_file: str | None = None):
+    """The model at ``path`` (a Hugging Face folder, a GGUF file, a model name or a Hub
+    id, `specjax.text.loading.load_model`); errors name ``flag``."""
     from specjax.text import loading
 
     try:
-        return loading.load_model(path, flag)
+        return loading.load_model(path, flag, gguf_file=gguf_file)
     except ValueError as e:
         raise UserError(str(e)) from None
 

@@ -45,7 +45,7 @@ def _load_models(args):
 
     chain_first = _split_chain(args)
     if args.model:
-        target = load_folder(args.model, "--model")
+        target = load_folder(args.model, "--model", args.gguf_file)
         draft = load_folder(args.draft, "--draft") if args.draft else None
     else:
         if args.draft:

@@ -76,11 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", metavar="TEXT", help="with --chat: a system message first")
     g.add_argument(
         "--model",
-        help="target model: a Hugging Face folder, a GGUF file (specjax[gguf]) or a model "
-        "name that specjax fetches once (specjax fetch --list, e.g. qwen2.5-coder-1.5b); "
+        help="target model: a Hugging Face folder, a GGUF file, a model name that specjax "
+        "fetches once (specjax fetch --list, e.g. qwen2.5-coder-1.5b) or a Hugging Face Hub "
+        "id (owner/name, downloaded once into the Hub's cache; HF_ENDPOINT, HF_HUB_OFFLINE); "
         "default: the bundled target. Without --draft (or --block-drafter), --drafter auto "
         "drafts by prompt lookup",
     )
+    g.add_argument(
+        "--gguf-file", metavar="NAME",
+        help="with a Hub id as --model: the GGUF file of its repository to load",
+    )  # fmt: skip
     g.add_argument(
         "--draft",
         help="draft model for --drafter model (with --model): a folder, a GGUF file or a "

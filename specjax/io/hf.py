@@ -27,7 +27,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.io import atomic
+from specjax.io import atomic, hub
 from specjax.io.hf_config import config_from_hf, config_to_hf
 from specjax.io.tensors import LazyTensors, host_tensors, model_from_tensors
 from specjax.models.llama import Model
@@ -105,7 +105,9 @@ def load_pretrained(
     Families: Llama, Mistral, Qwen2, Qwen3, Gemma 2 and Gemma 3 (text).
 
     Args:
-        path: folder with ``config.json`` and ``model.safetensors`` (or shards
+        path: a Hugging Face Hub id (``owner/name``, downloaded once into the Hub's
+            cache, `specjax.io.hub`), or a folder with ``config.json`` and
+            ``model.safetensors`` (or shards
             listed in ``model.safetensors.index.json``); ``tokenizer.json``, if
             present, is loaded into ``Model.tokenizer`` and the chat template
             (``chat_template.jinja`` or ``tokenizer_config.json``) into
@@ -141,6 +143,11 @@ def load_pretrained(
 
     _check_float_dtype(dtype)
     folder = Path(path)
+    if not folder.exists() and hub.is_hub_id(path):
+        try:
+            folder = hub.download(str(path))
+        except hub.HubError as e:
+            raise FileNotFoundError(str(e)) from None
     gguf_file = _gguf_file(folder)
     if gguf_file is not None:
         from specjax.io.converted import load_gguf_cached
@@ -161,8 +168,6 @@ def load_pretrained(
         displaced = atomic.find_displaced(folder)
         if not folder.exists() and displaced:
             hint = f"; a save into it was interrupted, the previous checkpoint is {displaced[-1]}"
-        elif not folder.exists() and hub_id_hint(path):
-            raise FileNotFoundError(f"{path} is not a folder or file here; {hub_id_hint(path)}")
         raise FileNotFoundError(
             f"{folder} has no config.json (expected a Hugging Face folder){hint}"
         )
@@ -214,27 +219,6 @@ def load_pretrained(
     finally:
         handles.clear()
     return model
-
-
-def hub_id_hint(path) -> str | None:
-    """How to load ``path`` if it reads as a Hugging Face Hub id (``owner/name`` with no
-    other path syntax) that is not a local path, else None."""
-    text = str(path)
-    parts = text.split("/")
-    if len(parts) != 2 or not all(parts) or text.startswith((".", "~")) or Path(text).exists():
-        return None
-    return (
-        "specjax reads local checkpoints, not Hugging Face Hub ids: download it first (for "
-        f"example `hf download {text} --local-dir DIR`) and pass DIR; models specjax fetches "
-        f"by name load as load_pretrained(specjax.fetch(NAME)), NAME one of "
-        f"{', '.join(_fetch_names())}"
-    )
-
-
-def _fetch_names() -> list[str]:
-    from specjax.io.fetch import names
-
-    return names()
 
 
 def _read_tokenizer(folder: Path):

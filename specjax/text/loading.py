@@ -13,17 +13,21 @@ from specjax.text.defaults import DEFAULTS
 __all__ = ["build_drafter", "load_model", "model_path"]
 
 
-def model_path(path, argname: str) -> Path:
-    """``path`` if it is a model folder or a GGUF file, else the file of the model *named*
-    ``path`` (`specjax.io.fetch.names`), fetched on first use.
+def model_path(path, argname: str, gguf_file: str | None = None) -> Path:
+    """``path`` if it is a model folder or a GGUF file; else the file of the model *named*
+    ``path`` (`specjax.io.fetch.names`), fetched on first use; else, for a Hugging Face
+    Hub id (``owner/name``), its files downloaded from the Hub (`specjax.io.hub`), or its
+    GGUF file ``gguf_file``.
 
     Raises:
-        ValueError: naming ``argname``: no such folder or file, and no such name, or a
-            fetch that failed (with how to fetch by hand).
+        ValueError: naming ``argname``: no such folder or file, no such name and no such
+            Hub model, or a fetch or download that failed (with why).
     """
-    from specjax.io import fetch
+    from specjax.io import fetch, hub
 
     p = Path(path)
+    if gguf_file is not None and not hub.is_hub_id(path):
+        raise ValueError(f"{argname} {path}: gguf_file names a file of a Hub model (owner/name)")
     if p.is_dir() or (p.suffix.lower() == ".gguf" and p.is_file()):
         return p
     if str(path) in fetch.names():
@@ -31,27 +35,27 @@ def model_path(path, argname: str) -> Path:
             return fetch.fetch(str(path))
         except fetch.FetchError as e:
             raise ValueError(f"{argname} {path}: {e}") from None
-    from specjax.io.hf import hub_id_hint
-
-    hint = hub_id_hint(path)
-    if hint:
-        raise ValueError(f"{argname} {path}: no such directory here; {hint}")
+    if hub.is_hub_id(path):
+        try:
+            return hub.download(str(path), gguf_file=gguf_file)
+        except hub.HubError as e:
+            raise ValueError(f"{argname} {e}") from None
     raise ValueError(
-        f"{argname} {path}: no such directory or .gguf file, and no model of that name "
-        f"(known: {', '.join(fetch.names())})"
+        f"{argname} {path}: no such directory or .gguf file, no model of that name "
+        f"(known: {', '.join(fetch.names())}), and not a Hugging Face Hub id (owner/name)"
     )
 
 
-def load_model(path, argname: str, dtype=None):
-    """The `specjax.Model` at ``path`` (a Hugging Face folder, a GGUF file or a model name,
-    see `model_path`), in ``dtype`` (default float32).
+def load_model(path, argname: str, dtype=None, gguf_file: str | None = None):
+    """The `specjax.Model` at ``path`` (a Hugging Face folder, a GGUF file, a model name or
+    a Hub id, see `model_path`), in ``dtype`` (default float32).
 
     Raises:
         ValueError: naming ``argname``, for a path that holds no loadable model.
     """
     from specjax.io.hf import load_pretrained
 
-    path = model_path(path, argname)
+    path = model_path(path, argname, gguf_file)
     try:
         return load_pretrained(path) if dtype is None else load_pretrained(path, dtype)
     except (FileNotFoundError, ValueError, OSError, KeyError) as e:

@@ -274,14 +274,16 @@ class Sampler:
         block_drafter=None,
         dtype=None,
         preset: bool = True,
+        gguf_file: str | None = None,
         **kwargs,
     ):
         """A sampler for the model at ``path``, as ``specjax generate --model --draft`` loads it.
 
         Args:
-            path: a Hugging Face folder, a GGUF file, or a model name that specjax
-                fetches once (``specjax fetch --list``); ``None`` (default): the bundled
-                code-model pair, offline.
+            path: a Hugging Face folder, a GGUF file, a model name that specjax
+                fetches once (``specjax fetch --list``), or a Hugging Face Hub id
+                (``"owner/name"``, downloaded once into the Hub's cache); ``None``
+                (default): the bundled code-model pair, offline.
             draft: the draft model for ``drafter="model"``, given the same ways
                 (with ``path``; the bundled pair brings its own).
             drafter: a name (``"auto"``, ``"model"``, ``"block"``, ``"eagle"``,
@@ -293,6 +295,7 @@ class Sampler:
             block_drafter: a block drafter folder for ``path``'s target
                 (``specjax train-drafter``).
             dtype: the weights' dtype (default float32).
+            gguf_file: for a Hub id whose repository holds GGUF files, the one to load.
             preset: for a target and draft named as a pair of `specjax.io.presets`
                 (e.g. ``"qwen2.5-coder-1.5b"`` with ``"qwen2.5-coder-0.5b"``), decode with
                 its settings, as ``specjax generate`` does: its quantization and draft
@@ -323,7 +326,7 @@ class Sampler:
                 )
             target, draft_model, _ = default_pair() if dtype is None else default_pair(dtype)
         else:
-            target = load_model(path, "path", dtype)
+            target = load_model(path, "path", dtype, gguf_file)
             draft_model = load_model(draft, "draft", dtype) if draft is not None else None
         chosen = None
         if preset and path is not None and draft is not None and drafter in ("auto", "model"):
