@@ -56,6 +56,10 @@ Stages (``--stages``; all by default):
   speedup over plain decoding, and whether the output equals plain decoding at its
   forward width.
 
+* ``session``: a repeated session through one `specjax.Sampler` with no tuning flags:
+  the five requests of ``prompts/session_prompts.json`` in turn, the last timed, against
+  plain decoding at the pair's preset precision on the same requests (`stage_session`).
+
 Writes ``OUT/NAME.json`` (default ``scripts/benchmarks/results/real_pair/cpu.json``),
 with each stage's date, commit, command and machine; a stage's results replace that
 stage's earlier ones (a part of the peers stage: its systems' rows).
@@ -639,12 +643,80 @@ def stage_cli(args, results):
     results["cli"] = {"runs": runs}
 
 
+def stage_session(args, results):
+    """A repeated session: one `specjax.Sampler` of the named pair with no tuning flags,
+    the five requests of ``prompts/session_prompts.json`` in turn (each in the chat
+    template), the last timed, against a Sampler that decodes plainly at the pair's
+    preset precision (int8) on the same five. A session of both untimed first (it
+    compiles every program); then ``--rounds`` sessions, each with fresh Samplers (a
+    suffix drafter forgets what it saw), the order of the two alternating."""
+    import time
+
+    import specjax
+
+    requests = json.loads((ROOT / "prompts" / "session_prompts.json").read_text())["requests"]
+    tokens = 128
+
+    def samplers():
+        fast = specjax.Sampler.from_pretrained(TARGET, DRAFT)
+        plain = specjax.Sampler.from_pretrained(TARGET, DRAFT, drafter=None, quantize="int8")
+        return {"speculative": fast, "plain": plain}
+
+    def session(pair: dict, order: list[str]) -> dict:
+        texts = [
+            specjax.apply_chat_template(pair["plain"].target, [{"role": "user", "content": r}])
+            for r in requests
+        ]
+        for name in order:
+            for text in texts[:-1]:
+                pair[name].sample(text, max_new_tokens=tokens)
+        timed = {}
+        for name in order:
+            start = time.perf_counter()
+            _, result = pair[name].sample(texts[-1], max_new_tokens=tokens, return_result=True)
+            seconds = time.perf_counter() - start
+            timed[name] = {
+                "seconds": seconds,
+                "tokens": int(result.lengths[0]),
+                "tokens_per_second": int(result.lengths[0]) / seconds,
+                "tokens_per_target_call": float(result.tokens_per_call),
+                "token_ids": result.to_lists()[0],
+            }
+        fast = pair["speculative"]
+        timed["speculative"]["drafter"] = type(fast.drafter).__name__
+        timed["speculative"]["gamma"] = {b: t.gamma for b, t in fast.tuned.items()}
+        return timed
+
+    log("session: warm-up (compiles)")
+    session(samplers(), ["speculative", "plain"])
+    rounds = []
+    for r in range(args.rounds):
+        order = ["speculative", "plain"] if r % 2 == 0 else ["plain", "speculative"]
+        timed = session(samplers(), order)
+        timed["speedup"] = (
+            timed["speculative"]["tokens_per_second"] / timed["plain"]["tokens_per_second"]
+        )
+        timed["equal"] = timed["speculative"]["token_ids"] == timed["plain"]["token_ids"]
+        rounds.append(timed)
+        log(f"session round {r}: {timed['speedup']:.2f}x, equal {timed['equal']}")
+    speedups = sorted(r["speedup"] for r in rounds)
+    results["session"] = {
+        "requests": len(requests),
+        "max_new_tokens": tokens,
+        "rounds": rounds,
+        "median_speedup": speedups[len(speedups) // 2],
+    }
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=RESULTS / "real_pair")
     p.add_argument("--name", default="cpu", help="results file name stem (default: cpu)")
     p.add_argument(
-        "--stages", nargs="+", default=["sweep", "peers", "cli"], choices=["sweep", "peers", "cli"]
+        "--stages",
+        nargs="+",
+        default=["sweep", "peers", "cli", "session"],
+        choices=["sweep", "peers", "cli", "session"],
     )
     p.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up")
     p.add_argument("--quick", action="store_true", help="peers: 16 tokens only (a smoke run)")
@@ -668,7 +740,8 @@ def main(argv=None) -> int:
     for stage in args.stages:
         log(f"stage {stage}")
         record = run_record(argv)  # the date it started, the commit, the machine
-        {"sweep": stage_sweep, "peers": stage_peers, "cli": stage_cli}[stage](args, results)
+        stages = {"sweep": stage_sweep, "peers": stage_peers, "cli": stage_cli}
+        (stages | {"session": stage_session})[stage](args, results)
         results.setdefault("runs", {})[stage] = record
         path.write_text(json.dumps(results, indent=1) + "\n")
     return 0

@@ -254,6 +254,9 @@ def _apply_preset(args):
     if preset is None:
         return None
     chosen = []
+    if args.drafter == "auto" and preset.drafter != "model":
+        args.drafter = preset.drafter
+        chosen.append(f"--drafter {preset.drafter}")
     settings = {
         "quantize": preset.quantize,
         "draft_quantize": preset.draft_quantize,

@@ -34,6 +34,8 @@ class Preset:
         draft_quantize: the draft model's mode, or None (float32).
         draft_confidence: τ (``speculative_generate``'s ``draft_confidence``), or None.
         measured: where the measurement that chose it is written up.
+        drafter: the drafter ``--drafter auto`` decodes the pair with: ``"model"`` (the
+            draft model) or a chain (``"suffix,model"``).
     """
 
     target: str
@@ -42,13 +44,15 @@ class Preset:
     draft_quantize: str | None
     draft_confidence: float | None
     measured: str
+    drafter: str = "model"
 
     def describe(self) -> str:
         """One line for users: what was chosen, and where it was measured."""
         tau = "" if self.draft_confidence is None else f", draft confidence {self.draft_confidence}"
+        drafter = "" if self.drafter == "model" else f", drafter {self.drafter}"
         return (
             f"target {self.quantize or 'float32'}, draft {self.draft_quantize or 'float32'}"
-            f"{tau} ({self.measured})"
+            f"{tau}{drafter} ({self.measured})"
         )
 
 

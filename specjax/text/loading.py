@@ -76,7 +76,8 @@ def build_drafter(
     """The drafter called ``name`` for ``target``, at γ ``gamma`` (default its own).
 
     Args:
-        name: ``"model"`` (``draft`` in a `specjax.DraftModel`), ``"block"`` (the
+        name: ``"model"`` (``draft`` in a `specjax.DraftModel`), ``"suffix"``, a chain
+            ``"suffix,model"`` (`specjax.drafters.ChainDrafter`), ``"block"`` (the
             bundled block drafter, or the folder ``block_drafter``), ``"eagle"`` (the
             bundled EAGLE head), ``"lookup"`` (`specjax.PromptLookup`), ``"none"``
             (returns ``None``: plain decoding), or any other name of
@@ -102,6 +103,15 @@ def build_drafter(
 
     if name == "none":
         return None
+    if "," in name:  # a chain: "suffix,model"
+        from specjax.drafters.chain import ChainDrafter
+
+        first, _, last = name.partition(",")
+        kw = dict(bundled=bundled, draft=draft, block_drafter=block_drafter, mode=mode, ngram=ngram)
+        chain = ChainDrafter.of(
+            build_drafter(first, target, **kw), build_drafter(last, target, **kw)
+        )
+        return chain if gamma is None else chain.with_draft(gamma)
     if name == "lookup":
         drafter = registry.get("lookup").cls(ngram=ngram)
     elif name == "model":

@@ -53,6 +53,12 @@ def _quantized(target, drafter, quantize: str | None, draft_quantize: str | None
     ):
         if mode is not None and mode not in allowed:
             raise ValueError(f"{name} must be one of {allowed} or None, got {mode!r}")
+    from specjax.drafters.chain import ChainDrafter
+
+    if isinstance(drafter, ChainDrafter):  # its draft model is the chain's last member
+        first, last = drafter.members
+        target, last = _quantized(target, last, quantize, draft_quantize)
+        return target, drafter.replace(members=(first, last))
     is_draft_model = isinstance(drafter, DraftModel)
     if draft_quantize is not None and not is_draft_model:
         raise ValueError(
@@ -334,6 +340,8 @@ class Sampler:
 
             chosen = find(str(path), str(draft))
         if chosen is not None:
+            if drafter == "auto":
+                drafter = chosen.drafter
             # The preset's precisions, where quantize= and draft_quantize= are not given.
             kwargs.setdefault("quantize", chosen.quantize)
             kwargs.setdefault("draft_quantize", chosen.draft_quantize or "none")
