@@ -58,3 +58,55 @@ def group_rows(tokens, groups, group, shape: tuple[int, ...]) -> np.ndarray:
     rows = np.asarray(tokens)[groups.index(group) :: len(groups)]
     assert rows.shape == tuple(shape), (group, rows.shape, shape)
     return rows
+
+
+def peaked_model(seed: int, dtype=None, vocab_size: int = 8, precision: str | None = None):
+    """A one-layer tiny model of V = ``vocab_size`` whose matrices are scaled by 15: peaked,
+    prefix-dependent next-token laws, so that a wrong decoder's law is far from the
+    target's. ``dtype`` (default float32) is its parameters'; ``precision="int8"``
+    quantizes it."""
+    import jax
+    import jax.numpy as jnp
+
+    import specjax
+    from specjax.models.quant import quantize
+    from specjax.testing import tiny_config
+
+    dtype = jnp.float32 if dtype is None else dtype
+    model = specjax.Model.random(tiny_config(vocab_size, num_layers=1), seed=seed, dtype=dtype)
+    scaled = jax.tree.map(lambda p: p * 15.0 if p.ndim == 2 else p, model.params)
+    model = model.replace(params=scaled)
+    return quantize(model, "int8") if precision == "int8" else model
+
+
+def patched_runs(owner, name: str, bug, decode, *, m: int, n: int, vocab_size: int):
+    """A negative control's samples: ``owner.<name>`` patched to ``bug`` (compiled caches
+    cleared before and after), the patched decoder's law estimated from ``m`` rows of
+    ``decode(rows, key_seed)`` with another key, and ``n`` rows of it with the test's.
+
+    Returns:
+        ``(estimated law [V] * K, tokens int[n, K])``.
+    """
+    import jax
+
+    from specjax.testing import sequence_counts
+
+    real = getattr(owner, name)
+    jax.clear_caches()
+    setattr(owner, name, bug)
+    try:
+        law = sequence_counts(decode(m, 7), vocab_size) / m
+        tokens = decode(n, None)
+    finally:
+        setattr(owner, name, real)
+        jax.clear_caches()
+    return law, tokens
+
+
+def assert_control_rejected(law, buggy_law, tokens, *, vocab_size: int, false_alarm: float):
+    """The test at ``len(tokens)`` rows has power >= 0.99 against the bug's estimated law,
+    and rejects the bug's own ``tokens`` at ``false_alarm``."""
+    from specjax.testing import chi_square_power, chi_square_pvalue, sequence_counts
+
+    assert chi_square_power(law, buggy_law, len(tokens), false_alarm) >= 0.99
+    assert chi_square_pvalue(sequence_counts(tokens, vocab_size), law) < false_alarm

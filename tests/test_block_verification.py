@@ -35,15 +35,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import assert_control_rejected, patched_runs, peaked_model
 
 import specjax
 from specjax.models.quant import quantize
 from specjax.testing import (
-    chi_square_power,
     chi_square_pvalue,
     exact_sequence_probs,
     sequence_counts,
-    tiny_config,
 )
 from specjax.verification import block
 
@@ -59,15 +58,9 @@ KEY_SEED = 2031
 SAMPLING = specjax.SamplingConfig(temperature=1.0)
 
 
-def _tiny(seed: int, dtype):
-    model = specjax.Model.random(tiny_config(V, num_layers=1), seed=seed, dtype=dtype)
-    scaled = jax.tree.map(lambda p: p * 15.0 if p.ndim == 2 else p, model.params)
-    return model.replace(params=scaled)
-
-
 def _models(precision: str):
     dtype = jnp.bfloat16 if precision == "bfloat16" else jnp.float32
-    target, draft = _tiny(0, dtype), _tiny(1, dtype)
+    target, draft = peaked_model(0, dtype), peaked_model(1, dtype)
     if precision == "int8":
         target, draft = quantize(target, "int8"), quantize(draft, "int8")
     return target, draft
@@ -118,27 +111,20 @@ def first_failure_runs():
     at the first failed coin (a module fixture: its decodes are not the test's time)."""
     target, draft = _models("float32")
     drafter = specjax.DraftModel(draft, num_draft=GAMMA)
-    real = block._last_passed
 
     def first_failure(passed_G):
         return jnp.sum(jnp.cumprod(passed_G.astype(jnp.int32)), dtype=jnp.int32)
 
-    jax.clear_caches()
-    block._last_passed = first_failure
-    try:
-        buggy_law = sequence_counts(_decode(target, drafter, M, key_seed=7)[0], V) / M
-        tokens, _ = _decode(target, drafter, N)
-    finally:
-        block._last_passed = real
-        jax.clear_caches()
-    return buggy_law, tokens
+    def decode(rows, key_seed):
+        return _decode(target, drafter, rows, key_seed=key_seed or KEY_SEED)[0]
+
+    return patched_runs(block, "_last_passed", first_failure, decode, m=M, n=N, vocab_size=V)
 
 
 def test_negative_control_stopping_at_the_first_failed_coin_is_rejected(first_failure_runs):
     buggy_law, tokens = first_failure_runs
     law = _law(_models("float32")[0])
-    assert chi_square_power(law, buggy_law, N, FALSE_ALARM) >= MIN_POWER
-    assert chi_square_pvalue(sequence_counts(tokens, V), law) < FALSE_ALARM
+    assert_control_rejected(law, buggy_law, tokens, vocab_size=V, false_alarm=FALSE_ALARM)
 
 
 @pytest.mark.first_case_fast

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import assert_control_rejected, patched_runs, peaked_model
 
 import specjax
 from specjax.drafters import chain as chain_module
@@ -25,11 +26,9 @@ from specjax.drafters.chain import ChainDrafter
 from specjax.drafters.suffix import SuffixDrafter
 from specjax.models.quant import quantize
 from specjax.testing import (
-    chi_square_power,
     chi_square_pvalue,
     exact_sequence_probs,
     sequence_counts,
-    tiny_config,
 )
 
 V = 8
@@ -38,12 +37,6 @@ CORPUS = [[2, 3, 4, 5, 6, 7], [1, 2, 3, 5, 6]]
 K, N, M = 3, 3_000, 60_000
 FALSE_ALARM = 1e-4
 SAMPLING = specjax.SamplingConfig(temperature=1.0)
-
-
-def _tiny(seed: int, dtype=jnp.float32):
-    model = specjax.Model.random(tiny_config(V, num_layers=1), seed=seed, dtype=dtype)
-    scaled = jax.tree.map(lambda p: p * 15.0 if p.ndim == 2 else p, model.params)
-    return model.replace(params=scaled)
 
 
 def _chain(draft, gamma: int = 3) -> ChainDrafter:
@@ -56,7 +49,7 @@ def _chain(draft, gamma: int = 3) -> ChainDrafter:
 @pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8"])
 def test_greedy_output_equals_plain_decoding_at_batch_1_and_3(precision, rows):
     dtype = jnp.bfloat16 if precision == "bfloat16" else jnp.float32
-    target, draft = _tiny(0, dtype), _tiny(1, dtype)
+    target, draft = peaked_model(0, dtype), peaked_model(1, dtype)
     if precision == "int8":
         target, draft = quantize(target, "int8"), quantize(draft, "int8")
     kw = dict(max_new_tokens=16, forward_width=4)
@@ -69,7 +62,7 @@ def test_the_draft_model_catches_up_on_what_it_sat_out():
     """A long run of suffix-served steps, then the draft model again: its cache is fed
     the committed tokens (`DraftModel.catch_up`), so its drafts are those of a draft
     model that saw everything (the same as a draft model drafting alone there)."""
-    target, draft = _tiny(0), _tiny(1)
+    target, draft = peaked_model(0), peaked_model(1)
     text = [1, 2, 3, 4, 5, 6, 7, 0] * 4
     drafter = _chain(draft, gamma=6)
     kw = dict(max_new_tokens=24, forward_width=7)
@@ -101,7 +94,7 @@ def _sampled(target, drafter, verification: str, n: int, *, one_slot: bool, key_
     "verification, one_slot", [("rejection", True), ("rejection", False), ("block", False)]
 )
 def test_sampled_output_follows_the_target(verification, one_slot):
-    target, draft = _tiny(0), _tiny(1)
+    target, draft = peaked_model(0), peaked_model(1)
     tokens, out = _sampled(target, _chain(draft), verification, N, one_slot=one_slot)
     assert 0.05 < float(jax.device_get(out.stats).acceptance_rate) < 0.95
     law = exact_sequence_probs(target, PROMPT, K, SAMPLING)
@@ -110,32 +103,28 @@ def test_sampled_output_follows_the_target(verification, one_slot):
 
 @pytest.fixture(scope="module")
 def wrong_q_runs():
-    target, draft = _tiny(0), _tiny(1)
-    real = chain_module._chosen_probs
-    jax.clear_caches()
-    chain_module._chosen_probs = lambda served, first_q, last_q: last_q
-    try:
-        buggy = (
-            sequence_counts(
-                _sampled(target, _chain(draft), "rejection", M, one_slot=False, key_seed=3)[0], V
-            )
-            / M
-        )
-        tokens = _sampled(target, _chain(draft), "rejection", N, one_slot=False)[0]
-    finally:
-        chain_module._chosen_probs = real
-        jax.clear_caches()
+    target, draft = peaked_model(0), peaked_model(1)
+
+    def decode(rows, key_seed):
+        kw = dict(one_slot=False) if key_seed is None else dict(one_slot=False, key_seed=key_seed)
+        return _sampled(target, _chain(draft), "rejection", rows, **kw)[0]
+
+    def wrong_q(served, first_q, last_q):
+        return last_q
+
+    buggy, tokens = patched_runs(
+        chain_module, "_chosen_probs", wrong_q, decode, m=M, n=N, vocab_size=V
+    )
     return target, buggy, tokens
 
 
 def test_negative_control_the_suffix_drafts_judged_by_the_model_q_are_rejected(wrong_q_runs):
     target, buggy, tokens = wrong_q_runs
     law = exact_sequence_probs(target, PROMPT, K, SAMPLING)
-    assert chi_square_power(law, buggy, N, FALSE_ALARM) >= 0.99
-    assert chi_square_pvalue(sequence_counts(tokens, V), law) < FALSE_ALARM
+    assert_control_rejected(law, buggy, tokens, vocab_size=V, false_alarm=FALSE_ALARM)
 
 
 def test_a_chain_needs_a_first_member_that_says_when_it_has_nothing():
-    draft = _tiny(1)
+    draft = peaked_model(1)
     with pytest.raises(ValueError, match="first member must say when it has nothing"):
         ChainDrafter.of(specjax.PromptLookup(), specjax.DraftModel(draft))

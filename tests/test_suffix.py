@@ -20,16 +20,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import assert_control_rejected, patched_runs, peaked_model
 
 import specjax
 from specjax.drafters.suffix import SIZES, SuffixDrafter, SuffixIndex, _hash_jnp, _hash_np
 from specjax.models.quant import quantize
 from specjax.testing import (
-    chi_square_power,
     chi_square_pvalue,
     exact_sequence_probs,
     sequence_counts,
-    tiny_config,
 )
 from specjax.verification import chain
 
@@ -117,17 +116,11 @@ def test_the_table_keeps_the_most_frequent_continuation():
     assert index.tokens.shape[0] == 1024 and set(index.tokens[16:].tolist()) == {-1}
 
 
-def _tiny(seed: int, dtype):
-    model = specjax.Model.random(tiny_config(V, num_layers=1), seed=seed, dtype=dtype)
-    scaled = jax.tree.map(lambda p: p * 15.0 if p.ndim == 2 else p, model.params)
-    return model.replace(params=scaled)
-
-
 @pytest.mark.first_case_fast
 @pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8"])
 def test_greedy_output_equals_plain_decoding_at_the_width(precision):
     dtype = jnp.bfloat16 if precision == "bfloat16" else jnp.float32
-    target = _tiny(0, dtype)
+    target = peaked_model(0, dtype)
     target = quantize(target, "int8") if precision == "int8" else target
     drafter = SuffixDrafter.of(CORPUS, num_draft=4)
     kw = dict(max_new_tokens=16, forward_width=5)
@@ -147,7 +140,7 @@ def _sampled(target, verification, n, key_seed=5):
 
 @pytest.mark.parametrize("verification", ["rejection", "block"])
 def test_sampled_output_follows_the_target(verification):
-    target = _tiny(0, jnp.float32)
+    target = peaked_model(0, jnp.float32)
     tokens, out = _sampled(target, verification, N)
     assert 0.05 < float(jax.device_get(out.stats).acceptance_rate) < 0.95
     law = exact_sequence_probs(target, PROMPT, K, SAMPLING)
@@ -156,8 +149,7 @@ def test_sampled_output_follows_the_target(verification):
 
 @pytest.fixture(scope="module")
 def unjudged_runs():
-    target = _tiny(0, jnp.float32)
-    real = chain.rejection_sample_onehot
+    target = peaked_model(0, jnp.float32)
 
     def accept_all(keys, drafts, target_probs):
         """Every proposed draft kept unjudged, then the target's sample."""
@@ -175,22 +167,20 @@ def unjudged_runs():
 
     from specjax.verification import verifiers
 
-    jax.clear_caches()
-    verifiers.rejection_sample_onehot = accept_all
-    try:
-        buggy = sequence_counts(_sampled(target, "rejection", M, key_seed=9)[0], V) / M
-        tokens = _sampled(target, "rejection", N)[0]
-    finally:
-        verifiers.rejection_sample_onehot = real
-        jax.clear_caches()
+    def decode(rows, key_seed):
+        kw = {} if key_seed is None else dict(key_seed=key_seed)
+        return _sampled(target, "rejection", rows, **kw)[0]
+
+    buggy, tokens = patched_runs(
+        verifiers, "rejection_sample_onehot", accept_all, decode, m=M, n=N, vocab_size=V
+    )
     return target, buggy, tokens
 
 
 def test_negative_control_drafts_accepted_unjudged_are_rejected(unjudged_runs):
     target, buggy, tokens = unjudged_runs
     law = exact_sequence_probs(target, PROMPT, K, SAMPLING)
-    assert chi_square_power(law, buggy, N, FALSE_ALARM) >= 0.99
-    assert chi_square_pvalue(sequence_counts(tokens, V), law) < FALSE_ALARM
+    assert_control_rejected(law, buggy, tokens, vocab_size=V, false_alarm=FALSE_ALARM)
 
 
 def test_a_sampler_drafts_from_its_earlier_outputs_and_its_corpus(tmp_path, monkeypatch):
