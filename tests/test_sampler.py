@@ -262,7 +262,8 @@ SAMPLER_FLAGS = {
     "verification": "verification", "draft_confidence": "draft_confidence",
     "quantize": "quantize", "draft_quantize": "draft_quantize", "tree": "tree",
     "seed": "seed", "path": "model", "draft": "draft", "block_drafter": "block_drafter",
-    "stop": "stop", "regex": "regex", "json_schema": "json_schema",
+    "stop": "stop", "regex": "regex", "json_schema": "json_schema", "corpus": "corpus",
+    "gguf_file": "gguf_file",
 }  # fmt: skip
 # Arguments that are several flags, or none, in the command, and why.
 SAMPLER_WITHOUT_A_FLAG = {
@@ -346,7 +347,9 @@ def test_a_named_pair_gets_its_preset_as_in_the_cli(model, monkeypatch):
     from specjax.text import sampler as sampler_module
 
     preset = find("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
-    monkeypatch.setattr(sampler_module, "load_model", lambda path, argname, dtype: model)
+    monkeypatch.setattr(
+        sampler_module, "load_model", lambda path, argname, dtype, gguf_file=None: model
+    )
     sampler = Sampler.from_pretrained(preset.target, preset.draft)
     args = build_parser().parse_args(
         ["generate", "x", "--model", preset.target, "--draft", preset.draft]
@@ -415,7 +418,7 @@ def _raw_model():
          r"Sampler.from_pretrained\(\.\.\., drafter='block'\)"),
         (lambda m: Sampler(m, max_new_tokens=0), None, ValueError, "max_new_tokens"),
         (lambda m: Sampler(m, verification="greedy"), None, ValueError,
-         "verification must be 'rejection' or 'coupled'"),
+         r"verification must be one of \('rejection', 'coupled', 'block'\) or None"),
         (lambda m: Sampler(m), lambda s: s.sample("w1", max_new_tokens=10**6), ValueError,
          r"max_new_tokens=1000000: the longest prompt is \d+ tokens.*model's context of"),
         (lambda m: Sampler(m, gamma=0), None, ValueError, r"gamma must be in \[1, "),

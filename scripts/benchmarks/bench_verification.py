@@ -50,8 +50,8 @@ def log(msg: str) -> None:
     print(f"[verification {time.perf_counter() - START:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
-def pairs(quick: bool):
-    """``{name: (target, drafter, [prompt ids])}``."""
+def pairs(quick: bool, only=None):
+    """``{name: (target, drafter, [prompt ids])}`` (``only``: those names)."""
     target, draft, tokenizer = specjax.default_pair()
     out = {
         "bundled": (
@@ -60,8 +60,10 @@ def pairs(quick: bool):
             [tokenizer.encode(t).ids for t in BUNDLED_PROMPTS[: 2 if quick else None]],
         )
     }
-    if quick:
+    if quick or only == ["bundled"]:
         return out
+    if only == ["real"]:
+        out = {}
     from specjax.io.fetch import remote
     from specjax.io.presets import load_pair
 
@@ -116,12 +118,15 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=16, help="seeds per prompt")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per row")
     p.add_argument("--quick", action="store_true", help="the bundled pair, 2 prompts, 4 rows")
+    p.add_argument("--only", nargs="+", choices=["bundled", "real"], help="these pairs only")
     p.add_argument("--out", type=Path, default=RESULTS / "verification" / "cpu.json")
     args = p.parse_args(argv)
     rows, tokens = (4, 16) if args.quick else (args.rows, args.tokens)
     report = {**run_record(argv), "temperature": 1.0, "rows_per_prompt": rows, "pairs": {}}
     lines = ["| pair | γ | token-wise | block | block - token-wise |", "|---|---|---|---|---|"]
-    for name, (target, drafter, prompts) in pairs(args.quick).items():
+    previous = json.loads(args.out.read_text())["pairs"] if args.out.exists() else {}
+    report["pairs"] = {k: v for k, v in previous.items() if args.only and k not in args.only}
+    for name, (target, drafter, prompts) in pairs(args.quick, args.only).items():
         kept = {v: units(target, drafter, prompts, v, rows, tokens) for v in ("rejection", "block")}
         entry = {v: summary(x) for v, x in kept.items()}
         entry["difference"] = summary(kept["block"] - kept["rejection"])

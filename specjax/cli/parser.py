@@ -158,11 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
         "width (gamma + 1, or a tree's nodes + 1), 1 with --drafter none",
     )  # fmt: skip
     g.add_argument(
-        "--verification", choices=["rejection", "coupled", "block"], default=DEFAULTS.verification,
-        help="rejection: speculative rejection sampling, token by token; block: the chain "
-        "judged as a whole, the most accepted drafts on average (not for --tree); "
-        "coupled: the drafts share the target's noise, and the output equals plain "
-        "decoding's for the same --seed at any temperature",
+        "--verification", choices=["block", "rejection", "coupled"], default=DEFAULTS.verification,
+        help="block: the chain judged as a whole, the most accepted drafts on average; "
+        "rejection: speculative rejection sampling, draft by draft; coupled: the drafts "
+        "share the target's noise, and the output equals plain decoding's for the same "
+        "--seed at any temperature (default: block for a chain, rejection for --tree)",
     )  # fmt: skip
     g.add_argument(
         "--tree", default=None, metavar="K1,K2,...",

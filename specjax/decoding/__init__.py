@@ -39,10 +39,12 @@ all but the drafter's):
 * ``cache_len``: static cache length S; default ``P + max_new_tokens + γ + 1`` rounded
   up to a multiple of 64. A row that would overflow it stops and is flagged in
   ``truncated``.
-* ``verification``: ``"rejection"`` (default) accepts a draft with probability
-  ``min(1, p/q)``; the acceptance rate is ``1 - TV(p, q)``, the most any exact verifier
-  gets, and the output has exactly `generate`'s distribution (token for token at
-  temperature 0), but not its sample for one key. ``"coupled"``: the drafter draws with
+* ``verification``: ``"block"`` (the default for a chain) judges the chain as a whole:
+  on average it keeps at least as many drafts as any exact verifier
+  (`specjax.verification.block`). ``"rejection"`` (the default for a tree) accepts draft
+  by draft with probability ``min(1, p/q)``, each at rate ``1 - TV(p, q)``. Both give
+  exactly `generate`'s distribution (token for token at temperature 0), but not its
+  sample for one key. ``"coupled"``: the drafter draws with
   the noise the target samples each position with, and a draft is accepted iff it
   equals the target's sample; the output then *equals* `generate`'s for the same key
   and seeds, at any setting and with any drafter, and acceptance falls to the

@@ -57,7 +57,7 @@ def init(
     eos_id=None,
     seeds=None,
     cache_len: int | None = None,
-    verification: str = "rejection",
+    verification: str | None = None,
     num_slots: int | None = None,
     gamma_by_active_rows=None,
     draft_confidence: float | None = None,
@@ -166,7 +166,7 @@ def speculative_generate(
     eos_id=None,
     seeds=None,
     cache_len: int | None = None,
-    verification: str = "rejection",
+    verification: str | None = None,
     num_slots: int | None = None,
     gamma_by_active_rows=None,
     draft_confidence: float | None = None,
@@ -200,8 +200,10 @@ def speculative_generate(
         eos_id: optional id, or ``[K]`` ids, that end a row (it is emitted).
         seeds: optional ``int[B]`` per-row seeds (default: the row index).
         cache_len: static cache length S (default: the longest row's need, rounded up).
-        verification: ``"rejection"``, ``"coupled"`` or ``"block"`` (a chain judged as
-            a whole, `specjax.verification.block`; not for trees).
+        verification: ``"block"`` (a chain judged as a whole,
+            `specjax.verification.block`; not for trees), ``"rejection"`` (draft by
+            draft) or ``"coupled"``; ``None`` (default): block for a chain of drafts,
+            rejection for a tree. Greedy rows are the same under all three.
         num_slots: rows decoded at once (default: one per prompt); fewer slots than
             prompts refill finished slots on device (continuous batching).
         gamma_by_active_rows: optional ``{max_active_rows: γ}`` table of each step's γ.

@@ -50,7 +50,7 @@ class DecodeOptions:
     eos_id: object = None
     seeds: object = None
     cache_len: int | None = None
-    verification: str = "rejection"
+    verification: str | None = None
     num_slots: int | None = None
     gamma_by_active_rows: object = None
     draft_confidence: float | None = None
@@ -105,6 +105,8 @@ def _verifier(verification: str, drafter):
     """The verifier of ``verification=`` (checked against the names before)."""
     if drafter.null_drafter:  # proposes nothing: its steps are coupled verification's
         return Coupled()
+    if verification is None:  # the default: block verification keeps the most drafts
+        verification = "rejection" if drafter.tree is not None else "block"
     if verification == "block" and drafter.tree is not None:
         raise ValueError(
             "verification='block' judges a chain of drafts; a tree drafter "

@@ -189,7 +189,7 @@ def _check_pair(target, drafter: Drafter, options: DecodeOptions) -> int:
             "gamma_by_active_rows and draft_confidence adapt a chain's γ; they cannot be "
             f"used with a tree drafter ({drafter.tree!r})"
         )
-    if options.verification not in VERIFICATIONS:
+    if options.verification not in (None, *VERIFICATIONS):
         raise ValueError(
             f"verification must be one of {VERIFICATIONS}, got {options.verification!r}"
         )

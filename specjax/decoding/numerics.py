@@ -48,7 +48,7 @@ and activations), one batch size, one prompt width and cache length, and one W:
 * for every drafter: chains of at most W − 1 drafts and trees of at most W nodes (root
   included), adaptive γ (``gamma_by_active_rows``), ``draft_confidence``, penalties,
   constraints, stop strings and refill (fewer slots than prompts);
-* with ``verification="rejection"`` (the default) at a temperature above 0 the output
+* with ``verification="block"`` or ``"rejection"`` at a temperature above 0 the output
   is exact in distribution; its sample for one key is another one than plain
   decoding's.
 

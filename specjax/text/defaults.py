@@ -32,7 +32,8 @@ class Defaults:
             at temperature 0 both modes give the same drafts. `specjax.BlockDrafter`
             defaults to the same value.
         ngram: the longest n-gram prompt lookup matches.
-        verification: ``"rejection"``: speculative rejection sampling.
+        verification: ``None``: block verification for a chain of drafts, token-wise
+            rejection sampling for a tree (`specjax.speculative_generate`).
         steps_per_chunk: decode-loop iterations between two streamed text pieces.
     """
 
@@ -44,7 +45,7 @@ class Defaults:
     gamma: int = 4
     draft_mode: str = DEFAULT_MODE
     ngram: int = 3
-    verification: str = "rejection"
+    verification: str | None = None
     steps_per_chunk: int = 4
 
 

@@ -121,8 +121,9 @@ class Sampler:
         forward_width: every target forward scores exactly this many tokens, so that
             speculative output equals plain output at the same width token for token
             (`specjax.speculative_generate`); default the verify's width.
-        verification: ``"rejection"`` (default), ``"coupled"`` or ``"block"`` (chains
-            judged as a whole: `specjax.verification.block`).
+        verification: ``None`` (default: ``"block"`` for a chain of drafts, judged as a
+            whole, `specjax.verification.block`; ``"rejection"`` for a tree),
+            ``"block"``, ``"rejection"`` or ``"coupled"``.
         draft_confidence: optional τ in ``[0, 1]``: a row stops drafting after its
             first draft whose own probability is below τ (exact; pays for costly
             draft models).
@@ -166,7 +167,7 @@ class Sampler:
         sampling: SamplingConfig | None = None,
         max_new_tokens: int = DEFAULTS.max_new_tokens,
         forward_width: int | None = None,
-        verification: str = DEFAULTS.verification,
+        verification: str | None = DEFAULTS.verification,
         draft_confidence: float | None = None,
         eos_id: int | Sequence[int] | None = None,
         quantize: str | None = None,
@@ -235,8 +236,10 @@ class Sampler:
         # auto chooses a chain's γ; a tree drafts its shape and plain decoding nothing.
         chain = drafter is not None and getattr(drafter, "tree", None) is None
         self.auto = gamma == "auto" and chain
-        if verification not in VERIFICATIONS:
-            raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
+        if verification not in (None, *VERIFICATIONS):
+            raise ValueError(
+                f"verification must be one of {VERIFICATIONS} or None, got {verification!r}"
+            )
         if forward_width is not None:
             forward_width = check_int("forward_width", forward_width, lo=1)
             verify = 1 if drafter is None else lookahead(drafter)

@@ -1,7 +1,8 @@
 """Verifiers: the exact rule that keeps a prefix of each row's drafted chain, as objects.
 
-A decoder holds one verifier, chosen by its ``verification=`` argument: `Rejection`
-(speculative rejection sampling, the default), `Coupled` or `Block`. Each says which noise the
+A decoder holds one verifier, chosen by its ``verification=`` argument: `Block` (the
+default for a chain of drafts), `Rejection` (speculative rejection sampling, the default
+for a tree) or `Coupled`. Each says which noise the
 drafter draws its drafts with and verifies a step's chain in one call; the proofs are
 in `specjax.verification.chain`. Plain decoding (the null drafter, which proposes
 nothing) is `Coupled` verification of an empty chain: its token at each position is the
