@@ -204,7 +204,15 @@ PREDICTIONS = [
 ]
 
 
-def predict(out: Path) -> None:
+# What --capacity compiles: the real pair at 32 rows of a 16k context, on more and more
+# v5e chips, to the first that fits (the command's message where it does not).
+CAPACITY = [
+    (chip, "real", ("--batch-size", "32", "--prompt-length", "8192", "--max-new-tokens", "8192"))
+    for chip in ("v5e-1", "v5e-4", "v5e-8")
+]
+
+
+def predict(out: Path, rows_to_run=None, name: str = "predicted.json") -> None:
     """``specjax compile --json`` for every row of `PREDICTIONS` (any host; jax's CUDA
     plugin from the specjax cache for the GPUs, as the aot tier fetches it)."""
     from specjax.core.paths import cache_root
@@ -216,7 +224,7 @@ def predict(out: Path) -> None:
     models = {"real": ["--model", REAL[0], "--draft", REAL[1]], "bundled": []}
     plugin = cache_root() / "jax-cuda-plugin" / jax.__version__
     rows = []
-    for chip, pair, flags in PREDICTIONS:
+    for chip, pair, flags in PREDICTIONS if rows_to_run is None else rows_to_run:
         alpha = ",".join(map(str, acceptance[pair]))
         cmd = [
             "specjax",
@@ -239,10 +247,13 @@ def predict(out: Path) -> None:
         )
         if done.returncode not in (0, 3):
             raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
-        rows.append({"command": " ".join(cmd), "pair": pair, "report": json.loads(done.stdout)})
+        report = json.loads(done.stdout)
+        rows.append({"command": " ".join(cmd), "pair": pair, "report": report})
+        if rows_to_run is not None and report["fits"]:
+            break  # capacity: the first slice that fits
         log(f"predicted {chip} {pair} {' '.join(flags)}")
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "predicted.json"
+    path = out / name
     path.write_text(json.dumps({**run_record(sys.argv[1:]), "rows": rows}, indent=1))
     log(f"wrote {path}")
     print("\n".join(predicted_table(rows)))
@@ -259,6 +270,11 @@ def predicted_table(rows: list[dict]) -> list[str]:
     for row in rows:
         r = row["report"]
         precision = "int8" if "--quantize" in row["command"] else "bfloat16"
+        if not r["fits"]:
+            out.append(
+                f"| {r['chip']} | {row['pair']} | {precision} | no: {r['message'][:160]} | | | | |"
+            )
+            continue
         steps = r["step_seconds"]
         later = " / ".join(f"{1e3 * steps[g]:.2f}" for g in sorted(steps, key=int)[1:])
         speedups = " / ".join(
@@ -296,9 +312,18 @@ def main(argv=None) -> int:
         action="store_true",
         help="write specjax compile's predictions (results/chips/predicted.json), then stop",
     )
+    p.add_argument(
+        "--capacity",
+        action="store_true",
+        help="compile the real pair at 32 rows of 16k tokens on v5e slices up to the first "
+        "that fits (results/chips/capacity.json), then stop",
+    )
     args = p.parse_args(argv)
     if args.predict:
         predict(PREDICTED)
+        return 0
+    if args.capacity:
+        predict(PREDICTED, CAPACITY, "capacity.json")
         return 0
     device = jax.devices()[0]
     chip = chip_name(device)
