@@ -1,9 +1,9 @@
 """`ChainDrafter`: a cheap drafter first, the draft model only where it has nothing.
 
 ``--drafter suffix,model``: each step a row takes the first member's drafts when that
-member is confident enough for it (a drafter that drafts fewer by its own rule,
-`SuffixDrafter` or any with ``drafts_fewer``: at least ``min_drafts`` drafts, i.e. a
-long enough match), else the last member's (a draft model). At batch 1 the choice is a
+member drafts anything for it (a drafter that drafts fewer by its own rule: a
+`SuffixDrafter` drafts only where its match is at least ``min_match`` long, 4 in a
+chain), else the last member's (a draft model). At batch 1 the choice is a
 ``lax.cond``: a step the first member serves runs no draft model at all. At batch > 1
 every member drafts and each row takes its own choice, so such a step costs both.
 
@@ -35,19 +35,17 @@ class ChainDrafter(Drafter):
             drafter (a `specjax.DraftModel` catches up on what it sat out).
         num_draft: γ, the most drafts per step (static): the first member drafts up
             to γ, the last up to its own γ (at most γ).
-        min_drafts: the first member serves a row that it drafts at least this many
-            tokens for (static).
     """
 
     members: tuple
     num_draft: int = struct.field(pytree_node=False, default=8)
-    min_drafts: int = struct.field(pytree_node=False, default=2)
     noun = "drafter chain"
     drafts_fewer = True
 
     @classmethod
-    def of(cls, first, last, *, min_drafts: int = 2) -> ChainDrafter:
-        """The chain of ``first`` then ``last``, at the larger γ of the two."""
+    def of(cls, first, last, *, min_match: int = 4) -> ChainDrafter:
+        """The chain of ``first`` then ``last``, at the larger γ of the two; a suffix
+        drafter first drafts only on matches of at least ``min_match`` tokens."""
         if not getattr(first, "drafts_fewer", False):
             raise ValueError(
                 f"a chain's first member must say when it has nothing to draft (a "
@@ -57,8 +55,10 @@ class ChainDrafter(Drafter):
             raise ValueError("a drafter chain drafts chains, not trees")
         if hasattr(last, "catch_up"):
             last = last.replace(catch_up=max(first.num_draft, last.num_draft) + 2)
+        if hasattr(first, "min_match"):
+            first = first.replace(min_match=min_match)
         gamma = max(first.num_draft, last.num_draft)
-        return cls(members=(first, last), num_draft=gamma, min_drafts=min_drafts)
+        return cls(members=(first, last), num_draft=gamma)
 
     @property
     def target_layers(self) -> tuple[int, ...]:
@@ -111,7 +111,7 @@ class ChainDrafter(Drafter):
         # A step of an adaptive γ may draft fewer than the members' own γ.
         first, last = (m.with_draft(min(m.num_draft, gamma)) for m in self.members)
         ahead = first.propose(keys_BG, state[0], seq_BS, seq_lengths_B, sampling)
-        served_B = ahead.num_drafted >= self.min_drafts
+        served_B = ahead.num_drafted > 0
         vocab = last.vocab_size
 
         def padded(p: Proposal, drafted_B) -> tuple:

@@ -16,7 +16,8 @@ and with static shapes:
   token by token (a hash collision is a miss);
 * the **longest** match wins (the row's own text on a tie), and its continuation is
   the draft, as long as ``ceil(spec_factor · n)`` tokens, at most γ and never past the
-  end of what followed (a row with no match drafts nothing this step).
+  end of what followed (a row with no match, or one shorter than ``min_match``, drafts
+  nothing this step).
 
 q is one-hot: the verifiers judge deterministic drafts exactly (rejection sampling's
 one-hot form, block verification with ``q = δ``), so the output is the target's
@@ -129,12 +130,15 @@ class SuffixDrafter(StatelessDrafter):
         num_draft: γ, the most tokens drafted per step (static).
         spec_factor: a match of ``n`` tokens drafts at most ``ceil(spec_factor · n)``
             (static): a long match is trusted further than a short one.
+        min_match: a match shorter than this drafts nothing (static): in a chain, the
+            draft model drafts there instead.
     """
 
     corpus: jax.Array = None
     table: jax.Array = None
     num_draft: int = struct.field(pytree_node=False, default=8)
     spec_factor: float = struct.field(pytree_node=False, default=2.0)
+    min_match: int = struct.field(pytree_node=False, default=1)
     drafts_fewer = True
     noun = "suffix drafter"
 
@@ -145,7 +149,9 @@ class SuffixDrafter(StatelessDrafter):
             object.__setattr__(self, "table", jnp.asarray(empty.table))
 
     @classmethod
-    def of(cls, documents, num_draft: int = 8, spec_factor: float = 2.0) -> SuffixDrafter:
+    def of(
+        cls, documents, num_draft: int = 8, spec_factor: float = 2.0, min_match: int = 1
+    ) -> SuffixDrafter:
         """A drafter over a corpus of ``documents`` (token-id sequences), besides the
         row's own text."""
         index = SuffixIndex.build(documents)
@@ -154,11 +160,13 @@ class SuffixDrafter(StatelessDrafter):
             table=jnp.asarray(index.table),
             num_draft=num_draft,
             spec_factor=spec_factor,
+            min_match=min_match,
         )
 
     def with_documents(self, documents) -> SuffixDrafter:
-        """This drafter over a new corpus of ``documents`` (its γ and factor kept)."""
-        return SuffixDrafter.of(documents, num_draft=self.num_draft, spec_factor=self.spec_factor)
+        """This drafter over a new corpus of ``documents`` (its settings kept)."""
+        index = SuffixIndex.build(documents)
+        return self.replace(corpus=jnp.asarray(index.tokens), table=jnp.asarray(index.table))
 
     def propose(self, keys_BG, state, seq_BS, seq_lengths_B, sampling):
         del keys_BG, sampling  # deterministic drafter
@@ -207,7 +215,7 @@ class SuffixDrafter(StatelessDrafter):
         trusted = jnp.ceil(jnp.float32(self.spec_factor) * match_len.astype(jnp.float32))
         trusted = trusted.astype(jnp.int32)
         num_drafted = jnp.minimum(jnp.minimum(room, trusted), gamma)
-        num_drafted = jnp.where(match_len > 0, num_drafted, 0).astype(jnp.int32)
+        num_drafted = jnp.where(match_len >= self.min_match, num_drafted, 0).astype(jnp.int32)
         tokens = jnp.where(offsets < num_drafted[:, None], tokens, 0)
         return Proposal(
             tokens=jnp.maximum(tokens, 0).astype(jnp.int32),
