@@ -653,14 +653,23 @@ def stage_session(args, results):
     import time
 
     import specjax
+    from specjax.io.presets import load_pair
+    from specjax.text.loading import build_drafter
 
     requests = json.loads((ROOT / "prompts" / "session_prompts.json").read_text())["requests"]
     tokens = 128
+    # Loaded once, as Sampler.from_pretrained(TARGET, DRAFT) loads them (the preset's
+    # precisions), then a fresh Sampler each session: what it learnt goes with it.
+    target, model_drafter, preset = load_pair(TARGET, DRAFT)
+    name = args.session_drafter or preset.drafter
+    drafter = build_drafter(name, target, bundled=False, draft=model_drafter.model)
+    log(f"session: drafter {name} ({type(drafter).__name__})")
 
     def samplers():
-        fast = specjax.Sampler.from_pretrained(TARGET, DRAFT)
-        plain = specjax.Sampler.from_pretrained(TARGET, DRAFT, drafter=None, quantize="int8")
-        return {"speculative": fast, "plain": plain}
+        return {
+            "speculative": specjax.Sampler(target, drafter=drafter),
+            "plain": specjax.Sampler(target, drafter=None),
+        }
 
     def session(pair: dict, order: list[str]) -> dict:
         texts = [
@@ -700,7 +709,8 @@ def stage_session(args, results):
         rounds.append(timed)
         log(f"session round {r}: {timed['speedup']:.2f}x, equal {timed['equal']}")
     speedups = sorted(r["speedup"] for r in rounds)
-    results["session"] = {
+    results["session" if args.session_drafter is None else f"session-{name}"] = {
+        "drafter": name,
         "requests": len(requests),
         "max_new_tokens": tokens,
         "rounds": rounds,
@@ -726,6 +736,11 @@ def main(argv=None) -> int:
         metavar="PREFIX",
         help="peers: only the systems whose names start with one of these, e.g. llamacpp "
         "hf-int8 plain-int8, keeping the file's rows of the others (default: every system)",
+    )
+    p.add_argument(
+        "--session-drafter",
+        help="session: the drafter to measure instead of the pair's preset's (e.g. "
+        "suffix,model); its results are kept apart, under session-DRAFTER",
     )
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--systems", nargs="*", default=[], help=argparse.SUPPRESS)
