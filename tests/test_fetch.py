@@ -118,4 +118,4 @@ def test_the_cli_fetches_by_name_and_lists(tmp_path, monkeypatch, capsys):
     assert "no model called nope; known:" in capsys.readouterr().err
     # --model takes a name too: an unknown one is a one-line error naming the flag.
     assert cli_main(["generate", "--model", "nope", "x"]) == 2
-    assert "--model nope: no such directory or .gguf file, and no model" in capsys.readouterr().err
+    assert "--model nope: no such directory or .gguf file, no model" in capsys.readouterr().err

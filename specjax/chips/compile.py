@@ -332,8 +332,9 @@ def compile_decoder(
     """Compiles a decoder's programs for ``chip``, any drafter (a tree's too), no predictions.
 
     Args:
-        chip, target, drafter, batch_size, prompt_length, max_new_tokens, mesh,
-            cache, workers, log, options: as `compile_for_chip`.
+        chip: as `compile_for_chip`, and so are ``target``, ``drafter``,
+            ``batch_size``, ``prompt_length``, ``max_new_tokens``, ``mesh``, ``cache``,
+            ``workers``, ``log`` and ``options``.
         num_prompts: prompts queued (default ``batch_size``); more than ``batch_size``
             (the slots) refills finished slots inside the loop (continuous batching).
         programs: which to compile: ``"init"`` (prefill), ``"run"`` (the decode loop)
