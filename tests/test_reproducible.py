@@ -184,7 +184,7 @@ def test_stream_yields_every_token_once(pair):
     whole = _run(target, _drafter("draft_model", draft, 3), prompts, [1, 2]).to_lists()
     decoder, start = decoding.init(
         jax.random.key(3), target, prompts, drafter=_drafter("draft_model", draft, 3),
-        max_new_tokens=24, sampling=SAMPLED, seeds=[1, 2],
+        max_new_tokens=24, sampling=SAMPLED, seeds=[1, 2], verification="rejection",
     )  # fmt: skip
     streamed = [[], []]
     chunks = 0

@@ -722,6 +722,12 @@ def tune(
     if forward_width is not None and forward_width > drafter.num_draft + 1:
         forward_width = None  # wider than any γ measured: each γ costed at its own width
     choice = choose(*hit[:2], forward_width=forward_width)
+    if choice.gamma == 0 and drafter.num_draft and not any(hit[2]):
+        # No run of this pair has reported its acceptance yet (a prior stands in), and
+        # plain decoding would never report one: draft once, the γ best at the prior.
+        explore = choose(*hit[:2], min_gain=0.0, forward_width=forward_width)
+        reason = f"{explore.reason} (this pair's first run here drafts, to learn its acceptance)"
+        choice = dataclasses.replace(explore, reason=reason)
     return Tuned(
         choice,
         *hit,
