@@ -22,7 +22,9 @@ In bfloat16 at jax's default flags it
    T = 0 and T = 1 where its files are here;
 3. writes each measured step beside what ``specjax compile`` predicted for the same
    chip (``results/chips/predicted.json``, written by this script's ``--predict`` on
-   any host), so that the prediction's error is a number.
+   any host), so that the prediction's error is a number. On any host, ``--error``
+   does the same against the committed H200 measurement of the real pair's shapes
+   (``results/real_pair/gpu_h200_bfloat16.json``).
 
 Writes ``$OUT/accelerator.json`` (or ``--out``) with the date, commit, command and
 machine, and exits 1 if an exactness check fails.
@@ -212,6 +214,50 @@ CAPACITY = [
 ]
 
 
+# What --error compiles: the real pair on an H200 at the context of the committed H200
+# measurement (``bench_pair_gpu.py``: bfloat16, batch 1, 160 tokens).
+H200_MEASURED = RESULTS / "real_pair" / "gpu_h200_bfloat16.json"
+ERROR = [("h200", "real", ("--prompt-length", "32", "--max-new-tokens", "128"))]
+
+
+def prediction_error(out: Path) -> None:
+    """Predict the H200 at the committed H200 measurement's context, and write measured
+    over predicted per forward width, and the speedups `cost_model.choose` expects from
+    each side's costs at the same acceptance (``results/chips/error_h200.json``)."""
+    predict(out, ERROR, "error_h200.json")
+    path = out / "error_h200.json"
+    record = json.loads(path.read_text())
+    report = record["rows"][0]["report"]
+    measured = json.loads(H200_MEASURED.read_text())
+    widths = sorted(int(w) for w in report["target_step_seconds_by_width"])
+    target_s = [measured["target_ms"][str(w)] / 1e3 for w in widths]
+    draft_s = measured["draft_step_ms"] / 1e3
+    gammas = range(1, len(widths))
+    from_measured = cost_model.choose(
+        cost_model.StepCosts(tuple(target_s), tuple(g * draft_s for g in gammas)),
+        report["acceptance"],
+    )
+    record["measured"] = {
+        "file": str(H200_MEASURED.relative_to(ROOT)),
+        "target_step_seconds_by_width": dict(zip(map(str, widths), target_s, strict=True)),
+        "draft_forward_seconds": draft_s,
+    }
+    record["measured_over_predicted_by_width"] = {
+        str(w): t / report["target_step_seconds_by_width"][str(w)]
+        for w, t in zip(widths, target_s, strict=True)
+    }
+    record["speedup_from_measured_costs"] = dict(enumerate(from_measured.speedups))
+    record["gamma_from_measured_costs"] = from_measured.gamma
+    path.write_text(json.dumps(record, indent=1))
+    ratios = record["measured_over_predicted_by_width"]
+    log(f"measured / predicted by width: {ratios}")
+    log(
+        f"from measured costs: gamma {from_measured.gamma}, speedups "
+        f"{[round(s, 2) for s in from_measured.speedups]}; predicted: gamma "
+        f"{report['gamma']}, {report['predicted_speedup']}"
+    )
+
+
 def predict(out: Path, rows_to_run=None, name: str = "predicted.json") -> None:
     """``specjax compile --json`` for every row of `PREDICTIONS` (any host; jax's CUDA
     plugin from the specjax cache for the GPUs, as the aot tier fetches it)."""
@@ -318,7 +364,16 @@ def main(argv=None) -> int:
         help="compile the real pair at 32 rows of 16k tokens on v5e slices up to the first "
         "that fits (results/chips/capacity.json), then stop",
     )
+    p.add_argument(
+        "--error",
+        action="store_true",
+        help="predict the H200 at the committed H200 measurement's context and write the "
+        "prediction's error (results/chips/error_h200.json), then stop",
+    )
     args = p.parse_args(argv)
+    if args.error:
+        prediction_error(PREDICTED)
+        return 0
     if args.predict:
         predict(PREDICTED)
         return 0
