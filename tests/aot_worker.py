@@ -28,10 +28,18 @@ import specjax
 from specjax.chips.compile import compile_decoder
 from specjax.chips.programs import AnalysisCache, OutOfMemory
 from specjax.io.pretrained import default_drafter
+from specjax.models import Model, ModelConfig
 from specjax.models.quant import quantize
 from specjax.verification.tree import Tree
 
 PROMPT, NEW, BATCH = 16, 32, 2
+# Random weights (2 MB) and a cache of 16 rows of 8k tokens (1 GB), more than a
+# TPU's on-chip memory even split over 4 chips.
+LONG_CACHE = Model.random(
+    ModelConfig(num_layers=8, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=128,
+                max_position_embeddings=8192),
+    dtype=jnp.bfloat16,
+)  # fmt: skip
 PRECISIONS = {"bfloat16": (jnp.bfloat16, None), "float32": (jnp.float32, None)}
 PRECISIONS["int8"] = (jnp.bfloat16, "int8")
 
@@ -86,6 +94,14 @@ def _result(analysis) -> dict:
     }
 
 
+def _rows_split(chip: str):
+    """A mesh that splits the rows over the chips of a slice (None: one chip)."""
+    from specjax.chips.table import chip as chip_of
+
+    devices = chip_of(chip).devices
+    return None if devices == 1 else (devices // 2, 2)
+
+
 def run(chip: str, cache_dir: str, mesh=None) -> dict:
     cache = AnalysisCache(cache_dir)
     report = {"chip": chip, "configs": {}, "steps": {}, "jax": jax.__version__}
@@ -119,6 +135,25 @@ def run(chip: str, cache_dir: str, mesh=None) -> dict:
                     **_result(compiled.analyses["step"]),
                 }
             print(f"{chip} {key}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    # Rows of a cache larger than the weights (and than a TPU's on-chip memory), split
+    # over the chips of a slice: a write that indexed the rows with a traced number
+    # would gather the whole cache at every layer.
+    if _rows_split(chip) is not None:
+        rows = compile_decoder(
+            chip,
+            LONG_CACHE,
+            None,
+            batch_size=16,
+            prompt_length=PROMPT,
+            max_new_tokens=LONG_CACHE.config.max_position_embeddings - PROMPT,
+            mesh=_rows_split(chip) if mesh is None else mesh,
+            programs=("step",),
+            cache=cache,
+        )
+        report["steps"]["bfloat16, 16 rows of a long cache"] = {
+            "min_bytes": rows.min_step_bytes,
+            **_result(rows.analyses["step"]),
+        }
     report["seconds"] = time.perf_counter() - start
     return report
 

@@ -155,8 +155,35 @@ def check_mesh(shape, target, draft, prompts, reference):
         "target": spec_str(spec.target_cache.k),
         "draft": spec_str(spec.drafter_state.k),
     }
+    rec["split_write_equal"] = check_split_write(mesh, cache_spec)
     rec["seconds"] = round(time.perf_counter() - t0, 1)
     return rec
+
+
+def check_split_write(mesh, cache_spec) -> bool:
+    """`write_rows` of a cache split over ``mesh`` (each chip writing its own rows, as
+    under a `ShardedModel`) equals the scatter of the whole cache, rows near and past
+    its end included."""
+    from specjax.models.attention import split_cache_writes, write_kv, write_rows
+
+    rng = np.random.default_rng(0)
+    layers, heads, dim, slots, tokens = 2, TARGET["num_kv_heads"], 4, 12, 3
+    k = rng.standard_normal((layers, BATCH, heads, dim, slots)).astype(np.float32)
+    v = rng.standard_normal((layers, BATCH, heads, slots, dim)).astype(np.float32)
+    start = rng.integers(0, slots + 2, size=BATCH).astype(np.int32)
+    new_k = rng.standard_normal((BATCH, tokens, heads, dim)).astype(np.float32)
+    new_v = rng.standard_normal((BATCH, tokens, heads, dim)).astype(np.float32)
+    at = start[:, None] + np.arange(tokens)[None]
+    want = jax.jit(write_kv, static_argnums=2)(k, v, 1, at, new_k, new_v)
+    placed = [jax.device_put(x, NamedSharding(mesh, cache_spec)) for x in (k, v)]
+
+    @jax.jit
+    def split(k, v, start, new_k, new_v):
+        with split_cache_writes(mesh, cache_spec):
+            return write_rows(k, v, 1, start, new_k, new_v)
+
+    got = split(*placed, start, new_k, new_v)
+    return all(np.array_equal(a, b) for a, b in zip(want, got, strict=True))
 
 
 def check_errors(target, prompts):

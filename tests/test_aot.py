@@ -8,9 +8,10 @@ configuration (plain decoding, the draft model, the block drafter, the EAGLE hea
 prompt lookup, a tree, continuous batching with refill, sampling, penalties, stop
 strings, a constraint; bfloat16, float32 and int8) it asserts that the decoder
 compiles within the chip's memory and that its loops hold no host callback or
-transfer; for each precision, that the plain step reads at most 1.5 times the
-weights and the cache it must read, naming the instructions that read the most
-where it does not.
+transfer; for each precision, and on the slice in bfloat16 for 16 rows of a cache
+larger than the weights split over its chips, that the plain step reads at most 1.5
+times the weights and the cache it must read, naming the instructions that read the
+most where it does not.
 
 libtpu comes with the test extra. jax's CUDA plugin is downloaded once into the
 specjax cache (``pip download``) and put on this tier's GPU worker's ``PYTHONPATH``
@@ -104,6 +105,8 @@ def _check(report: dict) -> None:
             )
     assert not problems, f"{report['chip']}:\n" + "\n".join(problems)
     expected = {"bfloat16", "float32", "int8"}
+    if report["chip"] == "v5e-4":
+        expected.add("bfloat16, 16 rows of a long cache")
     assert set(report["steps"]) == expected
     names = {name.split(" ", 1)[1] for name in report["configs"]}
     configs = "plain|draft model|block drafter|EAGLE head|prompt lookup|tree|refill|penalties"

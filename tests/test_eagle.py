@@ -209,7 +209,7 @@ def test_drafts_are_the_training_time_test_chains(target, trained):
     rows = [[1, 2, 3, 4, 5, 6], [3, 1, 4], [5]]
     lengths = np.asarray([len(r) for r in rows], np.int32)
     prompts = jnp.asarray([r + [0] * (6 - len(r)) for r in rows], jnp.int32)
-    _, tcache, features = _prefill(target, prompts, jnp.asarray(lengths), cache_len,
+    tcache, features = _prefill(target, prompts, jnp.asarray(lengths), cache_len,
                                    head.target_layers)  # fmt: skip
     state = _init(head, prompts, jnp.asarray(lengths), cache_len, features)
     seq = [list(r) for r in rows]

@@ -345,3 +345,34 @@ def test_scanned_program_does_not_grow_with_depth():
 
     assert hlo_size(8, True) < 1.05 * hlo_size(2, True)
     assert hlo_size(8, False) > 3 * hlo_size(2, False)
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gemma3_mixed"])
+def test_a_prompt_longer_than_a_chunk_prefills_as_one_forward_does(name):
+    """`prefill` of ragged prompts 4 tokens at a time (a padded last chunk) writes the
+    cache, its lengths and the requested hidden states that one forward writes."""
+    from specjax.models.forward import prefill
+
+    model = _model(name)
+    lengths = jnp.asarray([10, 3, 7], jnp.int32)
+    prompts = jnp.asarray(_tokens((3, 10), seed=5))
+    run = jax.jit(prefill, static_argnames=("cache_len", "feature_layers", "chunk"))
+    whole, whole_hidden = run(model, prompts, lengths, cache_len=16, feature_layers=(0, 1))
+    chunked, chunked_hidden = run(
+        model, prompts, lengths, cache_len=16, feature_layers=(0, 1), chunk=4
+    )
+    np.testing.assert_array_equal(chunked.lengths, lengths - 1)
+    np.testing.assert_array_equal(whole.lengths, lengths - 1)
+    # Slots past a row's pending token are rewritten before they are read.
+    for b, n in enumerate(lengths.tolist()):
+        np.testing.assert_allclose(
+            chunked.k[:, b, ..., : n - 1], whole.k[:, b, ..., : n - 1], atol=ATOL, rtol=0
+        )
+        np.testing.assert_allclose(
+            chunked.v[:, b, :, : n - 1], whole.v[:, b, :, : n - 1], atol=ATOL, rtol=0
+        )
+        np.testing.assert_allclose(
+            chunked_hidden.states[b, :n], whole_hidden.states[b, :n], atol=ATOL, rtol=0
+        )
+    np.testing.assert_array_equal(chunked_hidden.positions, whole_hidden.positions)
+    assert chunked_hidden.states.shape == whole_hidden.states.shape

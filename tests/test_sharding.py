@@ -91,6 +91,14 @@ def test_caches_sharded_under_jit(report, mesh):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mesh", MESHES)
+def test_a_split_cache_is_written_row_by_row_on_each_chip(report, mesh):
+    """TPUs and GPUs write a cache's rows in place one by one; on rows split over chips
+    each chip writes its own (`split_cache_writes`), equal to the scatter."""
+    assert report["meshes"][mesh]["split_write_equal"]
+
+
+@pytest.mark.slow
 def test_cache_split_by_batch_and_heads(report):
     rec = report["meshes"]["4x2"]
     assert rec["init_cache_spec"] == "P(None, 'data', 'model')"

@@ -93,7 +93,7 @@ def start_rows(
     target_cache = drafter_state = None
     if run_models:
         drafter = decoder.drafter
-        _, target_cache, hidden = prefill(
+        target_cache, hidden = prefill(
             decoder.target, prompts_MP, lengths_M, cache_len, drafter.target_layers
         )
         drafter_state = drafter.init(prompts_MP, lengths_M, cache_len, hidden)

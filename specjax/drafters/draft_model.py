@@ -79,7 +79,7 @@ class DraftModel(TreeDrafter):
 
     def init(self, prompts_BS, seq_lengths_B, cache_len, hidden=None):
         del hidden  # reads no target layers
-        _, cache, _ = prefill(self.model, self._readable(prompts_BS), seq_lengths_B, cache_len)
+        cache, _ = prefill(self.model, self._readable(prompts_BS), seq_lengths_B, cache_len)
         return cache
 
     def own_models(self) -> dict[str, object]:

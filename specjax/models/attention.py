@@ -19,6 +19,8 @@ one softmax, so a set is as good as one more slot of the cache.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -26,6 +28,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from specjax.core.platform import by_platform
 from specjax.models.cache import TreeMask
@@ -190,11 +193,10 @@ def write_rows(k_LBKDS, v_LBKSD, layer, start_B, k_BTKD, v_BTKD) -> tuple[jax.Ar
     tokens shifted into their slots and the block's other slots keeping what they
     held, so that a row near the end writes exactly its slots that exist.
     """
-    s, t = k_LBKDS.shape[-1], k_BTKD.shape[1]
-    kh, d = k_BTKD.shape[2], k_BTKD.shape[3]
 
-    def row(b, kv):
+    def row(b, kv, layer, start_B, k_BTKD, v_BTKD):
         k_LBKDS, v_LBKSD = kv
+        s, (_, t, kh, d) = k_LBKDS.shape[-1], k_BTKD.shape  # this chip's heads
         at = jnp.clip(start_B[b], 0, s - t)
         source_T = jnp.arange(t) + at - start_B[b]  # the token each block slot receives
         written_T = (source_T >= 0) & (source_T < t)
@@ -209,8 +211,49 @@ def write_rows(k_LBKDS, v_LBKSD, layer, start_B, k_BTKD, v_BTKD) -> tuple[jax.Ar
         v_LBKSD = jax.lax.dynamic_update_slice(v_LBKSD, v_block, (layer, b, 0, at, 0))
         return k_LBKDS, v_LBKSD
 
+    def rows(layer, k_LBKDS, v_LBKSD, start_B, k_BTKD, v_BTKD):
+        def one(b, kv):
+            return row(b, kv, layer, start_B, k_BTKD, v_BTKD)
+
+        return jax.lax.fori_loop(0, k_LBKDS.shape[1], one, (k_LBKDS, v_LBKSD))
+
     start_B = jnp.asarray(start_B, jnp.int32)
-    return jax.lax.fori_loop(0, k_LBKDS.shape[1], row, (k_LBKDS, v_LBKSD))
+    split = _CACHE_SPLIT.get()
+    if split is None:
+        return rows(layer, k_LBKDS, v_LBKSD, start_B, k_BTKD, v_BTKD)
+    # The loop indexes the rows with a traced row number; on a slice whose rows are
+    # split over chips that would gather the whole cache onto every chip at every
+    # layer. Each chip loops over its own rows instead.
+    mesh, spec = split
+    cache, row_B, new_BTKD = spec, P(spec[1]), P(spec[1], None, spec[2], None)
+    split_axes = {a for a in spec if a is not None}
+    if not split_axes:
+        return rows(layer, k_LBKDS, v_LBKSD, start_B, k_BTKD, v_BTKD)
+    return jax.shard_map(
+        rows,
+        mesh=mesh,
+        in_specs=(P(), cache, cache, row_B, new_BTKD, new_BTKD),
+        out_specs=(cache, cache),
+        axis_names=split_axes,  # the other axes stay the compiler's
+        check_vma=False,
+    )(jnp.asarray(layer, jnp.int32), k_LBKDS, v_LBKSD, start_B, k_BTKD, v_BTKD)
+
+
+# The mesh and the `PartitionSpec` of the cache's keys and values (``[L, B, K, D, S]``
+# and ``[L, B, K, S, D]`` alike) while a `~specjax.models.sharding.ShardedModel`
+# traces its model; set only during tracing, by `split_cache_writes`.
+_CACHE_SPLIT: contextvars.ContextVar = contextvars.ContextVar("cache_split", default=None)
+
+
+@contextlib.contextmanager
+def split_cache_writes(mesh, spec):
+    """While tracing inside it, `write_rows` writes each chip's own rows of a cache
+    laid out as ``spec`` over ``mesh`` (``spec``: ``P(None, rows, heads, None, None)``)."""
+    token = _CACHE_SPLIT.set((mesh, spec))
+    try:
+        yield
+    finally:
+        _CACHE_SPLIT.reset(token)
 
 
 def visible_slots(key_pos_BS, query_pos_BT, window=None, tree: TreeMask | None = None):

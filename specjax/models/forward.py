@@ -61,23 +61,52 @@ def score(
     return out.logits, out.cache, TargetHidden(states=out.features, positions=positions_BT)
 
 
+# Prompts longer than this are prefilled this many tokens at a time: a forward's
+# attention scores are float32[B, H, T, S] over the cache's S slots, so one forward over
+# a long prompt would hold T · S of them per head (an 8k prompt into a 16k cache: 0.5 GB
+# per row and head), more than a chip's memory at a real batch.
+PREFILL_CHUNK = 512
+
+
 def prefill(
     model, prompts_BP: jax.Array, prompt_lengths_B: jax.Array, cache_len: int,
-    feature_layers: tuple[int, ...] = (),
+    feature_layers: tuple[int, ...] = (), chunk: int = PREFILL_CHUNK,
 ):  # fmt: skip
     """Runs ``model`` over right-padded prompts into a fresh cache of ``cache_len`` slots.
 
+    A prompt of at most ``chunk`` tokens is one forward; a longer one is a loop of
+    forwards ``chunk`` tokens wide, each attending to the cache the earlier ones wrote,
+    so the scores held at once are ``chunk`` tokens' (the padded tail past ``P`` is
+    written and overwritten before it is read, like every padded slot).
+
     Returns:
-        ``(logits float32[B, P, V], cache, hidden)``, ``hidden`` the prompt's
-        `TargetHidden` of ``feature_layers`` (``None`` without them). The cache's
-        lengths are set to ``prompt_lengths - 1``: the last prompt token stays
-        "pending", the same invariant the decode loops keep (the pending token is fed
-        next step). The padded slots written here are overwritten before they are read.
+        ``(cache, hidden)``, ``hidden`` the prompt's `TargetHidden` of
+        ``feature_layers`` (``None`` without them). The cache's lengths are set to
+        ``prompt_lengths - 1``: the last prompt token stays "pending", the same
+        invariant the decode loops keep (the pending token is fed next step), so no
+        logits of the prompt are read.
     """
     b, p = prompts_BP.shape
     cache = model.init_cache(b, cache_len)
-    logits, cache, hidden = score(model, prompts_BP, prefill_positions(b, p), cache, feature_layers)
-    return logits, cache.rollback(prompt_lengths_B - 1), hidden
+    if p <= chunk:
+        _, cache, hidden = score(model, prompts_BP, prefill_positions(b, p), cache, feature_layers)
+        return cache.rollback(prompt_lengths_B - 1), hidden
+    n = -(-p // chunk)
+    padded_BP = jnp.pad(prompts_BP, ((0, 0), (0, n * chunk - p)))
+    tokens_NBC = padded_BP.reshape(b, n, chunk).transpose(1, 0, 2)
+
+    def one(cache, i_tokens):
+        i, tokens_BC = i_tokens
+        positions_BC = i * chunk + prefill_positions(b, chunk)
+        _, cache, hidden = score(model, tokens_BC, positions_BC, cache, feature_layers)
+        return cache, None if hidden is None else hidden.states
+
+    cache, states_NBCF = jax.lax.scan(one, cache, (jnp.arange(n, dtype=jnp.int32), tokens_NBC))
+    hidden = None
+    if states_NBCF is not None:
+        states_BPF = states_NBCF.transpose(1, 0, 2, 3).reshape(b, n * chunk, -1)[:, :p]
+        hidden = TargetHidden(states=states_BPF, positions=prefill_positions(b, p))
+    return cache.rollback(prompt_lengths_B - 1), hidden
 
 
 def tree_bytes(tree) -> int:

@@ -48,6 +48,7 @@ from flax import struct
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from specjax.models.attention import split_cache_writes
 from specjax.models.cache import KVCache
 from specjax.models.contract import ModelOutput, checked_output
 
@@ -345,7 +346,9 @@ class ShardedModel:
 
     def __call__(self, tokens_BT, positions_BT, cache: KVCache, **kwargs) -> ModelOutput:
         """The wrapped model's forward; the returned cache keeps its sharding."""
-        out = checked_output(self.model(tokens_BT, positions_BT, cache, **kwargs))
+        spec = self.cache_spec(cache.k.shape[1], cache.k.shape[2])
+        with split_cache_writes(self.mesh, spec):
+            out = checked_output(self.model(tokens_BT, positions_BT, cache, **kwargs))
         return out.replace(cache=self.constrain_cache(out.cache))
 
 

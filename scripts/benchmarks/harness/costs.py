@@ -141,7 +141,7 @@ def _drafter_at_context(drafter, batch_size: int, context: int, cache_len: int, 
         )
 
     def init(m, d, p, n):
-        _, _, features = prefill(m, p, n, cache_len, layers)
+        _, features = prefill(m, p, n, cache_len, layers)
         return d.init(p, n, cache_len, features)
 
     return lengths, seq, jax.jit(init)(target, drafter, seq[:, :context], lengths)
