@@ -241,7 +241,7 @@ def interleaved_cost(
     layers = tuple(drafter.target_layers)
     cache_len = cache_len or context + gamma + 2
     lengths, seq, state = _drafter_at_context(drafter, batch_size, context, cache_len, target)
-    _, target_cache, _ = jax.jit(prefill, static_argnums=3)(
+    target_cache, _ = jax.jit(prefill, static_argnums=3)(
         target, seq[:, :context], lengths, cache_len
     )
     positions = (context - 1) + jnp.broadcast_to(jnp.arange(gamma + 1), (batch_size, gamma + 1))
