@@ -59,14 +59,14 @@ def spec_str(x) -> str:
 def loop_states(target, drafter, prompts, sampling):
     """The final DecodeState of plain and speculative decoding, through the open loop.
 
-    init and Decoder.run run the same loop body as generate()/speculative_generate().
+    init and decoding.run run the same loop body as generate()/speculative_generate().
     """
     key = jax.random.key(0)
     kw = dict(max_new_tokens=NEW_TOKENS, sampling=sampling, cache_len=CACHE_LEN)
 
     def run(**drafter):
         decoder, state = decoding.init(key, target, prompts, **drafter, **kw)
-        return decoder.run(state)
+        return decoding.run(decoder, state)
 
     return run(), run(drafter=drafter)
 

@@ -698,7 +698,7 @@ def _run_to_the_end(target, entry, key, sampling):
     prompts, kw = [[1, 2], [3]], dict(max_new_tokens=5, sampling=sampling)
     if entry == "init":
         decoder, state = decoding.init(key, target, prompts, **kw)
-        return decoder.result(decoder.run(state))
+        return decoding.result(decoder, decoding.run(decoder, state))
     return _decoders(target)[entry](key, prompts, **kw)
 
 
@@ -862,13 +862,13 @@ def test_a_nan_model_is_flagged_not_emitted(target, entry, temperature):
 def test_run_refuses_bad_arguments(target):
     decoder, state = decoding.init(jax.random.key(0), target, [[1, 2]], max_new_tokens=3)
     with pytest.raises(ValueError, match="num_steps must be in"):
-        decoder.run(state, -1)
+        decoding.run(decoder, state, -1)
     with pytest.raises(TypeError, match="num_steps must be an integer"):
-        decoder.run(state, 1.5)
+        decoding.run(decoder, state, 1.5)
     with pytest.raises(TypeError, match="state must be the DecodeState"):
-        decoder.run({"seq": 1}, 1)
+        decoding.run(decoder, {"seq": 1}, 1)
     with pytest.raises(ValueError, match="steps_per_chunk must be in"):
-        next(decoder.stream(state, steps_per_chunk=0))
+        next(decoding.stream(decoder, state, steps_per_chunk=0))
 
 
 # --- SamplingConfig / probs_from_logits ---

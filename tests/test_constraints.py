@@ -262,8 +262,8 @@ def test_the_open_loop_with_fewer_slots_gives_each_prompt_its_own_constraint(pai
         jax.random.key(0), target, prompts, drafter=drafter, num_slots=2, **kw,
     )  # fmt: skip
     for _ in range(50):
-        state = decoder.run(state, 2)
-    assert decoder.result(state).to_lists() == want
+        state = specjax.decoding.run(decoder, state, 2)
+    assert specjax.decoding.result(decoder, state).to_lists() == want
 
 
 @pytest.mark.parametrize(

@@ -249,17 +249,17 @@ def test_open_loop_with_refill_equals_one_call(target, drafters):
     drafter = drafters["draft_model"]
     closed = _decode(target, drafter, prompts, **kw)
     decoder, state = decoding.init(jax.random.key(1), target, prompts, drafter=drafter, **kw)
-    assert decoder.result(state).tokens.shape == closed.tokens.shape
+    assert decoding.result(decoder, state).tokens.shape == closed.tokens.shape
     for _ in range(6):
-        state = decoder.run(state, 3)
-    partial = decoder.result(state)
+        state = decoding.run(decoder, state, 3)
+    partial = decoding.result(decoder, state)
     assert 0 < int(jnp.sum(partial.lengths)) < int(jnp.sum(closed.lengths))
-    state = decoder.run(state)
-    assert decoder.result(state).to_lists() == closed.to_lists()
+    state = decoding.run(decoder, state)
+    assert decoding.result(decoder, state).to_lists() == closed.to_lists()
 
     decoder, state = decoding.init(jax.random.key(1), target, prompts, drafter=drafter, **kw)
     pieces = [[] for _ in prompts]
-    for _, new in decoder.stream(state, steps_per_chunk=2):
+    for _, new in decoding.stream(decoder, state, steps_per_chunk=2):
         assert len(new) == len(prompts)
         for piece, tokens in zip(pieces, new, strict=True):
             piece.extend(tokens)

@@ -233,11 +233,11 @@ def test_open_loop_run_compiles_once_for_any_chunk(target):
     decoder, state = decoding.init(
         jax.random.key(2), target, prompts, drafter=drafter, max_new_tokens=20, sampling=sampling
     )
-    state = decoder.run(state, 1)
-    before = decoding.decoder._run_jit._cache_size()
+    state = decoding.run(decoder, state, 1)
+    before = decoding.api._run_jit._cache_size()
     for n in (2, 5, 0, 3, None):
-        state = decoder.run(state, n)
-    assert decoding.decoder._run_jit._cache_size() == before
+        state = decoding.run(decoder, state, n)
+    assert decoding.api._run_jit._cache_size() == before
 
 
 # Slow tier: 7 s.

@@ -161,10 +161,10 @@ def test_chunks_of_steps_equal_one_call(pair, name, verification):
     )  # fmt: skip
     partial = []
     for n in (1, 3, 2, 7):
-        state = decoder.run(state, n)
-        partial.append(decoder.result(state).to_lists())
-    state = decoder.run(state)
-    out = decoder.result(state)
+        state = decoding.run(decoder, state, n)
+        partial.append(decoding.result(decoder, state).to_lists())
+    state = decoding.run(decoder, state)
+    out = decoding.result(decoder, state)
     assert out.to_lists() == whole.to_lists()
     np.testing.assert_array_equal(out.tokens, whole.tokens)
     np.testing.assert_array_equal(out.logprobs, whole.logprobs)
@@ -188,7 +188,7 @@ def test_stream_yields_every_token_once(pair):
     )  # fmt: skip
     streamed = [[], []]
     chunks = 0
-    for state, new in decoder.stream(start, steps_per_chunk=2):  # noqa: B007 (used below)
+    for state, new in decoding.stream(decoder, start, steps_per_chunk=2):  # noqa: B007 (used below)
         chunks += 1
         for row, tokens in zip(streamed, new, strict=True):
             row.extend(tokens)

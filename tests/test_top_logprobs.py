@@ -175,5 +175,5 @@ def test_open_loop_keeps_them(pair):
     decoder, state = specjax.decoding.init(
         jax.random.key(0), target, PROMPTS, max_new_tokens=8, sampling=SAMPLING, top_logprobs=K
     )
-    out = decoder.result(decoder.run(state))
+    out = specjax.decoding.result(decoder, specjax.decoding.run(decoder, state))
     assert out.top_ids.shape[-1] == K and bool(jnp.all(out.top_ids[:, 0] >= 0))

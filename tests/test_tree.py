@@ -205,8 +205,8 @@ def test_cache_after_tree_steps_equals_a_prefill_of_the_committed_tokens(pair, b
     decoder, state = decoding.init(
         jax.random.key(0), target, PROMPTS, drafter=drafter, max_new_tokens=40, sampling=GREEDY
     )
-    state = decoder.run(state, num_steps=6)
-    assert int(jnp.sum(decoder.result(state).stats.accepted)) > 0
+    state = decoding.run(decoder, state, num_steps=6)
+    assert int(jnp.sum(decoding.result(decoder, state).stats.accepted)) > 0
     _assert_cache_is_prefill_of(target, state.target_cache, state.seq, state.seq_lengths)
     # The draft's cache holds committed tokens only, and (`DraftModel.keep_path`) it
     # kept the accepted path above the leaves: it lacks the pending token and at most

@@ -315,12 +315,12 @@ def test_vocab_limit_is_traced_in_the_open_loop(target):
         decoder, state = decoding.init(
             jax.random.key(0), target, PROMPTS, max_new_tokens=12, sampling=sampling
         )
-        return decoder.result(decoder.run(state, 20))
+        return decoding.result(decoder, decoding.run(decoder, state, 20))
 
     first = run(_sampled())
     compiled = lambda: (  # noqa: E731
         decoding.api._init_jit._cache_size(),
-        decoding.decoder._run_jit._cache_size(),
+        decoding.api._run_jit._cache_size(),
     )
     before = compiled()
     for limit in (30, np.asarray([56, 60, 10]), jnp.int32(10)):

@@ -350,12 +350,12 @@ def _decode_open(key, target, drafter, prompts, max_new_tokens, kw, on_chunk=Non
         key, target, prompts, drafter=drafter, max_new_tokens=max_new_tokens, **kw
     )
     if on_chunk is None:
-        state = decoder.run(state)
+        state = decoding.run(decoder, state)
     else:
-        for chunk_state, new in decoder.stream(state, steps_per_chunk=4):
+        for chunk_state, new in decoding.stream(decoder, state, steps_per_chunk=4):
             on_chunk(decoder, chunk_state, new)
         state = chunk_state
-    return jax.block_until_ready(decoder.result(state))
+    return jax.block_until_ready(decoding.result(decoder, state))
 
 
 def cmd_generate(args) -> int:

@@ -15,9 +15,9 @@ Two ways to run it:
   the output gather as one jitted program (callable inside a user's ``jax.jit``);
 * open, in the style of gemma and tunix: `init` returns the call's `Decoder` (the
   models, options and features, which stay fixed) and its first `DecodeState` (what
-  the loop carries); `Decoder.run` runs a jitted chunk of the same loop (the state is
-  donated), `Decoder.result` reads the output at any point, and `Decoder.stream`
-  yields the new tokens chunk by chunk.
+  the loop carries); `run(decoder, state)` runs a jitted chunk of the same loop (the
+  state is donated), `result(decoder, state)` reads the output at any point, and
+  `stream(decoder, state)` yields the new tokens chunk by chunk.
 
 All randomness is keyed by row seed and position (`specjax.sampling.noise`), so a row's output
 does not depend on the rest of the batch.
@@ -92,11 +92,15 @@ One mechanism per module, each importing only those above it:
   `PromptOutputs`), the serving order and `insert_row`;
 * `~specjax.decoding.state`: the constants and the pytrees the loop carries and
   returns (`DecodeState`, `GenerationResult`, `GenerationStats`);
+* `~specjax.decoding.decoder`: the `Decoder`, what stays fixed while a batch decodes,
+  and the cache slots one step may write (`step_slots`);
 * `~specjax.decoding.features`: the per-row features (statistics, draft flags,
   log-probabilities, penalties, stop strings, constraints), each one file behind the
   `RowFeature` protocol;
 * `~specjax.decoding.refill`: filling the slots on device: one function starts rows
   (the first slots, and each refill of a finished slot with the next prompt);
+* `~specjax.decoding.output`: a state read as every prompt's `GenerationResult`
+  (`result`), and the width a call keeps;
 * `~specjax.decoding.build`: a call's options (`DecodeOptions`) built into the
   `Decoder` (features, EOS ids, γ table), and the bytes its state will take;
 * `~specjax.decoding.checks`: every check of the decoders' inputs, on the host,
@@ -105,20 +109,22 @@ One mechanism per module, each importing only those above it:
 * `~specjax.decoding.commit`: cutting a verified step and writing it;
 * `~specjax.decoding.loop`: one decode step (draft, score, verify a chain or a tree)
   and the ``lax.while_loop`` that runs it;
-* `~specjax.decoding.decoder`: the `Decoder` and the programs it runs on a state
-  (`run`, `result`, `stream`);
-* `~specjax.decoding.api`: the public `init`, `generate` and `speculative_generate`;
+* `~specjax.decoding.api`: the public `init`, `run`, `stream`, `generate` and
+  `speculative_generate`;
 * `~specjax.decoding.cost_model`: step costs measured on this machine, cached, and the
   γ they and the acceptance make fastest (``specjax generate --gamma auto``).
 """
 
 from specjax.decoding.api import generate as generate
 from specjax.decoding.api import init as init
+from specjax.decoding.api import run as run
 from specjax.decoding.api import speculative_generate as speculative_generate
+from specjax.decoding.api import stream as stream
 from specjax.decoding.checks import pad_prompts as pad_prompts
 from specjax.decoding.checks import resolve_cache_len as resolve_cache_len
 from specjax.decoding.decoder import Decoder as Decoder
 from specjax.decoding.features import RowFeature as RowFeature
+from specjax.decoding.output import result as result
 from specjax.decoding.state import CACHE_BUCKET as CACHE_BUCKET
 from specjax.decoding.state import EOS_BUCKET as EOS_BUCKET
 from specjax.decoding.state import PROMPT_BUCKET as PROMPT_BUCKET
@@ -143,5 +149,8 @@ __all__ = [
     "init",
     "pad_prompts",
     "resolve_cache_len",
+    "result",
+    "run",
     "speculative_generate",
+    "stream",
 ]

@@ -3,21 +3,27 @@
 `generate` and `speculative_generate` (closed) check their inputs
 (`specjax.decoding.checks.prepare`) and run prefill, the loop and the output gather
 as one jitted program. `init` (open) checks the same inputs and returns the
-`~specjax.decoding.Decoder` with its first state, which the decoder then advances in
-separate jitted chunks (`Decoder.run`), with the loop state donated between them.
+`~specjax.decoding.Decoder` with its first state; `run` then advances the state in
+separate jitted chunks, with the loop state donated between them, and `stream` runs
+it chunk by chunk, yielding the new tokens. `specjax.decoding.result` reads
+the output at any point.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from specjax.core.typed_jit import typed_jit
+from specjax.core.validation import INT32_MAX, check_int, is_concrete
 from specjax.decoding.build import DecodeOptions
 from specjax.decoding.checks import prepare
-from specjax.decoding.decoder import Decoder, gather_result, trim
+from specjax.decoding.decoder import Decoder
 from specjax.decoding.loop import run_loop
+from specjax.decoding.output import gather_result, gather_result_jit, trim
 from specjax.decoding.refill import init_state
 from specjax.decoding.state import DecodeState, GenerationResult
 from specjax.drafters.base import Drafter, NoDraft
@@ -34,6 +40,10 @@ _STATIC = ("cache_len", "num_slots")
 # share a compiled program (see specjax/core/typed_jit.py).
 _generate_jit = typed_jit(_generate, static_argnames=_STATIC)
 _init_jit = typed_jit(init_state, static_argnames=_STATIC)
+# The loop state is donated (its caches and buffers are updated in place, so a chunk
+# needs no second copy of them: without donation peak memory doubles); the decoder
+# (models and tables) is not, since the caller still holds it.
+_run_jit = typed_jit(run_loop, donate_argnums=(1,))
 
 
 def _decode(key, target, drafter, prompts, options: DecodeOptions) -> GenerationResult:
@@ -73,8 +83,8 @@ def init(
     Takes the arguments of `speculative_generate` (``drafter=None`` decodes plainly)
     and validates them the same way, before anything compiles. The decoder holds what
     stays fixed (the models, the options, the features); the state is what the loop
-    carries. Advance the state with `Decoder.run` and read it with `Decoder.result`
-    (or `Decoder.stream` both).
+    carries. Advance the state with `run` and read it with `specjax.decoding.result`
+    (or `stream` both).
 
     Returns:
         ``(decoder, state)``.
@@ -83,15 +93,96 @@ def init(
         >>> import jax, specjax
         >>> model = specjax.testing.tiny_model(seed=0)
         >>> decoder, state = specjax.decoding.init(None, model, [[1, 2, 3]], max_new_tokens=8)
-        >>> state = decoder.run(state, 3)  # three steps
-        >>> state = decoder.run(state)     # the rest
-        >>> decoder.result(state).tokens.shape
+        >>> state = specjax.decoding.run(decoder, state, 3)  # three steps
+        >>> state = specjax.decoding.run(decoder, state)     # the rest
+        >>> specjax.decoding.result(decoder, state).tokens.shape
         (1, 8)
     """
     options = DecodeOptions.of_call(locals())
     drafter = NoDraft() if drafter is None else drafter
     p = prepare(key, target, drafter, prompts, options)
     return p.decoder, _init_jit(p.decoder, p.inputs, cache_len=p.cache_len, num_slots=p.num_slots)
+
+
+def run(decoder: Decoder, state: DecodeState, num_steps: int | None = None) -> DecodeState:
+    """Runs up to ``num_steps`` iterations of the decode loop, or until every row is done.
+
+    One jitted chunk of the same ``lax.while_loop`` that `specjax.generate` runs,
+    with no host sync inside. ``num_steps`` is traced, so chunks of any size (and
+    ``None``) share one compiled program. The state's buffers are donated: use the
+    returned state.
+
+    Args:
+        decoder: the `~specjax.decoding.Decoder` from `init`.
+        state: from `init` or an earlier `run`.
+        num_steps: iterations to run (an int >= 0; each emits 1 to γ+1 tokens per
+            active row), or ``None``: until every row is done.
+
+    Returns:
+        the advanced `DecodeState`.
+
+    Examples:
+        >>> import specjax
+        >>> model = specjax.testing.tiny_model(seed=0)
+        >>> decoder, state = specjax.decoding.init(None, model, [[1, 2], [3]], max_new_tokens=5)
+        >>> while not bool(state.done.all()):  # two iterations a chunk
+        ...     state = specjax.decoding.run(decoder, state, 2)
+        >>> int(state.step), specjax.decoding.result(decoder, state).lengths.tolist()
+        (5, [5, 5])
+    """
+    if not isinstance(state, DecodeState):
+        raise TypeError(
+            "state must be the DecodeState that specjax.decoding.init returned with "
+            f"this decoder, got {type(state).__name__}"
+        )
+    if num_steps is None:
+        num_steps = INT32_MAX
+    elif is_concrete(num_steps):
+        num_steps = check_int("num_steps", num_steps, lo=0)
+    return _run_jit(decoder, state, jnp.int32(num_steps))
+
+
+def stream(
+    decoder: Decoder, state: DecodeState, steps_per_chunk: int = 4
+) -> Iterator[tuple[DecodeState, list[list[int]]]]:
+    """Runs the loop chunk by chunk until every row is done, yielding the new tokens.
+
+    Each iteration syncs with the host once (to read the new tokens), between
+    chunks, never inside one.
+
+    Args:
+        decoder: the `~specjax.decoding.Decoder` from `init`.
+        state: from `init`; it is donated to the first chunk.
+        steps_per_chunk: loop iterations per chunk.
+
+    Yields:
+        ``(state, new_tokens)``: the state after the chunk, and per prompt (in
+        prompt order) the list of token ids generated in it (possibly empty). Use
+        the last yielded state (e.g. with `specjax.decoding.result`); earlier
+        ones are donated to the next chunk.
+
+    Examples:
+        >>> import jax, specjax
+        >>> model = specjax.testing.tiny_model(seed=0)
+        >>> decoder, state = specjax.decoding.init(None, model, [[1, 2]], max_new_tokens=6)
+        >>> chunks = [new for _, new in specjax.decoding.stream(decoder, state, steps_per_chunk=2)]
+        >>> sum(len(new[0]) for new in chunks)
+        6
+    """
+    steps_per_chunk = check_int("steps_per_chunk", steps_per_chunk, lo=1)
+    # Full width: each row is read only up to its length.
+    seen = np.asarray(gather_result_jit(decoder, state).lengths)
+    while True:
+        state = run(decoder, state, steps_per_chunk)
+        out = gather_result_jit(decoder, state)
+        tokens, lengths, done = jax.device_get((out.tokens, out.lengths, state.done))
+        new = [row[s:e].tolist() for row, s, e in zip(tokens, seen, lengths, strict=True)]
+        seen = lengths
+        yield state, new
+        # Refilling keeps every slot busy while prompts wait, so all slots done
+        # means every prompt is.
+        if done.all():
+            return
 
 
 # ----------------------------------------------------------------------------

@@ -29,11 +29,12 @@ from specjax.core.validation import (
     is_concrete,
 )
 from specjax.decoding.build import DecodeOptions, build_decoder, state_bytes
-from specjax.decoding.decoder import Decoder, output_width
+from specjax.decoding.decoder import Decoder, step_slots
 from specjax.decoding.numerics import check_forward_width
+from specjax.decoding.output import output_width
 from specjax.decoding.refill import PromptInputs
 from specjax.decoding.state import CACHE_BUCKET, PROMPT_BUCKET, VERIFICATIONS, round_up
-from specjax.drafters.base import Drafter, step_slots
+from specjax.drafters.base import Drafter
 from specjax.drafters.checks import check_drafter, check_model_members
 from specjax.models.contract import check_before_compiling
 from specjax.sampling import PENALTY_OFF, SamplingConfig, check_sampling_config, per_row
@@ -103,12 +104,11 @@ def _check_tokens_in_vocab(prompts_BP, lengths_B, vocab_size: int, whose: str = 
             )
 
 
-def resolve_cache_len(cache_len, max_prompt_len: int, max_new_tokens, lookahead: int) -> int:
+def resolve_cache_len(cache_len, max_prompt_len: int, max_new_tokens, step_slots: int) -> int:
     """The static cache length a decoder uses: ``cache_len`` checked, or the default.
 
-    The default is ``max_prompt_len + max(max_new_tokens) + lookahead`` rounded up to a
-    multiple of ``CACHE_BUCKET`` (``lookahead`` is 1 for plain decoding, γ + 1 for
-    speculative decoding).
+    The default is ``max_prompt_len + max(max_new_tokens) + step_slots`` (the decoder's
+    `~specjax.decoding.decoder.step_slots`) rounded up to a multiple of ``CACHE_BUCKET``.
     """
     if cache_len is None:
         if not is_concrete(max_new_tokens):
@@ -116,12 +116,12 @@ def resolve_cache_len(cache_len, max_prompt_len: int, max_new_tokens, lookahead:
                 "cache_len must be given explicitly when max_new_tokens is traced "
                 "(it fixes the static cache shape)"
             )
-        needed = max_prompt_len + int(np.max(max_new_tokens)) + lookahead
+        needed = max_prompt_len + int(np.max(max_new_tokens)) + step_slots
         return round_up(needed, CACHE_BUCKET)
     cache_len = check_int("cache_len", cache_len, lo=1)
-    if max_prompt_len + lookahead > cache_len:
+    if max_prompt_len + step_slots > cache_len:
         raise ValueError(
-            f"the longest prompt ({max_prompt_len} tokens) plus the {lookahead} slots one "
+            f"the longest prompt ({max_prompt_len} tokens) plus the {step_slots} slots one "
             f"step needs does not fit in cache_len={cache_len}"
         )
     return cache_len
@@ -279,8 +279,8 @@ def _cache_len_name(options: DecodeOptions) -> str:
 
 def _resolve_cache(options: DecodeOptions, drafter: Drafter, prompt_width: int, max_new_N):
     """The static cache length S, checked to fit int32 positions."""
-    lookahead = step_slots(drafter, options.forward_width)
-    resolved = resolve_cache_len(options.cache_len, prompt_width, max_new_N, lookahead)
+    slots = step_slots(drafter, options.forward_width)
+    resolved = resolve_cache_len(options.cache_len, prompt_width, max_new_N, slots)
     if resolved > INT32_MAX // 2:
         raise ValueError(
             f"{_cache_len_name(options)}: a cache of {resolved} slots does not fit int32 positions"
@@ -306,7 +306,7 @@ class Prepared:
         inputs: the prompts and per-prompt settings (`PromptInputs`, traced).
         cache_len: the static cache length S.
         num_slots: the static number of slots B.
-        width: the result's width (`~specjax.decoding.decoder.output_width`).
+        width: the result's width (`~specjax.decoding.output.output_width`).
     """
 
     decoder: Decoder

@@ -8,17 +8,13 @@ tokens, lets every feature record them, and flags the rows that end.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.decoding.decoder import Decoder
 from specjax.decoding.features.base import Emission, write_slots
 from specjax.decoding.state import DecodeState
-
-if TYPE_CHECKING:
-    from specjax.decoding.decoder import Decoder
 
 
 @struct.dataclass
@@ -103,7 +99,7 @@ def _update_status(
     invalid = active & (usable == 0)
     # Judged by the largest step, so that whether a row is truncated never depends on
     # which γ variant ran.
-    cache_full = state.seq_lengths + decoder.lookahead > state.seq.shape[1]
+    cache_full = state.seq_lengths + decoder.step_slots > state.seq.shape[1]
     status = state.status
     return status.replace(
         done=status.done | (active & (finished | cache_full | invalid)),

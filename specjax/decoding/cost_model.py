@@ -408,7 +408,7 @@ def measure(
     Plain decoding at each width W in ``1..γ + 1`` gives the target's forward cost at
     W (one forward a step); speculative decoding, greedy, at each γ' in ``1..γ`` and
     width γ' + 1 gives a step's cost, and the step less the target's forward is the
-    proposal's. Only the loop is timed (`Decoder.run` over a prefilled
+    proposal's. Only the loop is timed (`specjax.decoding.run` over a prefilled
     state), so the prompt's prefill does not count as step time. Each program runs once
     to compile, then ``repeats`` times; the fastest run counts (what the machine
     adds, another process's work, only slows a run). The acceptance is read off the γ
@@ -424,7 +424,8 @@ def measure(
     """
     import time
 
-    from specjax.decoding.api import init
+    from specjax.decoding.api import init, run
+    from specjax.decoding.output import result
     from specjax.sampling import SamplingConfig
 
     greedy = SamplingConfig.greedy()
@@ -443,11 +444,11 @@ def measure(
                 )
             )  # fmt: skip
             start = time.perf_counter()
-            state = jax.block_until_ready(decoder.run(state))
+            state = jax.block_until_ready(run(decoder, state))
             if i:
                 best = min(best, time.perf_counter() - start)
         calls = max(int(jax.device_get(state.step)), 1)
-        return best / calls, decoder.result(state)
+        return best / calls, result(decoder, state)
 
     target_s = []
     for width in range(1, max_gamma + 2):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 from functools import partial
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +19,7 @@ import numpy as np
 
 from specjax.core.validation import INT32_MAX
 from specjax.decoding.commit import Verified, commit, num_leading_true
+from specjax.decoding.decoder import Decoder
 from specjax.decoding.refill import refill
 from specjax.decoding.state import DecodeState
 from specjax.models.cache import TreeMask
@@ -28,9 +28,6 @@ from specjax.sampling import RowSampling, mask_vocab, noise, probs_from_logits
 from specjax.sampling.penalties import constrain
 from specjax.sampling.vocab import pad_to_vocab
 from specjax.verification.tree import path_nodes_with_root, tree_verify
-
-if TYPE_CHECKING:
-    from specjax.decoding.decoder import Decoder
 
 
 def _draft_probs(proposal, drafter, batch: int, gamma: int, vocab: int):

@@ -14,19 +14,15 @@ between are `specjax.decoding.slots`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.decoding.decoder import Decoder
 from specjax.decoding.slots import PromptOutputs, PromptQueue, insert_row, serving_order
 from specjax.decoding.state import DecodeState, RowSettings, RowStatus
 from specjax.models.forward import prefill
 from specjax.sampling import noise
-
-if TYPE_CHECKING:
-    from specjax.decoding.decoder import Decoder
 
 
 @struct.dataclass
@@ -92,7 +88,7 @@ def start_rows(
     prompts_MP, lengths_M = queue.prompts[prompts_M], queue.prompt_lengths[prompts_M]
     settings_M = jax.tree.map(lambda x_N: x_N[prompts_M], queue.settings)
     done, truncated = _starts_done(
-        lengths_M, settings_M.max_new_tokens, decoder.lookahead, cache_len
+        lengths_M, settings_M.max_new_tokens, decoder.step_slots, cache_len
     )
     target_cache = drafter_state = None
     if run_models:
@@ -155,7 +151,7 @@ def _slot_outputs(decoder: Decoder, state: DecodeState, slots_M) -> PromptOutput
     every feature's output.
 
     The full width keeps the output shape static per cache length, so that budgets of
-    any size share the compiled program; `~specjax.decoding.decoder.output_width` then
+    any size share the compiled program; `~specjax.decoding.output.output_width` then
     says how much to keep.
     """
     width = state.seq.shape[1]

@@ -179,11 +179,11 @@ class DecodeState:
     """The decode loop's carry: everything that changes while a batch decodes.
 
     Build it with `specjax.decoding.init` (which also returns its
-    `~specjax.decoding.Decoder`), advance it with `Decoder.run`, read it with
-    `Decoder.result`. `run` donates the state's buffers: use the state it returns,
-    not the one passed in. Slots are rows being decoded, ``[B]``; prompts are the N
-    rows of the call, served by the slots in turn. Every per-slot leaf carries the
-    slots on one axis, so a refill writes a slot as one row
+    `~specjax.decoding.Decoder`), advance it with `specjax.decoding.run`, read it with
+    `specjax.decoding.result`. `run` donates the state's buffers: use the state it
+    returns, not the one passed in. Slots are rows being decoded, ``[B]``; prompts are
+    the N rows of the call, served by the slots in turn. Every per-slot leaf carries
+    the slots on one axis, so a refill writes a slot as one row
     (`~specjax.decoding.slots.insert_row`).
 
     Attributes:

@@ -364,12 +364,7 @@ def as_tree(tree) -> Tree:
 
 
 def lookahead(drafter: Drafter) -> int:
-    """Cache slots one step may write past a row's length: γ + 1, or N + 1 for a tree."""
+    """Columns one verify forward of ``drafter`` scores: γ + 1 (the pending token and γ
+    drafts), or N + 1 for a tree; the narrowest fixed forward width it decodes at."""
     tree = getattr(drafter, "tree", None)
     return (tree.num_nodes if tree is not None else drafter.num_draft) + 1
-
-
-def step_slots(drafter: Drafter, forward_width: int | None) -> int:
-    """Cache slots one decode step writes past a row's length: the forward width W when
-    it is fixed (at least `lookahead`), else `lookahead`."""
-    return lookahead(drafter) if forward_width is None else forward_width

@@ -1,7 +1,7 @@
 """`Sampler` and `ChatSampler`: text in, text out, over the functional decoders.
 
 They tokenize, pick the EOS ids, call `specjax.generate` or
-`specjax.speculative_generate` (or `specjax.decoding.init` and `~specjax.decoding.Decoder.stream`
+`specjax.speculative_generate` (or `specjax.decoding.init` and `specjax.decoding.stream`
 when streaming) and detokenize; nothing else. Their defaults are those of
 ``specjax generate`` (`specjax.text.defaults.DEFAULTS`).
 """
@@ -555,7 +555,7 @@ class Sampler:
 
         def pieces():
             generated = []
-            for _, new in decoder.stream(state, steps_per_chunk=DEFAULTS.steps_per_chunk):
+            for _, new in decoding.stream(decoder, state, steps_per_chunk=DEFAULTS.steps_per_chunk):
                 generated += new[0]
                 piece = text.feed(new[0])
                 if piece:
