@@ -1230,3 +1230,19 @@ def test_a_budget_beyond_the_targets_context_is_refused_naming_it():
         specjax.generate(None, model, [[1] * 65], max_new_tokens=1)
     out = specjax.generate(None, model, [[1, 2, 3, 4]], max_new_tokens=61, cache_len=64)
     assert bool(out.truncated[0]) and int(out.lengths[0]) < 61
+
+
+def test_the_open_loops_former_methods_name_the_function_to_call():
+    """``decoder.run(state)`` and its siblings are functions of ``specjax.decoding``; the
+    old spelling says which, and any other missing attribute stays a plain error."""
+    from specjax import decoding
+
+    decoder, _ = decoding.init(
+        jax.random.key(0), tiny_model(seed=0, vocab_size=V), [[1, 2, 3]], max_new_tokens=2
+    )
+    for name in ("run", "result", "stream"):
+        with pytest.raises(AttributeError, match=rf"call specjax\.decoding\.{name}\(decoder"):
+            getattr(decoder, name)
+    with pytest.raises(AttributeError, match="no attribute 'lookahead_slots'"):
+        decoder.lookahead_slots  # noqa: B018
+    assert decoder.step_slots >= 1 and not hasattr(decoder, "run")

@@ -24,6 +24,13 @@ def step_slots(drafter: Drafter, forward_width: int | None) -> int:
     return lookahead(drafter) if forward_width is None else forward_width
 
 
+_MOVED_TO_FUNCTIONS = {
+    "run": "specjax.decoding.run(decoder, state, num_steps)",
+    "result": "specjax.decoding.result(decoder, state)",
+    "stream": "specjax.decoding.stream(decoder, state, steps_per_chunk)",
+}
+
+
 @struct.dataclass(kw_only=True)
 class Decoder:
     """What stays fixed while a batch decodes: the models, the options and the features.
@@ -61,6 +68,15 @@ class Decoder:
         """Cache slots one step may write past a row's length
         (`~specjax.decoding.decoder.step_slots`)."""
         return step_slots(self.drafter, self.forward_width)
+
+    def __getattr__(self, name: str):
+        # Only reached when normal lookup fails: the open loop's programs were methods.
+        if name in _MOVED_TO_FUNCTIONS:
+            raise AttributeError(
+                f"Decoder.{name} is a function of the decoder and the state: call "
+                f"{_MOVED_TO_FUNCTIONS[name]} instead of decoder.{name}(state, ...)"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def feature_state(self, state: DecodeState, name: str):
         """The per-slot state of the feature called ``name`` in ``state``."""
