@@ -101,7 +101,7 @@ def forward_loop(
     """
     cache_len = cache_len or context + width + 1
     prompts = jnp.ones((batch_size, context), jnp.int32)
-    _, cache, _ = jax.jit(prefill, static_argnums=3)(
+    cache, _ = jax.jit(prefill, static_argnums=3)(
         model, prompts, jnp.full((batch_size,), context, jnp.int32), cache_len
     )
 
