@@ -14,6 +14,7 @@ contract, and loading and saving. Everything else lives in a submodule:
 * `specjax.verification`: rejection sampling, coupled and tree verification;
 * `specjax.io`: checkpoints, the Hub, tokenizers, chat templates, the shipped pairs;
 * `specjax.training`: training drafters;
+* `specjax.tuning`: choosing γ for this machine from measured step costs;
 * `specjax.testing`: tiny models and the statistical tests the suite uses.
 
 ``import specjax`` changes no jax setting; `enable_compilation_cache` turns jax's
@@ -27,6 +28,7 @@ from specjax import models as models
 from specjax import sampling as sampling
 from specjax import testing as testing
 from specjax import training as training
+from specjax import tuning as tuning
 from specjax import verification as verification
 from specjax.core.compilation_cache import enable as enable_compilation_cache
 from specjax.decoding import GenerationResult as GenerationResult

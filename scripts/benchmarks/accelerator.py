@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 import specjax  # noqa: E402
 from harness.machine import RESULTS, run_record  # noqa: E402
-from specjax.decoding import cost_model  # noqa: E402
+from specjax import tuning as cost_model  # noqa: E402
 
 GAMMA = 3
 MAX_GAMMA = 4

@@ -160,7 +160,7 @@ class SpecjaxSide:
         if job["system"] == "default":
             # gamma="auto", as the CLI and the Sampler: the cached step costs (measured
             # at the first job, the warm-up's), and the acceptance last seen.
-            from specjax.decoding import cost_model
+            from specjax import tuning as cost_model
 
             tuned = cost_model.tune(target, drafter, [ids], log=log)
             kw = dict(kw, forward_width=tuned.forward_width)

@@ -13,7 +13,7 @@ places it on the chip's devices (one chip, or specjax's own sharding rules over 
 * the programs a run executes, prefill (``init``) and the decode loop (``run``) at
   the γ the run would use, whose memory says whether the decode fits.
 
-The predicted speedup of each γ is `specjax.decoding.cost_model.choose` on the
+The predicted speedup of each γ is `specjax.tuning.choose` on the
 predicted step costs and the acceptance measured for the pair, which belongs to
 the models and prompts, not to the chip: the tuning cache's, learnt by runs of the
 same pair on this machine, or given.
@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import time
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -49,7 +48,7 @@ from specjax.chips.programs import (
 from specjax.chips.report import ChipReport, StepPrediction
 from specjax.chips.table import Chip
 from specjax.chips.table import chip as chip_named
-from specjax.decoding import cost_model
+from specjax.core.timing import Stopwatch
 from specjax.decoding.build import DecodeOptions
 from specjax.decoding.checks import prepare
 from specjax.decoding.loop import run_loop, step
@@ -57,6 +56,7 @@ from specjax.decoding.refill import init_state
 from specjax.drafters.base import NoDraft
 from specjax.models.cache import KVCache
 from specjax.models.sharding import ShardedModel, make_mesh, shard_model
+from specjax.tuning import CostCache, StepCosts, choose, pair_id
 
 __all__ = [
     "DEFAULT_MAX_GAMMA",
@@ -84,7 +84,7 @@ def compile_for_chip(
     acceptance: Sequence[float] | None = None,
     mesh: tuple[int, int] | None = None,
     cache: AnalysisCache | None = None,
-    tuning_cache: cost_model.CostCache | None = None,
+    tuning_cache: CostCache | None = None,
     workers: int | None = None,
     log: Callable[[str], None] | None = None,
     **options,
@@ -103,7 +103,7 @@ def compile_for_chip(
         batch_size: rows decoded at once.
         prompt_length: tokens per prompt; with ``max_new_tokens`` it sets the cache.
         max_new_tokens: tokens generated per row.
-        gamma: the γ a run uses, or ``"auto"``: the one `cost_model.choose` picks from
+        gamma: the γ a run uses, or ``"auto"``: the one `choose` picks from
             the predicted costs. Step costs are predicted for every γ from 0 to this
             one (auto: to ``drafter.num_draft``, default `DEFAULT_MAX_GAMMA`).
         acceptance: α_i by draft position to predict the speedups at; default the
@@ -113,7 +113,7 @@ def compile_for_chip(
             (tensor parallel over every chip, the draft model replicated) for a
             slice of several chips, none for one chip.
         cache: where program analyses are kept (`specjax.chips.programs.AnalysisCache`).
-        tuning_cache: where to read learnt acceptance (`cost_model.CostCache`).
+        tuning_cache: where to read learnt acceptance (`CostCache`).
         workers: programs compiled at once (default: the host's cores, at most 4).
         log: optional ``log(str)``: progress, one line per program compiled.
         **options: any other option of `specjax.speculative_generate` (``sampling``,
@@ -138,7 +138,7 @@ def compile_for_chip(
         >>> report.fits, report.gamma  # doctest: +SKIP
         (True, 4)
     """
-    start = time.perf_counter()
+    clock = Stopwatch()
     chip = chip_named(chip)
     for name in ("forward_width", "gamma_by_active_rows", "max_new_tokens"):
         if name in options:
@@ -205,7 +205,7 @@ def compile_for_chip(
     settings = _settings(target, drafter, batch_size, prompt_length, max_new_tokens, options)
     refused = next((a for a in analyses.values() if isinstance(a, OutOfMemory)), None)
     if refused is not None:
-        return _too_big(chip, placement, refused, analyses, settings, start, setups)
+        return _too_big(chip, placement, refused, analyses, settings, clock, setups)
 
     def predicted(kind, n, analysis: Analysis) -> StepPrediction:
         peak = chip.peak_int8_ops if _quantization(target) == "int8" else chip.peak_flops
@@ -230,11 +230,11 @@ def compile_for_chip(
     alpha, source = _acceptance(acceptance, target, drafter, top, tuning_cache)
     speedups, chosen, reason = {}, (0 if gamma == "auto" and not top else gamma), ""
     if top and alpha:
-        costs = cost_model.StepCosts(
+        costs = StepCosts(
             tuple(plain[w].seconds for w in range(1, top + 2)),
             tuple(max(steps[g].seconds - plain[g + 1].seconds, 0.0) for g in range(1, top + 1)),
         )
-        choice = cost_model.choose(costs, alpha)
+        choice = choose(costs, alpha)
         speedups = dict(enumerate(choice.speedups))
         chosen = choice.gamma if gamma == "auto" else int(gamma)
         reason = choice.reason if gamma == "auto" else f"given (auto would choose {choice.gamma})"
@@ -259,7 +259,7 @@ def compile_for_chip(
     analyses |= compile_all(run_programs, cache=cache, workers=workers, log=log)
     refused = next((a for a in analyses.values() if isinstance(a, OutOfMemory)), None)
     if refused is not None:
-        return _too_big(chip, placement, refused, analyses, settings, start, setups)
+        return _too_big(chip, placement, refused, analyses, settings, clock, setups)
     usable = _usable_bytes(chip, analyses)
     peak = max(a.peak_bytes for a in analyses.values())
     fits = peak <= usable
@@ -281,7 +281,7 @@ def compile_for_chip(
         reason=reason,
         host_transfers=analyses["run"].host_transfers,
         compile_seconds=sum(a.compile_seconds for a in analyses.values()),
-        settings=settings | {"wall_seconds": time.perf_counter() - start},
+        settings=settings | {"wall_seconds": clock.elapsed()},
     )
 
 
@@ -395,8 +395,8 @@ def _acceptance(given, target, drafter, top: int, tuning_cache):
         if not alpha or any(not 0.0 <= a <= 1.0 for a in alpha):
             raise ValueError(f"acceptance must be probabilities in [0, 1], got {list(given)}")
         return alpha, "given"
-    tuning_cache = cost_model.CostCache() if tuning_cache is None else tuning_cache
-    learnt = tuning_cache.learnt_acceptance(cost_model.pair_id(target, drafter))
+    tuning_cache = CostCache() if tuning_cache is None else tuning_cache
+    learnt = tuning_cache.learnt_acceptance(pair_id(target, drafter))
     if learnt is None:
         return (), (
             "no acceptance is known for this pair: pass acceptance (--acceptance a1,a2,...), "
@@ -578,7 +578,7 @@ def _more_chips(chip: Chip) -> str:
     return f", or more chips (--chip {larger[0]})" if larger else ""
 
 
-def _too_big(chip, placement, refused: OutOfMemory, analyses, settings, start, setups):
+def _too_big(chip, placement, refused: OutOfMemory, analyses, settings, clock, setups):
     needed = refused.needed_bytes or 0
     message = _advice(chip, placement, setups, needed, refused.available_bytes)
     message += f". The compiler: {refused.detail}"
@@ -601,5 +601,5 @@ def _too_big(chip, placement, refused: OutOfMemory, analyses, settings, start, s
         compile_seconds=sum(
             a.compile_seconds for a in analyses.values() if isinstance(a, Analysis)
         ),
-        settings=settings | {"wall_seconds": time.perf_counter() - start},
+        settings=settings | {"wall_seconds": clock.elapsed()},
     )

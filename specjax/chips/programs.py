@@ -21,7 +21,6 @@ import json
 import os
 import re
 import tempfile
-import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -32,6 +31,7 @@ import numpy as np
 from specjax.chips.flops import dot_flops
 from specjax.chips.hlo import host_transfers, loop_cost, program_cost
 from specjax.chips.table import Chip
+from specjax.core.timing import Stopwatch
 
 __all__ = [
     "Analysis",
@@ -248,7 +248,7 @@ def compile_all(
         log(f"{len(out)} program(s) analysed before, read from {cache.root}")
 
     def one(p: Program):
-        start = time.perf_counter()
+        clock = Stopwatch()
         try:
             compiled = p.lowered.compile()
         except Exception as e:  # XlaRuntimeError: the compiler's own error type
@@ -256,7 +256,7 @@ def compile_all(
             if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
                 raise
             return p, OutOfMemory(p.name, _memory_line(message))
-        return p, _analyse(p.name, compiled, time.perf_counter() - start, p.per_trip)
+        return p, _analyse(p.name, compiled, clock.elapsed(), p.per_trip)
 
     with _no_persistent_cache():
         if workers > 1 and len(todo) > 1:

@@ -280,7 +280,7 @@ def _auto_gamma(args, target, drafter, prompts):
     """``--gamma auto``: this machine's step costs (measured once, then cached) and the
     acceptance of recent runs choose γ (`specjax.decoding.cost_model.tune`); progress of a
     measurement on stderr, and the reason with --verbose."""
-    from specjax.decoding import cost_model
+    from specjax import tuning as cost_model
 
     log = lambda line: print(f"specjax: gamma auto: {line}", file=sys.stderr)  # noqa: E731
     tuned = cost_model.tune(target, drafter, prompts, forward_width=args.forward_width, log=log)

@@ -1,9 +1,11 @@
-"""The one wall-clock timer of the benchmarks, the scripts and ``specjax generate``.
+"""The one wall-clock timer of specjax: the benchmarks, the scripts, ``specjax
+generate``, γ's tuning (`specjax.tuning`), the chips' compile reports and training.
 
-Every timing waits with ``jax.block_until_ready`` for the outputs of the call it
-times, so asynchronous dispatch is not mistaken for speed. Times are reported as
-medians (or minima) over repeats after separate first calls: the first call compiles,
-and on a CPU the second still pays one-time runtime set-up.
+A call's timing (`time_call`, `time_runs`, `time_fn`, `time_interleaved`) waits with
+``jax.block_until_ready`` for the outputs of the call it times, so asynchronous
+dispatch is not mistaken for speed. Times are reported as medians (or minima) over
+repeats after separate first calls: the first call compiles, and on a CPU the second
+still pays one-time runtime set-up. A phase of many calls is timed by a `Stopwatch`.
 """
 
 from __future__ import annotations
@@ -25,11 +27,29 @@ class Timing:
     times_s: list[float]
 
 
+class Stopwatch:
+    """Wall-clock seconds of a phase that is not one call: a compile, a training run, a
+    whole command. It starts when made; what it times is the caller's to wait for.
+
+    Examples:
+        >>> clock = Stopwatch()
+        >>> clock.elapsed() >= 0.0
+        True
+    """
+
+    def __init__(self):
+        self._start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Seconds since the stopwatch was made."""
+        return time.perf_counter() - self._start
+
+
 def time_call(fn: Callable, *args) -> tuple[float, object]:
     """Seconds of one ``fn(*args)`` until its outputs are ready, and the outputs."""
-    start = time.perf_counter()
+    clock = Stopwatch()
     out = jax.block_until_ready(fn(*args))
-    return time.perf_counter() - start, out
+    return clock.elapsed(), out
 
 
 def time_runs(fn: Callable, *args, repeats: int, warmup: int = 0) -> tuple[list[float], object]:

@@ -110,9 +110,9 @@ One mechanism per module, each importing only those above it:
 * `~specjax.decoding.loop`: one decode step (draft, score, verify a chain or a tree)
   and the ``lax.while_loop`` that runs it;
 * `~specjax.decoding.api`: the public `init`, `run`, `stream`, `generate` and
-  `speculative_generate`;
-* `~specjax.decoding.cost_model`: step costs measured on this machine, cached, and the
-  γ they and the acceptance make fastest (``specjax generate --gamma auto``).
+  `speculative_generate`.
+
+Choosing γ for this machine (``gamma="auto"``) is `specjax.tuning`, above this package.
 """
 
 from specjax.decoding.api import generate as generate

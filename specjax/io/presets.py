@@ -4,7 +4,7 @@ For a pair `specjax.fetch` knows by name, a `Preset` holds the settings it decod
 by default: the precisions and the draft confidence. γ is not among them: which γ pays
 depends on the machine (what a wide target forward costs there) and on the prompts, so
 ``gamma="auto"`` chooses it from costs measured on the machine that runs it
-(`specjax.decoding.cost_model`). Every setting is exact: the speculative output equals
+(`specjax.tuning`). Every setting is exact: the speculative output equals
 plain decoding's at its forward width, token for token (`specjax.decoding.numerics`).
 ``specjax generate --model NAME --draft NAME`` and `specjax.Sampler.from_pretrained`
 apply it when nothing sets those, and say so; `load_pair` loads a pair with it.
@@ -83,7 +83,7 @@ def load_pair(target: str, draft: str):
 
     Returns:
         ``(target_model, drafter, preset)``; the drafter drafts up to its default γ.
-        Choose γ for this machine with `specjax.decoding.cost_model.tune`, then decode
+        Choose γ for this machine with `specjax.tuning.tune`, then decode
         with ``speculative_generate(key, target_model, drafter.with_draft(t.gamma),
         prompts, forward_width=t.forward_width,
         draft_confidence=preset.draft_confidence)`` (``generate`` where ``t.gamma`` is

@@ -531,7 +531,7 @@ class Sampler:
         with ``gamma="auto"``, the γ and width chosen for its batch size (`tuned`)."""
         if not self.auto:
             return self.drafter, kw
-        from specjax.decoding import cost_model
+        from specjax import tuning as cost_model
 
         tuned = self.tuned.get(len(ids))
         if tuned is None:

@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import math
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.core.timing import Stopwatch
 from specjax.core.validation import check_int_array, with_article
 from specjax.models.llama import Model
 from specjax.training.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
@@ -195,7 +195,8 @@ def train(
     teacher_params = None if teacher is None else teacher.params
 
     start = int(state.step)
-    deadline = None if config.max_minutes is None else time.monotonic() + 60 * config.max_minutes
+    budget_s = None if config.max_minutes is None else 60 * config.max_minutes
+    since_start = Stopwatch()
     tokens_per_step = config.batch_size * config.seq_len
     pending: list[tuple[jax.Array, jax.Array]] = []  # (loss, grad norm) not yet fetched
     # Imported here, not at the top: `import specjax` imports this module, and tqdm.auto
@@ -205,7 +206,7 @@ def train(
     bar = tqdm(
         total=config.steps, initial=start, disable=not config.progress, unit="step", smoothing=0.1
     )
-    t_first = None  # end of the first (compiling) step; throughput is measured from here
+    clock = None  # started after the first (compiling) step: throughput is measured from there
     steps_timed = 0
     last_ckpt = None
     stopped_early = False
@@ -234,18 +235,18 @@ def train(
             pending.append((metrics["loss"], metrics["grad_norm"]))
             if callback is not None:
                 callback(step, metrics)
-            if t_first is None:
+            if clock is None:
                 jax.block_until_ready(metrics["loss"])
-                t_first, steps_timed = time.perf_counter(), 0
+                clock, steps_timed = Stopwatch(), 0
             else:
                 steps_timed += 1
             if step % config.log_every == 0 or step == config.steps:
                 flush()
-                elapsed = time.perf_counter() - t_first
+                elapsed = clock.elapsed()
                 tps = steps_timed * tokens_per_step / elapsed if elapsed > 0 else 0.0
                 bar.set_postfix(loss=f"{losses[-1]:.4f}", tok_s=f"{tps:,.0f}", refresh=False)
             bar.update(1)
-            out_of_time = deadline is not None and time.monotonic() > deadline
+            out_of_time = budget_s is not None and since_start.elapsed() > budget_s
             if checkpoint_dir is not None and (
                 (config.checkpoint_every and step % config.checkpoint_every == 0)
                 or step == config.steps
@@ -278,7 +279,7 @@ def train(
         bar.close()
     flush()
     jax.block_until_ready(state.params)
-    elapsed = time.perf_counter() - t_first if t_first is not None else 0.0
+    elapsed = clock.elapsed() if clock is not None else 0.0
     tps = steps_timed * tokens_per_step / elapsed if elapsed > 0 else 0.0
     return TrainResult(
         model=model.replace(params=state.params),

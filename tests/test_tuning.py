@@ -1,29 +1,25 @@
-"""`specjax.decoding.cost_model`: choosing γ from measured costs, and caching them.
+"""`specjax.tuning`: choosing γ from measured costs, and caching them.
 
 The chooser is checked on cost tables written here: one where a wide forward costs
 what it costs on a CPU whose multi-row kernels are slow (speculation must lose, and
 γ = 0 is chosen), one where it is nearly free (the largest γ that pays is chosen).
 E(γ) is checked against the outcome distribution summed directly. The cache is reused for the
 same machine and models and missed after a change of jax version, model or batch.
-Slow: `measure` on tiny models, and decoding at the chosen width equals plain
-decoding at that width.
+Slow: `measure` on tiny models, and speculative decoding at the chosen width (or, where
+plain decoding is chosen, at the narrowest drafted one) equals plain decoding there.
 """
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
 import specjax
-from specjax.decoding import cost_model
-from specjax.decoding.cost_model import (
-    CostCache,
-    StepCosts,
-    choose,
-    expected_tokens,
-    model_id,
-)
+from specjax import tuning
 from specjax.testing import tiny_model
+from specjax.tuning import CostCache, StepCosts, choose, expected_tokens, model_id
+from specjax.tuning import session as tuning_session
 
 # A 2-row forward twice a 1-row one, drafts cheap: speculation cannot pay.
 SLOW_WIDE = StepCosts(target_s=(0.10, 0.20, 0.30, 0.40), draft_s=(0.005, 0.010, 0.015))
@@ -61,15 +57,12 @@ def test_plain_decoding_is_chosen_where_wide_forwards_cost_what_rows_do():
 def test_the_largest_paying_gamma_is_chosen_where_wide_forwards_are_cheap():
     choice = choose(FLAT_WIDE, acceptance=(0.9, 0.9, 0.9))
     assert (choice.gamma, choice.forward_width) == (3, 4)
-    # Each γ's speedup, from the table by hand: E(γ) / step(γ) * step(0).
-    by_hand = [
-        expected_tokens((0.9,) * 3, g)
-        / (FLAT_WIDE.target_s[g] + sum(FLAT_WIDE.draft_s[g - 1 : g]))
-        * FLAT_WIDE.target_s[0]
-        for g in range(4)
-    ]
-    np.testing.assert_allclose(choice.speedups, by_hand)
-    assert choice.expected_speedup == pytest.approx(max(by_hand))
+    # Worked by hand: E(γ) = 1, 1.9, 2.71, 3.439 tokens for steps of 0.100, 0.107,
+    # 0.114 and 0.121 s, over plain's 1 token per 0.100 s.
+    by_hand = [1.0, 1.9 / 1.07, 2.71 / 1.14, 3.439 / 1.21]
+    np.testing.assert_allclose(choice.speedups, by_hand, rtol=1e-12)
+    assert choice.expected_speedup == pytest.approx(3.439 / 1.21)
+    assert choice.tokens_per_step == pytest.approx(3.439)
 
 
 def test_acceptance_that_falls_off_stops_gamma_where_it_stops_paying():
@@ -114,7 +107,8 @@ def test_the_cache_gives_back_what_was_stored_for_the_same_key(cache):
     assert cache.load(key) is None
     cache.store(key, FLAT_WIDE, (0.9, 0.8, 0.7), judged=(20, 15, 9))
     assert cache.load(key) == (FLAT_WIDE, (0.9, 0.8, 0.7), (20.0, 15.0, 9.0))
-    assert cache.key(target="t", drafter="d", batch=1, max_gamma=3) == key  # a later run
+    # A later run may name the parts in another order: the same entry.
+    assert cache.key(max_gamma=3, batch=1, drafter="d", target="t") == key
 
 
 def test_the_cache_misses_after_a_change_of_jax_version_model_or_batch(cache, monkeypatch):
@@ -123,7 +117,7 @@ def test_the_cache_misses_after_a_change_of_jax_version_model_or_batch(cache, mo
     cache.store(key, FLAT_WIDE, (0.9,))
     assert cache.key(**{**parts, "batch": 2}) != key
     assert cache.key(**{**parts, "target": model_id(tiny_model(seed=0, num_layers=3))}) != key
-    monkeypatch.setattr(cost_model.jax, "__version__", "0.0.1")
+    monkeypatch.setattr(jax, "__version__", "0.0.1")
     assert cache.key(**parts) != key
     assert cache.load(cache.key(**parts)) is None
 
@@ -144,10 +138,10 @@ def test_learnt_acceptance_is_found_for_the_same_pair_at_any_precision(cache):
     from specjax.models.quant import quantize
 
     target, draft = tiny_model(seed=0), tiny_model(seed=1)
-    pair = cost_model.pair_id(target, specjax.DraftModel(draft))
+    pair = tuning.pair_id(target, specjax.DraftModel(draft))
     quantized = specjax.DraftModel(quantize(draft, "int8"), num_draft=2)
-    assert cost_model.pair_id(quantize(target, "int8"), quantized) == pair
-    other = cost_model.pair_id(target, specjax.PromptLookup())
+    assert tuning.pair_id(quantize(target, "int8"), quantized) == pair
+    other = tuning.pair_id(target, specjax.PromptLookup())
     assert other != pair
     assert cache.learnt_acceptance(pair) is None
     cache.store(cache.key(batch=1), FLAT_WIDE, (0.5, 0.4), judged=(10, 4), pair=pair)
@@ -194,12 +188,12 @@ def test_tune_reads_the_cache_and_measures_only_on_a_miss(cache, monkeypatch):
         calls.append(len(prompts))
         return FLAT_WIDE, (0.9, 0.9, 0.9), (5.0, 4.0, 3.0)
 
-    monkeypatch.setattr(cost_model, "measure", fake_measure)
-    first = cost_model.tune(target, drafter, [[1, 2]], cache=cache, method="measure")
+    monkeypatch.setattr(tuning_session, "measure", fake_measure)
+    first = tuning.tune(target, drafter, [[1, 2]], cache=cache, method="measure")
     assert first.measured and calls == [1] and first.gamma == 3
-    again = cost_model.tune(target, drafter, [[5, 6, 7]], cache=cache, method="measure")
+    again = tuning.tune(target, drafter, [[5, 6, 7]], cache=cache, method="measure")
     assert not again.measured and calls == [1] and again.key == first.key
-    batch = cost_model.tune(target, drafter, [[1, 2], [3, 4]], cache=cache, method="measure")
+    batch = tuning.tune(target, drafter, [[1, 2], [3, 4]], cache=cache, method="measure")
     assert batch.measured and calls == [1, 2]  # another batch size: measured for it
 
     class Stats:  # what a run reports: only position 0 was judged, 50 drafts, none kept
@@ -208,11 +202,11 @@ def test_tune_reads_the_cache_and_measures_only_on_a_miss(cache, monkeypatch):
         position_accepted = np.array([0, 0, 0])
 
     again.learn(Stats())
-    pooled = (0.9 * 5.0 * cost_model.DECAY) / (5.0 * cost_model.DECAY + 50)
+    pooled = (0.9 * 5.0 * tuning.DECAY) / (5.0 * tuning.DECAY + 50)
     costs, alpha, judged = cache.load(first.key)
     assert costs == FLAT_WIDE and alpha == pytest.approx((pooled, 0.9, 0.9))
-    assert judged == pytest.approx((5.0 * cost_model.DECAY + 50, 4.0, 3.0))
-    assert cost_model.tune(target, drafter, [[1]], cache=cache, method="measure").gamma == 0
+    assert judged == pytest.approx((5.0 * tuning.DECAY + 50, 4.0, 3.0))
+    assert tuning.tune(target, drafter, [[1]], cache=cache, method="measure").gamma == 0
 
 
 def test_learn_weighs_each_run_by_the_drafts_it_judged(cache, monkeypatch):
@@ -222,9 +216,9 @@ def test_learn_weighs_each_run_by_the_drafts_it_judged(cache, monkeypatch):
     def fake_measure(target, drafter, prompts, **kw):
         return FLAT_WIDE, (0.8, 0.8, 0.8), (40.0, 30.0, 20.0)
 
-    monkeypatch.setattr(cost_model, "measure", fake_measure)
+    monkeypatch.setattr(tuning_session, "measure", fake_measure)
     drafter = specjax.DraftModel(tiny_model(seed=1), num_draft=3)
-    tuned = cost_model.tune(tiny_model(seed=0), drafter, [[1, 2]], cache=cache, method="measure")
+    tuned = tuning.tune(tiny_model(seed=0), drafter, [[1, 2]], cache=cache, method="measure")
 
     def run(accepted, judged):
         class Stats:
@@ -235,23 +229,28 @@ def test_learn_weighs_each_run_by_the_drafts_it_judged(cache, monkeypatch):
         tuned.learn(Stats())
         return tuned.acceptance[0]
 
-    # 4 drafts, none kept, against 40 * DECAY = 20: (0.8 * 20) / 24.
-    assert run(0, 4) == pytest.approx(0.8 * 20 / 24)
+    # Worked by hand, with DECAY = 0.5. 4 drafts, none kept, against the stored 40
+    # halved: (0.8 * 20 + 0) / (20 + 4) = 2/3, now weighing 24.
+    assert tuning.DECAY == 0.5
+    assert run(0, 4) == pytest.approx(2 / 3)
     assert tuned.acceptance[1:] == (0.8, 0.8)  # positions a run never judged keep theirs
-    for _ in range(12):  # the same run again and again: the estimate converges to it
-        last = run(30, 40)
-    assert last == pytest.approx(0.75, abs=1e-3)
-    assert cache.load(tuned.key)[1][0] == pytest.approx(last)  # what the next tune reads
+    # 30 of 40 kept, against 2/3 weighing 24 halved: (8 + 30) / (12 + 40) = 38/52 ...
+    assert run(30, 40) == pytest.approx(38 / 52)
+    # ... and the same run again: (38/52 * 26 + 30) / (26 + 40) = 49/66, not yet 0.75.
+    assert run(30, 40) == pytest.approx(49 / 66)
+    assert tuned.judged == pytest.approx((66.0, 30.0, 20.0))
+    costs, alpha, judged = cache.load(tuned.key)  # what the next tune reads
+    assert alpha == pytest.approx((49 / 66, 0.8, 0.8)) and judged == pytest.approx(tuned.judged)
 
 
 def test_review_reads_the_run_s_acceptance_where_it_judged_drafts(cache, monkeypatch):
     """`Tuned.review`: every γ's expected speedup from the same costs at the acceptance a
     run achieved; positions the run never judged keep the choice's acceptance."""
     monkeypatch.setattr(
-        cost_model, "measure", lambda *a, **kw: (FLAT_WIDE, (0.9, 0.8, 0.7), (9.0, 8.0, 7.0))
+        tuning_session, "measure", lambda *a, **kw: (FLAT_WIDE, (0.9, 0.8, 0.7), (9.0, 8.0, 7.0))
     )
     drafter = specjax.DraftModel(tiny_model(seed=1), num_draft=3)
-    tuned = cost_model.tune(tiny_model(seed=0), drafter, [[1, 2]], cache=cache, method="measure")
+    tuned = tuning.tune(tiny_model(seed=0), drafter, [[1, 2]], cache=cache, method="measure")
 
     class Stats:  # a γ = 1 run: one position, judged 20 times
         acceptance_by_position = np.array([0.25])
@@ -264,28 +263,37 @@ def test_review_reads_the_run_s_acceptance_where_it_judged_drafts(cache, monkeyp
     assert review["expected_speedup"] == pytest.approx(expected[tuned.gamma])
     assert review["expected_speedup"] < tuned.choice.expected_speedup  # it drafted worse
 
-    class Unjudged:  # a run that judged nothing: the choice's own numbers
+    class Unjudged:  # a run that judged nothing: its 0.0 is no measurement
         acceptance_by_position = np.array([0.0])
         position_reached = np.array([0])
 
-    assert tuned.review(Unjudged())["expected_speedup"] == pytest.approx(
-        tuned.choice.expected_speedup
-    )
+    unjudged = tuned.review(Unjudged())
+    assert unjudged["acceptance_by_position"] == pytest.approx([0.9, 0.8, 0.7])
+    assert unjudged["expected_speedup"] == pytest.approx(tuned.choice.expected_speedup)
 
 
 def test_a_probe_times_the_parts_and_starts_from_what_runs_of_the_pair_learnt(cache):
-    """`tune`'s default: the target's forward at every width and the proposals at every γ,
-    timed alone (positive, the draft included), with the acceptance learnt for the
-    pair at another precision, else the prior, which the first run replaces."""
+    """`tune`'s default: the target's forward at every width, the proposals at every γ
+    and what dispatching each costs, each timed alone, with the acceptance learnt for
+    the pair at another precision, else the prior, which the first run replaces."""
     from specjax.models.quant import quantize
 
     target, draft = tiny_model(seed=0), tiny_model(seed=1)
     drafter = specjax.DraftModel(draft, num_draft=2)
     lines = []
-    fresh = cost_model.tune(target, drafter, [[1, 2, 3]], cache=cache, log=lines.append)
+    fresh = tuning.tune(target, drafter, [[1, 2, 3]], cache=cache, log=lines.append)
     assert fresh.measured and len(fresh.costs.target_s) == 3 and len(fresh.costs.draft_s) == 2
-    assert all(s > 0 for s in fresh.costs.target_s + fresh.costs.draft_s)
-    assert fresh.acceptance == (cost_model.PRIOR_ACCEPTANCE,) * 2 and fresh.judged == (0.0, 0.0)
+    timed = [line.split(":")[0] for line in lines if " ms " in line]
+    assert timed == [
+        "target forward 1 wide",
+        "target forward 2 wide",
+        "target forward 3 wide",
+        "gamma 1",
+        "gamma 2",
+        "dispatch, target",
+        "dispatch, drafter",
+    ]
+    assert fresh.acceptance == (tuning.PRIOR_ACCEPTANCE,) * 2 and fresh.judged == (0.0, 0.0)
     assert any("target's forward at widths 1..3" in line for line in lines)
 
     class Stats:  # a run: 10 drafts judged at position 0, 6 kept
@@ -295,11 +303,34 @@ def test_a_probe_times_the_parts_and_starts_from_what_runs_of_the_pair_learnt(ca
 
     fresh.learn(Stats())
     assert fresh.acceptance[0] == pytest.approx(0.6)  # the prior weighed nothing
-    other = cost_model.tune(
-        quantize(target, "int8"), specjax.DraftModel(quantize(draft, "int8"), num_draft=2),
-        [[1, 2, 3]], cache=cache,
-    )  # fmt: skip
+    other = tuning.tune(
+        quantize(target, "int8"),
+        specjax.DraftModel(quantize(draft, "int8"), num_draft=2),
+        [[1, 2, 3]],
+        cache=cache,
+    )
     assert other.measured and other.acceptance == pytest.approx((0.6, 0.7))
+
+
+def test_an_unknown_method_is_refused_by_name(cache):
+    drafter = specjax.DraftModel(tiny_model(seed=1), num_draft=2)
+    with pytest.raises(ValueError, match='method must be "probe" or "measure", got \'fast\''):
+        tuning.tune(tiny_model(seed=0), drafter, [[1, 2]], cache=cache, method="fast")
+
+
+def test_the_old_module_path_warns_and_gives_this_package():
+    """``specjax.decoding.cost_model`` was public: imports of it keep working, each name
+    read through it warns with the new path."""
+    import specjax.decoding.cost_model as old
+
+    with pytest.warns(DeprecationWarning, match="use specjax.tuning"):
+        from specjax.decoding.cost_model import choose as old_choose
+    assert old_choose is tuning.choose
+    with pytest.warns(DeprecationWarning, match="use specjax.tuning"):
+        assert specjax.decoding.cost_model.Tuned is tuning.Tuned
+    assert old is specjax.decoding.cost_model
+    with pytest.raises(AttributeError):
+        old.__path__  # noqa: B018 - not a package: the import system's probe finds nothing
 
 
 @pytest.mark.slow
@@ -310,7 +341,7 @@ def test_measure_then_decode_at_the_chosen_width_equals_plain_decoding():
     drafter = specjax.DraftModel(tiny_model(seed=0), num_draft=2)  # the target itself
     prompts = [[1, 2, 3], [4, 5, 6, 7]]
     lines = []
-    costs, alpha, judged = cost_model.measure(
+    costs, alpha, judged = tuning.measure(
         target, drafter, prompts, max_new_tokens=12, repeats=2, log=lines.append
     )
     assert len(costs.target_s) == 3 and len(costs.draft_s) == 2 and len(lines) == 5
@@ -318,15 +349,11 @@ def test_measure_then_decode_at_the_chosen_width_equals_plain_decoding():
     assert alpha == pytest.approx((1.0, 1.0))  # a drafter that is the target: all accepted
     choice = choose(costs, alpha)
     assert 0 <= choice.gamma <= 2 and choice.forward_width == choice.gamma + 1
+    # Where plain decoding is chosen, the narrowest drafted width is checked instead.
+    gamma = choice.gamma or 1
     greedy = specjax.SamplingConfig.greedy()
-    plain = specjax.generate(
-        None, target, prompts, max_new_tokens=12, sampling=greedy,
-        forward_width=choice.forward_width,
-    )  # fmt: skip
-    if choice.gamma:
-        out = specjax.speculative_generate(
-            None, target, drafter.with_draft(choice.gamma), prompts, max_new_tokens=12,
-            sampling=greedy, forward_width=choice.forward_width,
-        )  # fmt: skip
-        assert out.to_lists() == plain.to_lists()
+    options = dict(max_new_tokens=12, sampling=greedy, forward_width=gamma + 1)
+    plain = specjax.generate(None, target, prompts, **options)
+    out = specjax.speculative_generate(None, target, drafter.with_draft(gamma), prompts, **options)
+    assert out.to_lists() == plain.to_lists()
     assert all(len(row) == 12 for row in plain.to_lists())
