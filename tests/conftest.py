@@ -36,7 +36,7 @@ if "SPECJAX_COMPILATION_CACHE" not in os.environ:
     _RUN_CACHE = tempfile.mkdtemp(prefix="specjax-test-xla-")
     os.environ["SPECJAX_COMPILATION_CACHE"] = _RUN_CACHE
 
-# gamma="auto" keeps the step costs it measures (specjax.decoding.cost_model) in a
+# gamma="auto" keeps the step costs it measures (specjax.tuning) in a
 # folder that is fresh each run, as on a new machine, and shared by the workers the
 # same way: each target, drafter and batch size is measured once per run.
 if "SPECJAX_TUNING_CACHE" not in os.environ:

@@ -3,7 +3,7 @@
 The fast tier checks the pieces on small programs whose costs are known by
 arithmetic (the HLO walk, the flops, the chip table), the report's keys and its
 arithmetic (the predicted speedups recomputed here from the reported step costs with
-E(γ) written out, not with `cost_model.choose`), the clear message of a decode too
+E(γ) written out, not with `specjax.tuning.choose`), the clear message of a decode too
 big for a chip, and the in-place cache write that TPUs and GPUs take. The ``aot``
 tier (`tests/test_aot.py`) compiles every decoder configuration.
 """
@@ -172,9 +172,9 @@ def test_predicted_speedup_is_tokens_per_step_over_the_step_cost(report):
         assert data["predicted_speedup"][str(g)] == pytest.approx(want, rel=1e-9)
     best = max(range(3), key=lambda g: data["predicted_speedup"][str(g)])
     gain = data["predicted_speedup"][str(best)]
-    assert data["gamma"] == (best if gain >= specjax.decoding.cost_model.MIN_GAIN else 0)
+    assert data["gamma"] == (best if gain >= specjax.tuning.MIN_GAIN else 0)
     # What gamma="auto" would choose on this machine from the same numbers.
-    from specjax.decoding.cost_model import StepCosts, choose
+    from specjax.tuning import StepCosts, choose
 
     target_s = [data["target_step_seconds_by_width"][str(w)] for w in (1, 2, 3)]
     draft_s = [seconds[str(g)] - target_s[g] for g in (1, 2)]

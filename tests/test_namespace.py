@@ -48,6 +48,7 @@ SUBMODULES = [
     "verification",
     "io",
     "training",
+    "tuning",
     "testing",
 ]
 

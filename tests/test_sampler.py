@@ -392,7 +392,7 @@ def test_gamma_auto_chooses_once_per_batch_size_and_equals_plain_at_its_width(mo
     # (positions no run has judged yet keep the prior).
     learnt = again.tuned[1].acceptance
     assert learnt[0] == pytest.approx(1.0)
-    assert learnt[1] in (pytest.approx(1.0), specjax.decoding.cost_model.PRIOR_ACCEPTANCE)
+    assert learnt[1] in (pytest.approx(1.0), specjax.tuning.PRIOR_ACCEPTANCE)
 
 
 def _raw_model():
