@@ -45,6 +45,7 @@ class Tuned:
         key: their key in ``cache``.
         measured: True where this call measured the costs (a cache miss).
         held_width: the forward width the run is held to (`choose`), or ``None``.
+        pair: the pair's `pair_id`, stored with each learnt acceptance.
     """
 
     choice: Choice
