@@ -27,13 +27,17 @@ reclaim the space.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import sys
 import warnings
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
 ENV_VAR = "SPECJAX_WEIGHT_CACHE"
 _OFF = ("0", "off", "false", "no")
@@ -41,7 +45,15 @@ _OFF = ("0", "off", "false", "no")
 #: Raised whenever the GGUF conversion's output changes, so older entries are misses.
 CONVERSION_VERSION = 1
 
-__all__ = ["CONVERSION_VERSION", "ENV_VAR", "cache_dir", "entry_for", "load_gguf_cached"]
+__all__ = [
+    "CONVERSION_VERSION",
+    "ENV_VAR",
+    "cache_dir",
+    "entry_for",
+    "load_gguf_cached",
+    "read_quantized",
+    "write_quantized",
+]
 
 
 def cache_dir() -> Path | None:
@@ -56,8 +68,9 @@ def cache_dir() -> Path | None:
     return Path(value)
 
 
-def entry_for(gguf_path: str | os.PathLike, dtype, root: Path) -> Path:
-    """The cache entry (a folder under ``root``) of ``gguf_path`` converted to ``dtype``."""
+def entry_for(gguf_path: str | os.PathLike, dtype, root: Path, quantize: str | None = None) -> Path:
+    """The cache entry (a folder under ``root``) of ``gguf_path`` converted to ``dtype``
+    and, unless ``quantize`` is None, quantized to that `specjax.models.quant` mode."""
     from specjax.io.gguf import _gguf_version
 
     path = Path(gguf_path).resolve()
@@ -68,12 +81,23 @@ def entry_for(gguf_path: str | os.PathLike, dtype, root: Path) -> Path:
         CONVERSION_VERSION,
     ):  # fmt: skip
         key.update(f"{part}\0".encode())
+    if quantize is not None:  # float entries keep the key they always had
+        key.update(f"quantize={quantize}\0".encode())
     with open(path, "rb") as f:
         key.update(f.read(1 << 20))
-    return root / f"{path.stem}-{jnp.dtype(dtype).name}-{key.hexdigest()[:16]}"
+    mode = "" if quantize is None else f"-{quantize}"
+    return root / f"{path.stem}-{jnp.dtype(dtype).name}{mode}-{key.hexdigest()[:16]}"
 
 
-def load_gguf_cached(gguf_path: str | os.PathLike, dtype, *, read_folder, write_folder, log=None):
+def load_gguf_cached(
+    gguf_path: str | os.PathLike,
+    dtype,
+    *,
+    read_folder,
+    write_folder,
+    log=None,
+    quantize: str | None = None,
+):
     """`~specjax.io.gguf.load_gguf`, through the converted-weights cache.
 
     Args:
@@ -85,18 +109,24 @@ def load_gguf_cached(gguf_path: str | os.PathLike, dtype, *, read_folder, write_
         write_folder: ``write_folder(model, folder)``, writing one atomically.
         log: called with one line when an entry is written or read (default:
             stderr; pass ``lambda msg: None`` for silence).
+        quantize: None, or a `specjax.models.quant` mode: the entry then holds the
+            quantized model (`write_quantized`), read back by `read_quantized`;
+            ``read_folder`` and ``write_folder`` are not used.
 
     Returns:
-        The same `~specjax.models.Model` as ``load_gguf(gguf_path, dtype)``: the same
-        config, parameters, tokenizer and chat template.
+        The same `~specjax.models.Model` as ``load_gguf(gguf_path, dtype,
+        quantize=quantize)``: the same config, parameters, tokenizer and chat template.
     """
     from specjax.io.gguf import load_gguf
 
     log = log or _stderr
     root = cache_dir()
     if root is None:
-        return load_gguf(gguf_path, dtype=dtype)
-    entry = entry_for(gguf_path, dtype, root)
+        return load_gguf(gguf_path, dtype=dtype, quantize=quantize)
+    entry = entry_for(gguf_path, dtype, root, quantize)
+    if quantize is not None:
+        read_folder = lambda folder, dtype: read_quantized(folder, dtype, quantize)  # noqa: E731
+        write_folder = lambda model, folder: write_quantized(model, folder, dtype)  # noqa: E731
     if (entry / "config.json").is_file():
         try:
             model = read_folder(entry, dtype)
@@ -110,7 +140,7 @@ def load_gguf_cached(gguf_path: str | os.PathLike, dtype, *, read_folder, write_
         else:
             log(f"loaded the converted weights of {Path(gguf_path).name} from {entry}")
             return model
-    model = load_gguf(gguf_path, dtype=dtype)
+    model = load_gguf(gguf_path, dtype=dtype, quantize=quantize)
     try:
         root.mkdir(parents=True, exist_ok=True)
         write_folder(model, entry)
@@ -123,6 +153,94 @@ def load_gguf_cached(gguf_path: str | os.PathLike, dtype, *, read_folder, write_
         size = sum(f.stat().st_size for f in entry.iterdir()) / 1e9
         log(f"kept the converted weights of {Path(gguf_path).name} in {entry} ({size:.1f} GB)")
     return model
+
+
+def write_quantized(model, folder: Path, dtype) -> None:
+    """Writes a quantized ``model``, loaded in ``dtype``, into ``folder``, atomically.
+
+    ``config.json`` (the float model's Hugging Face config), ``quantization.json``
+    (the mode and the load dtype), ``quantized.safetensors`` (every leaf under its
+    parameter path, ``layers.0.self_attn.qkv_proj.weight``: int8 weights, float32
+    scales, norms and biases), ``tokenizer.json`` and ``chat_template.jinja``. It is
+    no Hugging Face checkpoint (`specjax.load_pretrained` does not read it).
+    """
+    from safetensors.numpy import save_file
+
+    from specjax.io import atomic
+    from specjax.io.hf_config import config_to_hf
+
+    unrolled = model.with_scan_layers(False)
+    info = {"mode": model.quantization, "dtype": jnp.dtype(dtype).name}
+
+    def write(tmp: Path) -> None:
+        tensors = {
+            _leaf_name(p): np.asarray(jax.device_get(v.get_value()))
+            for p, v in nnx.to_flat_state(unrolled.params)
+        }
+        save_file(tensors, str(tmp / _QUANTIZED_WEIGHTS), metadata={"format": "specjax"})
+        hf = config_to_hf(model.config, info["dtype"])
+        (tmp / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+        (tmp / _QUANTIZED_INFO).write_text(json.dumps(info) + "\n")
+        if model.tokenizer is not None:
+            model.tokenizer.save(str(tmp / "tokenizer.json"))
+        if model.chat_template is not None:
+            (tmp / "chat_template.jinja").write_text(model.chat_template, encoding="utf-8")
+
+    atomic.replace_folder(folder, write)
+
+
+def read_quantized(folder: Path, dtype, mode: str):
+    """The quantized `~specjax.models.Model` that `write_quantized` wrote into ``folder``.
+
+    Every leaf is checked against the model that loading the same config with
+    ``dtype`` and ``mode`` builds (`specjax.io.tensors.abstract_quantized`).
+
+    Raises:
+        ValueError: the folder holds another mode or dtype, or a missing, extra or
+            mis-shaped leaf (named).
+    """
+    from safetensors import safe_open
+
+    from specjax.io.hf import _read_tokenizer, read_chat_template
+    from specjax.io.hf_config import config_from_hf
+    from specjax.io.tensors import abstract_quantized
+
+    info = json.loads((folder / _QUANTIZED_INFO).read_text())
+    want = {"mode": mode, "dtype": jnp.dtype(dtype).name}
+    if info != want:
+        raise ValueError(f"{folder / _QUANTIZED_INFO} holds {info}, expected {want}")
+    config = config_from_hf(json.loads((folder / "config.json").read_text()))
+    abstract = abstract_quantized(config, dtype, mode)
+    leaves = []
+    with safe_open(str(folder / _QUANTIZED_WEIGHTS), framework="np") as f:
+        stored = set(f.keys())
+        for p, var in nnx.to_flat_state(abstract.params):
+            name, spec = _leaf_name(p), var.get_value()
+            if name not in stored:
+                raise ValueError(f"{folder} has no tensor {name}")
+            stored.remove(name)
+            array = f.get_tensor(name)
+            if array.shape != spec.shape or array.dtype != spec.dtype:
+                raise ValueError(
+                    f"{folder}: tensor {name} is {array.dtype}{list(array.shape)}, "
+                    f"expected {spec.dtype}{list(spec.shape)}"
+                )
+            leaves.append((p, var.replace(jnp.asarray(array))))
+    if stored:
+        raise ValueError(f"{folder} has unexpected tensor(s) {sorted(stored)}")
+    return abstract.replace(
+        params=nnx.from_flat_state(leaves),
+        tokenizer=_read_tokenizer(folder),
+        chat_template=read_chat_template(folder),
+    )
+
+
+_QUANTIZED_WEIGHTS = "quantized.safetensors"
+_QUANTIZED_INFO = "quantization.json"
+
+
+def _leaf_name(path: tuple) -> str:
+    return ".".join(str(p) for p in path)
 
 
 def _stderr(msg: str) -> None:
