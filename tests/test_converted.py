@@ -107,6 +107,23 @@ def test_float_and_quantized_entries_are_separate_and_the_quantized_one_is_small
     assert quantized.stat().st_size < (float_entry / "model.safetensors").stat().st_size / 2
 
 
+def test_a_quantized_entry_is_a_safetensors_file_of_the_leaves(tmp_path, weight_cache):
+    from safetensors.numpy import load_file
+
+    path = write_tiny_gguf(tmp_path / "m.gguf", "mistral")  # untied: a bfloat16 table stays
+    expected = quantize(gguf_module.load_gguf(path, jnp.bfloat16), "int8")
+    specjax.load_pretrained(path, jnp.bfloat16, quantize="int8")
+    (entry,) = weight_cache.iterdir()
+    stored = load_file(entry / "quantized.safetensors")
+    leaves = {".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(expected.params)}
+    assert stored.keys() == leaves.keys()
+    assert stored["embed_tokens.embedding"].dtype == jnp.bfloat16
+    for name, array in stored.items():
+        assert array.dtype == leaves[name].dtype, name
+        np.testing.assert_array_equal(array, np.asarray(leaves[name]), err_msg=name)
+    _same_model(specjax.load_pretrained(path, jnp.bfloat16, quantize="int8"), expected)
+
+
 def test_a_corrupt_quantized_entry_warns_and_is_rewritten(tmp_path, weight_cache):
     path = write_tiny_gguf(tmp_path / "m.gguf", "qwen2")
     expected = quantize(gguf_module.load_gguf(path), "int8")

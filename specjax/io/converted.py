@@ -8,26 +8,37 @@ a Hugging Face folder (``config.json``, ``model.safetensors``, ``tokenizer.json`
 `specjax.load_pretrained` is exact), under ``$SPECJAX_CACHE/converted/``, and
 later loads read that folder instead, in seconds.
 
-An entry's name holds the file's stem and a key hashed from what decides the
-converted values: the GGUF file's resolved path, size, modification time and first
-megabyte, the dtype, the ``gguf`` package's version and `CONVERSION_VERSION`
-(raised whenever the conversion's output changes). A changed file, another dtype
-or another converter is therefore a miss, never a stale hit. An entry that cannot
-be read (truncated, edited) is reported with a warning, removed and written anew;
-writing an entry that fails (a full disk) is reported with a warning and the
-converted model is returned anyway: the cache never breaks a load.
+A load that quantizes (``load_pretrained(path, quantize="int8")``, the mode of
+`specjax.models.quant`) keeps the quantized model instead: int8 matrices, their
+float32 scales, norms and biases (`write_quantized`), read back by `read_quantized`
+without ever building the float model. Its first load dequantizes and quantizes one
+layer at a time. For Qwen2.5-Coder-1.5B (Q4_K_M, 1.1 GB), the float32 entry takes
+7.1 GB and the int8 one 2.0 GB; both loads equal ``quantize(load_pretrained(path),
+mode)`` bit for bit.
+
+An entry's name holds the file's stem, the dtype, the quantization mode (if any) and
+a key hashed from what decides the converted values: the GGUF file's resolved path,
+size, modification time and first megabyte, the dtype, the mode, the ``gguf``
+package's version and `CONVERSION_VERSION` (raised whenever the conversion's output
+changes). A changed file, another dtype or mode or another converter is therefore a
+miss, never a stale hit. An entry that cannot be read (truncated, edited) is reported
+with a warning, removed and written anew; writing an entry that fails (a full disk)
+is reported with a warning and the converted model is returned anyway: the cache
+never breaks a load.
 
 The environment variable ``SPECJAX_WEIGHT_CACHE`` decides, read at each load:
 unset, the default folder above; ``0``, ``off``, ``false`` or ``no``, no cache
-(every load converts); any other value, that folder. Entries are as large as the
-weights in their dtype (6.2 GB for the 1.5B in float32): delete the folder to
-reclaim the space.
+(every load converts); any other value, that folder. Entries are never deleted
+for you: one per file, dtype and mode stays until you delete it (a float32 entry
+left from loads without ``quantize`` included). Delete an entry's folder, or the
+whole folder, to reclaim the space.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -163,9 +174,11 @@ def write_quantized(model, folder: Path, dtype) -> None:
     parameter path, ``layers.0.self_attn.qkv_proj.weight``: int8 weights, float32
     scales, norms and biases), ``tokenizer.json`` and ``chat_template.jinja``. It is
     no Hugging Face checkpoint (`specjax.load_pretrained` does not read it).
-    """
-    from safetensors.numpy import save_file
 
+    Raises:
+        OSError: writing failed; an earlier ``folder`` is then unchanged.
+        KeyError: a leaf of a dtype the file format here does not write.
+    """
     from specjax.io import atomic
     from specjax.io.hf_config import config_to_hf
 
@@ -173,11 +186,8 @@ def write_quantized(model, folder: Path, dtype) -> None:
     info = {"mode": model.quantization, "dtype": jnp.dtype(dtype).name}
 
     def write(tmp: Path) -> None:
-        tensors = {
-            _leaf_name(p): np.asarray(jax.device_get(v.get_value()))
-            for p, v in nnx.to_flat_state(unrolled.params)
-        }
-        save_file(tensors, str(tmp / _QUANTIZED_WEIGHTS), metadata={"format": "specjax"})
+        leaves = [(_leaf_name(p), v.get_value()) for p, v in nnx.to_flat_state(unrolled.params)]
+        _write_safetensors(leaves, tmp / _QUANTIZED_WEIGHTS)
         hf = config_to_hf(model.config, info["dtype"])
         (tmp / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
         (tmp / _QUANTIZED_INFO).write_text(json.dumps(info) + "\n")
@@ -199,8 +209,6 @@ def read_quantized(folder: Path, dtype, mode: str):
         ValueError: the folder holds another mode or dtype, or a missing, extra or
             mis-shaped leaf (named).
     """
-    from safetensors import safe_open
-
     from specjax.io.hf import _read_tokenizer, read_chat_template
     from specjax.io.hf_config import config_from_hf
     from specjax.io.tensors import abstract_quantized
@@ -211,23 +219,31 @@ def read_quantized(folder: Path, dtype, mode: str):
         raise ValueError(f"{folder / _QUANTIZED_INFO} holds {info}, expected {want}")
     config = config_from_hf(json.loads((folder / "config.json").read_text()))
     abstract = abstract_quantized(config, dtype, mode)
+    path = folder / _QUANTIZED_WEIGHTS
     leaves = []
-    with safe_open(str(folder / _QUANTIZED_WEIGHTS), framework="np") as f:
-        stored = set(f.keys())
+    with open(path, "rb") as f:
+        header_bytes = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_bytes))
+        header.pop("__metadata__", None)
         for p, var in nnx.to_flat_state(abstract.params):
             name, spec = _leaf_name(p), var.get_value()
-            if name not in stored:
-                raise ValueError(f"{folder} has no tensor {name}")
-            stored.remove(name)
-            array = f.get_tensor(name)
-            if array.shape != spec.shape or array.dtype != spec.dtype:
+            if name not in header:
+                raise ValueError(f"{path} has no tensor {name}")
+            entry = header.pop(name)
+            stored_dtype, shape = jnp.dtype(_DTYPES[entry["dtype"]]), tuple(entry["shape"])
+            if shape != spec.shape or stored_dtype != spec.dtype:
                 raise ValueError(
-                    f"{folder}: tensor {name} is {array.dtype}{list(array.shape)}, "
+                    f"{path}: tensor {name} is {stored_dtype}{list(shape)}, "
                     f"expected {spec.dtype}{list(spec.shape)}"
                 )
-            leaves.append((p, var.replace(jnp.asarray(array))))
-    if stored:
-        raise ValueError(f"{folder} has unexpected tensor(s) {sorted(stored)}")
+            begin, end = entry["data_offsets"]
+            f.seek(8 + header_bytes + begin)
+            array = np.fromfile(f, stored_dtype, count=(end - begin) // stored_dtype.itemsize)
+            if array.nbytes != end - begin or array.size != math.prod(shape):
+                raise ValueError(f"{path} is truncated in tensor {name}")
+            leaves.append((p, var.replace(jnp.asarray(array.reshape(shape)))))
+    if header:
+        raise ValueError(f"{path} has unexpected tensor(s) {sorted(header)}")
     return abstract.replace(
         params=nnx.from_flat_state(leaves),
         tokenizer=_read_tokenizer(folder),
@@ -241,6 +257,38 @@ _QUANTIZED_INFO = "quantization.json"
 
 def _leaf_name(path: tuple) -> str:
     return ".".join(str(p) for p in path)
+
+
+# safetensors' dtype codes of the leaves a quantized model holds.
+_CODES = {"int8": "I8", "int32": "I32", "float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+_DTYPES = {code: name for name, code in _CODES.items()}
+
+
+def _write_safetensors(leaves: list[tuple[str, jax.Array]], path: Path) -> None:
+    """Writes ``leaves`` as a safetensors file, one leaf's host copy at a time.
+
+    ``safetensors.numpy.save_file`` takes every array at once, a host copy of the
+    whole model next to the model itself; the format (an 8-byte header length, a
+    JSON header of dtypes, shapes and byte offsets, then the raw data) is written
+    here directly instead.
+    """
+    header, offset = {"__metadata__": {"format": "specjax"}}, 0
+    for name, x in leaves:
+        nbytes = x.size * x.dtype.itemsize
+        code = _CODES[jnp.dtype(x.dtype).name]
+        header[name] = {
+            "dtype": code,
+            "shape": list(x.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for _, x in leaves:
+            np.ascontiguousarray(jax.device_get(x)).tofile(f)
 
 
 def _stderr(msg: str) -> None:
