@@ -152,12 +152,18 @@ def abstract_quantized(config: ModelConfig, dtype, mode: str) -> Model:
     ``jax.ShapeDtypeStruct`` leaves: its structure, shapes and dtypes, nothing computed.
 
     The reader of a quantized model's saved leaves (`specjax.io.converted`) checks them
-    against it.
+    against it. The model is unrolled whatever ``config.scan_layers`` says.
     """
-    _, abstract = _abstract_model(dataclasses.replace(config, scan_layers=False), dtype)
-    shapes = {_hf_name(p): tuple(v.get_value().shape) for p, v in nnx.to_flat_state(abstract)}
-    zeros = LazyTensors({n: (lambda s=s: jnp.zeros(s)) for n, s in shapes.items()}, shapes)
-    return jax.eval_shape(lambda: model_from_tensors(config, zeros, dtype=dtype, quantize=mode))
+    unrolled = dataclasses.replace(config, scan_layers=False)
+    graphdef, abstract = _abstract_model(unrolled, dtype)
+    expected = {_hf_name(p): (p, v) for p, v in nnx.to_flat_state(abstract)}
+
+    def build():
+        zeros = lambda name: jnp.zeros(expected[name][1].get_value().shape, dtype)  # noqa: E731
+        module = _quantized_module(graphdef, expected, zeros, mode, unrolled)
+        return Model(*nnx.split(module), unrolled)
+
+    return jax.eval_shape(build)
 
 
 def _quantized_module(graphdef, expected: dict, read, mode: str, config: ModelConfig):
