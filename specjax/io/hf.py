@@ -147,7 +147,8 @@ def load_pretrained(
         ValueError: a ``config.json`` or index that is not the expected JSON object,
             an unsupported ``model_type`` or config field (a non-positive size
             included), a pickle-only folder, or a missing, unexpected, mis-shaped
-            or non-floating tensor (named, with both shapes or its dtype).
+            or non-floating tensor (named, with both shapes or its dtype), or a
+            ``quantize`` that is not a mode of `specjax.models.quant`.
     """
     from safetensors import safe_open
 
