@@ -9,7 +9,8 @@
   and the tokenizer rebuilt from their metadata, imported only when a GGUF file
   is loaded (the reader needs the optional ``gguf`` package);
 * :mod:`specjax.io.converted`: a GGUF file's converted weights, kept once as a
-  Hugging Face folder, so the next load takes seconds;
+  Hugging Face folder (or, for a quantized load, its int8 model), so the next load
+  takes seconds;
 * :mod:`specjax.io.drafter_weights`: drafters saved to and loaded from folders (a
   block drafter's or EAGLE head's own weights, a draft model's folder);
 * :mod:`specjax.io.atomic`: folder writes a reader sees whole or not at all;

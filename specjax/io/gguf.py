@@ -465,7 +465,7 @@ def _llama3_scaling(divisors: np.ndarray, config: dict, path: Path) -> dict:
     return scaling
 
 
-def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> Model:
+def load_gguf(path: str | os.PathLike, dtype=jnp.float32, *, quantize: str | None = None) -> Model:
     """Loads a llama.cpp GGUF file (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3).
 
     Usually reached through :func:`specjax.load_pretrained`, which sends a
@@ -477,6 +477,8 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> Model:
         dtype: parameter dtype; every tensor is dequantized to float32 and cast
             to it (so a Q4 file loads as float32 weights by default, with the
             values the quantized blocks encode).
+        quantize: a `specjax.models.quant` mode, applied layer by layer as the file is
+            dequantized (`~specjax.io.tensors.model_from_tensors`).
 
     Returns:
         The :class:`Model`, with ``tokenizer`` rebuilt from the file's vocabulary
@@ -526,4 +528,5 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> Model:
         dtype=dtype,
         tokenizer=tokenizer_from_gguf(meta, architecture=arch, source=str(path)),
         chat_template=template if isinstance(template, str) else None,
+        quantize=quantize,
     )

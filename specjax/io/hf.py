@@ -98,7 +98,11 @@ def _weight_files(folder: Path) -> tuple[list[str], dict[str, str] | None]:
 
 
 def load_pretrained(
-    path: str | os.PathLike, dtype=jnp.float32, *, scan_layers: bool = False
+    path: str | os.PathLike,
+    dtype=jnp.float32,
+    *,
+    scan_layers: bool = False,
+    quantize: str | None = None,
 ) -> Model:
     """Loads a Hugging Face checkpoint folder or a llama.cpp GGUF file.
 
@@ -126,6 +130,12 @@ def load_pretrained(
         scan_layers: run the layers as one ``lax.scan`` over stacked parameters
             (``ModelConfig.scan_layers``): compile time no longer grows with
             depth. See docs/models.md, "Layer scan", for its cost per step.
+        quantize: ``None`` (float weights), or a `specjax.models.quant` mode
+            (``"int8"``, ``"int8-weights"``): the model comes back quantized, equal bit
+            for bit to ``quantize(load_pretrained(path, dtype), quantize)``, but each
+            layer is quantized as it is read, so the whole float model is never in
+            memory. A GGUF file's cache entry then holds the quantized model (a quarter
+            of the float32 one's size), so the next load reads int8 directly.
 
     Returns:
         The :class:`Model`. ``config.eos_token_id`` is the first end-of-sequence
@@ -137,11 +147,13 @@ def load_pretrained(
         ValueError: a ``config.json`` or index that is not the expected JSON object,
             an unsupported ``model_type`` or config field (a non-positive size
             included), a pickle-only folder, or a missing, unexpected, mis-shaped
-            or non-floating tensor (named, with both shapes or its dtype).
+            or non-floating tensor (named, with both shapes or its dtype), or a
+            ``quantize`` that is not a mode of `specjax.models.quant`.
     """
     from safetensors import safe_open
 
     _check_float_dtype(dtype)
+    _check_quantize(quantize)
     folder = Path(path)
     if not folder.exists() and hub.is_hub_id(path):
         try:
@@ -160,6 +172,7 @@ def load_pretrained(
                 folder, dtype, scan_layers=scan_layers
             ),
             write_folder=lambda model, folder: save_pretrained(model, folder, overwrite=True),
+            quantize=quantize,
         )
         return model.with_scan_layers(scan_layers)
     config_path = folder / "config.json"
@@ -215,6 +228,7 @@ def load_pretrained(
             dtype=dtype,
             tokenizer=_read_tokenizer(folder),
             chat_template=read_chat_template(folder),
+            quantize=quantize,
         )
     finally:
         handles.clear()
@@ -285,6 +299,15 @@ def _check_float_dtype(dtype):
             f"dtype must be a floating dtype such as jnp.float32 or jnp.bfloat16, got {np_dtype}"
         )
     return np_dtype
+
+
+def _check_quantize(quantize):
+    from specjax.models.quant import MODES
+
+    if quantize is not None and quantize not in MODES:
+        raise ValueError(
+            f"quantize must be one of {MODES}, or None for float weights, got {quantize!r}"
+        )
 
 
 def _parse_size(size: int | str) -> int:

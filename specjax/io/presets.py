@@ -95,16 +95,12 @@ def load_pair(target: str, draft: str):
     from specjax.drafters import DraftModel
     from specjax.io.fetch import fetch
     from specjax.io.hf import load_pretrained
-    from specjax.models.quant import quantize
 
     preset = find(target, draft)
     if preset is None:
         known = ", ".join(f"{p.target} + {p.draft}" for p in PRESETS)
         raise ValueError(f"no preset for target {target!r} and draft {draft!r}; known: {known}")
-    target_model = load_pretrained(fetch(target))
-    draft_model = load_pretrained(fetch(draft))
-    if preset.quantize:
-        target_model = quantize(target_model, preset.quantize)
-    if preset.draft_quantize:
-        draft_model = quantize(draft_model, preset.draft_quantize)
+    # Quantized as they are read: the float32 models are never held whole.
+    target_model = load_pretrained(fetch(target), quantize=preset.quantize)
+    draft_model = load_pretrained(fetch(draft), quantize=preset.draft_quantize)
     return target_model, DraftModel(draft_model), preset

@@ -28,7 +28,7 @@ from flax import nnx
 from specjax.models.config import ModelConfig
 from specjax.models.llama import Model, Transformer
 
-__all__ = ["LazyTensors", "host_tensors", "model_from_tensors"]
+__all__ = ["LazyTensors", "abstract_quantized", "host_tensors", "model_from_tensors"]
 
 # Buffers some old checkpoints saved although they are derived from the config.
 _DERIVED_TENSOR = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
@@ -54,6 +54,7 @@ def model_from_tensors(
     dtype=jnp.float32,
     tokenizer=None,
     chat_template: str | None = None,
+    quantize: str | None = None,
 ) -> Model:
     """Builds a :class:`Model` from tensors named and laid out as in Hugging Face.
 
@@ -70,6 +71,13 @@ def model_from_tensors(
         dtype: parameter dtype the tensors are cast to.
         tokenizer: optional ``tokenizers.Tokenizer`` for ``Model.tokenizer``.
         chat_template: optional Jinja chat template for ``Model.chat_template``.
+        quantize: a `specjax.models.quant` mode (``"int8"``, ``"int8-weights"``) to
+            quantize the model as it is read, layer by layer: the result is
+            ``quantize(model_from_tensors(...), quantize)``, bit for bit, but the float
+            weights of only one layer (or of the embedding) are in memory at a time.
+
+    Returns:
+        The :class:`Model`.
 
     Raises:
         ValueError: a missing, unexpected, mis-shaped or non-floating tensor,
@@ -110,6 +118,12 @@ def model_from_tensors(
             raise ValueError(f"tensor {name} is stored as {array.dtype}, expected a floating dtype")
         return jnp.asarray(array, dtype=dtype)
 
+    if quantize is not None:
+        module = _quantized_module(graphdef, expected, read, quantize, config)
+        graphdef, params = nnx.split(module)
+        model = Model(graphdef, params, unrolled, tokenizer=tokenizer, chat_template=chat_template)
+        # Stacked after quantizing: int8 copies, not float ones, are held twice meanwhile.
+        return model.with_scan_layers(config.scan_layers)
     if config.scan_layers:
         # Stacked one parameter at a time as it is read: stacking a loaded model would
         # hold every weight twice (14 GB at the peak for a 6 GB model).
@@ -131,6 +145,61 @@ def model_from_tensors(
         tokenizer=tokenizer,
         chat_template=chat_template,
     )
+
+
+def abstract_quantized(config: ModelConfig, dtype, mode: str) -> Model:
+    """What ``model_from_tensors(config, ..., dtype=dtype, quantize=mode)`` builds, with
+    ``jax.ShapeDtypeStruct`` leaves: its structure, shapes and dtypes, nothing computed.
+
+    The reader of a quantized model's saved leaves (`specjax.io.converted`) checks them
+    against it. The model is unrolled whatever ``config.scan_layers`` says.
+    """
+    unrolled = dataclasses.replace(config, scan_layers=False)
+    graphdef, abstract = _abstract_model(unrolled, dtype)
+    expected = {_hf_name(p): (p, v) for p, v in nnx.to_flat_state(abstract)}
+
+    def build():
+        zeros = lambda name: jnp.zeros(expected[name][1].get_value().shape, dtype)  # noqa: E731
+        module = _quantized_module(graphdef, expected, zeros, mode, unrolled)
+        return Model(*nnx.split(module), unrolled)
+
+    return jax.eval_shape(build)
+
+
+def _quantized_module(graphdef, expected: dict, read, mode: str, config: ModelConfig):
+    """The unrolled :class:`Transformer` of ``expected``'s tensors, quantized layer by layer.
+
+    Each layer is read, quantized and its float weights dropped before the next is
+    read; the embedding, final norm and LM head come last. Leaves are read in the
+    load dtype and widened to float32 as `~specjax.models.quant.quantize` widens them,
+    except an untied input embedding, which keeps the load dtype (it is only looked up).
+    """
+    from specjax.models.quant import MODES, quantize_module
+
+    if mode not in MODES:
+        raise ValueError(f"quantize must be one of {MODES} or None, got {mode!r}")
+    untied_table = () if config.tie_word_embeddings else ("embed_tokens", "embedding")
+
+    def value(path, var):
+        array = read(_hf_name(path))
+        return var.replace(array if path == untied_table else array.astype(jnp.float32))
+
+    def filled(prefix: tuple, abstract_state) -> nnx.State:
+        return nnx.from_flat_state(
+            [(p, value((*prefix, *p), var)) for p, var in nnx.to_flat_state(abstract_state)]
+        )
+
+    module = nnx.merge(graphdef, nnx.from_flat_state([v for v in expected.values()]))
+    for i in range(config.num_layers):
+        layer_graphdef, layer_abstract = nnx.split(module.layers[i])
+        layer = nnx.merge(layer_graphdef, filled(("layers", i), layer_abstract))
+        quantize_module(layer, mode)
+        module.layers[i] = layer
+    top_graphdef, top = nnx.split(module)
+    leaves = [(p, var if p[0] == "layers" else value(p, var)) for p, var in nnx.to_flat_state(top)]
+    module = nnx.merge(top_graphdef, nnx.from_flat_state(leaves))
+    quantize_module(module, mode)
+    return module
 
 
 class LazyTensors(Mapping):

@@ -56,7 +56,14 @@ from specjax.models.llama import TiedEmbedding
 
 MODES = ("int8", "int8-weights")
 
-__all__ = ["MODES", "QuantizedDense", "QuantizedEmbedding", "quantize", "quantize_rows"]
+__all__ = [
+    "MODES",
+    "QuantizedDense",
+    "QuantizedEmbedding",
+    "quantize",
+    "quantize_module",
+    "quantize_rows",
+]
 
 
 @jax.jit
@@ -226,13 +233,36 @@ def quantize(model, mode: str = "int8"):
         # Scales and the activations' arithmetic are float32: start from float32.
         model = model.replace(params=jax.tree.map(lambda p: p.astype(jnp.float32), model.params))
     module = nnx.merge(model.graphdef, model.params)
+    for path, sub in nnx.iter_graph(module):
+        if isinstance(sub, nnx.Embed) and path in tables:
+            sub.embedding = nnx.Param(tables[path])
+    quantize_module(module, mode)
+    graphdef, params = nnx.split(module)
+    return model.replace(graphdef=graphdef, params=params)
+
+
+def quantize_module(module: nnx.Module, mode: str) -> None:
+    """Swaps, in place, every float matrix product inside ``module`` for its int8 form.
+
+    The step `quantize` applies to a whole model, for a loader that quantizes a model
+    part by part as it reads it (`specjax.io.tensors.model_from_tensors`), so that the
+    float weights of only one part are in memory at a time. Attention and MLP blocks
+    get their fused products, every other ``Dense`` a `QuantizedDense`, a tied embedding
+    a `QuantizedEmbedding`; parts already quantized are left as they are, and an untied
+    ``nnx.Embed`` keeps its table (only looked up, it is not multiplied). ``module``
+    itself is never replaced, only what it holds.
+
+    Args:
+        module: an NNX module whose floating parameters are float32.
+        mode: a mode of `MODES`.
+    """
     # Products of one input become one (q, k, v; gate, up): one quantization of the
     # input and one kernel each, instead of three and two.
     for _, sub in list(nnx.iter_graph(module)):
-        if isinstance(sub, Attention):
+        if isinstance(sub, Attention) and hasattr(sub, "q_proj"):
             sub.qkv_proj = QuantizedDense.fused([sub.q_proj, sub.k_proj, sub.v_proj], mode)
             del sub.q_proj, sub.k_proj, sub.v_proj
-        elif isinstance(sub, MLP):
+        elif isinstance(sub, MLP) and hasattr(sub, "gate_proj"):
             sub.gate_up_proj = QuantizedDense.fused([sub.gate_proj, sub.up_proj], mode)
             del sub.gate_proj, sub.up_proj
     swaps = [
@@ -253,9 +283,7 @@ def quantize(model, mode: str = "int8"):
             parent[path[-1]] = new
         else:
             setattr(parent, path[-1], new)
-    for path, sub in nnx.iter_graph(module):
-        if isinstance(sub, nnx.Embed) and path in tables:
-            sub.embedding = nnx.Param(tables[path])
-            sub.dtype = sub.param_dtype = tables[path].dtype
-    graphdef, params = nnx.split(module)
-    return model.replace(graphdef=graphdef, params=params)
+    for _, sub in nnx.iter_graph(module):
+        if isinstance(sub, nnx.Embed):
+            # Looked up in the dtype of its table, which quantizing does not change.
+            sub.dtype = sub.param_dtype = sub.embedding[...].dtype
