@@ -49,8 +49,12 @@ def _check_train_args(args, distill: bool) -> None:
     """Option checks that need nothing but the command line."""
     from specjax.core.validation import check_float, check_int
 
-    for flag, lo in (("--steps", 1), ("--batch-size", 1), ("--seq-len", 1),
-                     ("--checkpoint-every", 0)):  # fmt: skip
+    for flag, lo in (
+        ("--steps", 1),
+        ("--batch-size", 1),
+        ("--seq-len", 1),
+        ("--checkpoint-every", 0),
+    ):
         check_flag(flag, check_int, getattr(args, flag[2:].replace("-", "_")), lo=lo)
     check_flag("--seed", check_int, args.seed)
     if not distill:
@@ -205,16 +209,24 @@ def _train_common(args, out, teacher=None):
     except (TypeError, ValueError) as e:
         raise UserError(str(e)) from None
     result = _train_in_out(
-        args, out, lambda checkpoint_dir, resume: train(
-            model, np.asarray(tokens), cfg, teacher=teacher,
-            checkpoint_dir=checkpoint_dir, resume=resume,
+        args,
+        out,
+        lambda checkpoint_dir, resume: train(
+            model,
+            np.asarray(tokens),
+            cfg,
+            teacher=teacher,
+            checkpoint_dir=checkpoint_dir,
+            resume=resume,
         ),
-    )  # fmt: skip
+    )
     try:
         save_pretrained(
-            result.model.replace(tokenizer=tokenizer), out,
-            overwrite=args.overwrite, keep=(_CHECKPOINTS,),
-        )  # fmt: skip
+            result.model.replace(tokenizer=tokenizer),
+            out,
+            overwrite=args.overwrite,
+            keep=(_CHECKPOINTS,),
+        )
     except ValueError as e:  # --out changed while training
         raise UserError(f"--out {out}: {e}") from None
     print(
@@ -291,22 +303,34 @@ def cmd_train_drafter(args) -> int:
         raise UserError(f"corpus has {len(tokens)} tokens, need more than --seq-len {args.seq_len}")
     try:
         drafter = BlockDrafter.random(
-            target, key=jax.random.key(args.seed), num_draft=min(7, args.block_size - 1),
-            num_layers=args.layers, num_features=args.features, block_size=args.block_size,
-        )  # fmt: skip
+            target,
+            key=jax.random.key(args.seed),
+            num_draft=min(7, args.block_size - 1),
+            num_layers=args.layers,
+            num_features=args.features,
+            block_size=args.block_size,
+        )
         config = BlockTrainConfig(
-            steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-            learning_rate=args.lr, warmup_steps=min(100, args.steps // 10), seed=args.seed,
-            max_minutes=args.max_minutes, checkpoint_every=args.checkpoint_every,
-            num_anchors=args.anchors, decay=args.block_size / 2,
-        )  # fmt: skip
+            steps=args.steps,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            learning_rate=args.lr,
+            warmup_steps=min(100, args.steps // 10),
+            seed=args.seed,
+            max_minutes=args.max_minutes,
+            checkpoint_every=args.checkpoint_every,
+            num_anchors=args.anchors,
+            decay=args.block_size / 2,
+        )
     except (TypeError, ValueError) as e:
         raise UserError(str(e)) from None
     result = _train_in_out(
-        args, out, lambda checkpoint_dir, resume: train_drafter(
+        args,
+        out,
+        lambda checkpoint_dir, resume: train_drafter(
             drafter, np.asarray(tokens), config, checkpoint_dir=checkpoint_dir, resume=resume
         ),
-    )  # fmt: skip
+    )
     drafter_weights.save(result.model, out, overwrite=True, keep=(_CHECKPOINTS,))
     print(
         f"saved {out} after {result.steps} steps; final loss {result.losses[-1]:.3f}; "

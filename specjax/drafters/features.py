@@ -133,9 +133,13 @@ class FeatureDrafter(TreeDrafter):
 
     @classmethod
     def build(
-        cls, target, key: jax.Array, config: ModelConfig, target_layers: tuple[int, ...],
+        cls,
+        target,
+        key: jax.Array,
+        config: ModelConfig,
+        target_layers: tuple[int, ...],
         **fields,
-    ) -> FeatureDrafter:  # fmt: skip
+    ) -> FeatureDrafter:
         """A drafter with random weights (initialised from ``key``), checked.
 
         ``fields`` are the remaining dataclass fields (``num_draft``, ``mode``, ...).
@@ -145,9 +149,13 @@ class FeatureDrafter(TreeDrafter):
         )
         graphdef, params = nnx.split(net)
         drafter = cls(
-            target=target, params=params, graphdef=graphdef, config=config,
-            target_layers=target_layers, **fields,
-        )  # fmt: skip
+            target=target,
+            params=params,
+            graphdef=graphdef,
+            config=config,
+            target_layers=target_layers,
+            **fields,
+        )
         drafter.check()
         return drafter
 

@@ -64,9 +64,13 @@ def entry_for(gguf_path: str | os.PathLike, dtype, root: Path) -> Path:
     stat = path.stat()
     key = hashlib.sha256()
     for part in (
-        str(path), stat.st_size, stat.st_mtime_ns, jnp.dtype(dtype).name, _gguf_version(),
+        str(path),
+        stat.st_size,
+        stat.st_mtime_ns,
+        jnp.dtype(dtype).name,
+        _gguf_version(),
         CONVERSION_VERSION,
-    ):  # fmt: skip
+    ):
         key.update(f"{part}\0".encode())
     with open(path, "rb") as f:
         key.update(f.read(1 << 20))

