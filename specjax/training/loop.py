@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.core.validation import check_int_array, with_article
-from specjax.models.llama import Model
+from specjax.models.model import Model
 from specjax.training.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
 from specjax.training.config import TrainConfig, _static_config
 from specjax.training.objectives import objective_of

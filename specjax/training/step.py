@@ -15,7 +15,7 @@ import optax
 from flax import struct
 
 from specjax.core.typed_jit import typed_jit
-from specjax.models.llama import Model
+from specjax.models.model import Model
 from specjax.training import data as data_lib
 from specjax.training.config import TrainConfig
 from specjax.training.losses import lm_loss
