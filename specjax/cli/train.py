@@ -28,8 +28,9 @@ def _read_corpus(paths) -> list[str]:
     return docs
 
 
+# The ModelConfig fields that --size sets, in the order of SIZES' tuples.
+_SIZE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
 SIZES = {
-    # name: (hidden, layers, heads, kv heads, intermediate)
     "tiny": (64, 2, 4, 2, 128),
     "draft": (128, 2, 4, 2, 384),
     "target": (384, 8, 6, 2, 1024),
@@ -182,14 +183,9 @@ def _train_common(args, out, teacher=None):
     tokens = tokenize_documents(tokenizer, docs)
     if len(tokens) <= args.seq_len:
         raise UserError(f"corpus has {len(tokens)} tokens, need more than --seq-len {args.seq_len}")
-    hidden, layers, heads, kv, inter = SIZES[args.size]
     config = ModelConfig(
         vocab_size=vocab_size,
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv,
-        intermediate_size=inter,
+        **dict(zip(_SIZE_FIELDS, SIZES[args.size], strict=True)),
         tie_word_embeddings=True,
         max_position_embeddings=max(args.seq_len, 512),
         eos_token_id=tok_lib.eos_id(tokenizer),
