@@ -148,6 +148,20 @@ def _train_in_out(args, out: Path, run):
         raise UserError(str(e)) from None
 
 
+def _run_options(args) -> dict:
+    """The `TrainConfig` fields every training command takes from its options."""
+    return dict(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        learning_rate=args.lr,
+        warmup_steps=min(100, args.steps // 10),
+        seed=args.seed,
+        max_minutes=args.max_minutes,
+        checkpoint_every=args.checkpoint_every,
+    )
+
+
 def _train_common(args, out, teacher=None):
 
     import numpy as np
@@ -192,16 +206,7 @@ def _train_common(args, out, teacher=None):
     )
     model = Model.random(config, seed=args.seed).replace(tokenizer=tokenizer)
     try:
-        cfg = TrainConfig(
-            steps=args.steps,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            learning_rate=args.lr,
-            warmup_steps=min(100, args.steps // 10),
-            seed=args.seed,
-            max_minutes=args.max_minutes,
-            checkpoint_every=args.checkpoint_every,
-        )
+        cfg = TrainConfig(**_run_options(args))
     except (TypeError, ValueError) as e:
         raise UserError(str(e)) from None
     result = _train_in_out(
@@ -307,14 +312,7 @@ def cmd_train_drafter(args) -> int:
             block_size=args.block_size,
         )
         config = BlockTrainConfig(
-            steps=args.steps,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            learning_rate=args.lr,
-            warmup_steps=min(100, args.steps // 10),
-            seed=args.seed,
-            max_minutes=args.max_minutes,
-            checkpoint_every=args.checkpoint_every,
+            **_run_options(args),
             num_anchors=args.anchors,
             decay=args.block_size / 2,
         )
