@@ -131,9 +131,12 @@ def _check_resumed_tokenizer(args, out, tokenizer) -> None:
         )
 
 
-def _train_in_out(args, out: Path, run):
-    """``run(checkpoint_dir, resume)`` with --out's checkpoint folder; errors as UserError."""
+def _train_in_out(args, out: Path, train_fn, model, tokens, config, **kwargs):
+    """``train_fn(model, tokens, config, **kwargs)`` keeping its checkpoints in --out (and
+    resuming them with --resume); errors as UserError."""
     import shutil
+
+    import numpy as np
 
     checkpoints = out / _CHECKPOINTS
     if args.overwrite and checkpoints.exists():
@@ -141,7 +144,14 @@ def _train_in_out(args, out: Path, run):
         # into this one. The old model itself stays until the new one replaces it.
         shutil.rmtree(checkpoints)
     try:
-        return run(checkpoints, args.resume)
+        return train_fn(
+            model,
+            np.asarray(tokens),
+            config,
+            checkpoint_dir=checkpoints,
+            resume=args.resume,
+            **kwargs,
+        )
     except FloatingPointError as e:
         raise UserError(f"{e} (--lr {args.lr})") from None
     except ValueError as e:  # training refuses before its first step, e.g. a changed config
@@ -163,9 +173,6 @@ def _run_options(args) -> dict:
 
 
 def _train_common(args, out, teacher=None):
-
-    import numpy as np
-
     from specjax.io.hf import save_pretrained
     from specjax.models import Model, ModelConfig
     from specjax.training import TrainConfig, train
@@ -209,18 +216,7 @@ def _train_common(args, out, teacher=None):
         cfg = TrainConfig(**_run_options(args))
     except (TypeError, ValueError) as e:
         raise UserError(str(e)) from None
-    result = _train_in_out(
-        args,
-        out,
-        lambda checkpoint_dir, resume: train(
-            model,
-            np.asarray(tokens),
-            cfg,
-            teacher=teacher,
-            checkpoint_dir=checkpoint_dir,
-            resume=resume,
-        ),
-    )
+    result = _train_in_out(args, out, train, model, tokens, cfg, teacher=teacher)
     try:
         save_pretrained(
             result.model.replace(tokenizer=tokenizer),
@@ -260,7 +256,6 @@ def cmd_train_drafter(args) -> int:
     """Trains a BlockDrafter for --model (default: the bundled target) on text files."""
 
     import jax
-    import numpy as np
 
     from specjax.core.validation import check_int
     from specjax.drafters.block import BlockDrafter
@@ -318,13 +313,7 @@ def cmd_train_drafter(args) -> int:
         )
     except (TypeError, ValueError) as e:
         raise UserError(str(e)) from None
-    result = _train_in_out(
-        args,
-        out,
-        lambda checkpoint_dir, resume: train_drafter(
-            drafter, np.asarray(tokens), config, checkpoint_dir=checkpoint_dir, resume=resume
-        ),
-    )
+    result = _train_in_out(args, out, train_drafter, drafter, tokens, config)
     drafter_weights.save(result.model, out, overwrite=True, keep=(_CHECKPOINTS,))
     print(
         f"saved {out} after {result.steps} steps; final loss {result.losses[-1]:.3f}; "
