@@ -175,8 +175,8 @@ class EagleDrafter(FeatureDrafter):
         cls,
         target,
         *,
-        key: jax.Array,
         num_draft: int,
+        key: jax.Array,
         target_layers: tuple[int, ...] | None = None,
         intermediate_size: int | None = None,
         mode: str = "argmax",
@@ -185,8 +185,8 @@ class EagleDrafter(FeatureDrafter):
 
         Args:
             target: the target model.
-            key: PRNG key of the initialisation.
             num_draft: γ (>= 0).
+            key: PRNG key of the initialisation.
             target_layers: target layer indices to fuse (default: a low, a middle and a
                 high layer, `specjax.drafters.features.default_target_layers`).
             intermediate_size: the head's MLP width (default: the target's).

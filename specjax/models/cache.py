@@ -65,10 +65,12 @@ class KVCache:
 
     @property
     def batch_size(self) -> int:
+        """B, the rows."""
         return self.k.shape[1]
 
     @property
     def max_len(self) -> int:
+        """S, the slots of each row."""
         return self.v.shape[3]
 
     def rollback(self, lengths: jax.Array) -> KVCache:

@@ -98,11 +98,11 @@ class Constraint:
 
     @property
     def num_states(self) -> int:
-        return self.next_state.shape[0]
+        return len(self.next_state)
 
     @property
     def vocab_size(self) -> int:
-        return self.token_class.shape[0]
+        return len(self.token_class)
 
     def __repr__(self) -> str:
         return (
