@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 import specjax  # noqa: E402
 from harness.machine import run_record  # noqa: E402
 from specjax.io.hf_config import config_from_hf  # noqa: E402
-from specjax.models.llama import Model  # noqa: E402
+from specjax.models import Model  # noqa: E402
 
 GAMMA = 3
 WIDTH = GAMMA + 1

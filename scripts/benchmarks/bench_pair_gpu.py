@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 import specjax  # noqa: E402
 from harness.machine import RESULTS, run_record  # noqa: E402
 from specjax.io.hf_config import config_from_hf  # noqa: E402
-from specjax.models.llama import Model  # noqa: E402
+from specjax.models import Model  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parent / "pair_configs"
 # Per-draft acceptance α of the float32 pair on the CPU (bench_pair.py's e2e stage):

@@ -25,23 +25,18 @@ bandwidth bound of one chip's share.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Callable, Sequence
 from functools import partial
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.sharding import NamedSharding, SingleDeviceSharding
-from jax.sharding import PartitionSpec as P
 
-from specjax.chips.devices import devices
+from specjax.chips.fit import advice, too_big, usable_bytes
+from specjax.chips.placement import Placement
 from specjax.chips.programs import (
     Analysis,
     AnalysisCache,
     OutOfMemory,
-    abstract,
     compile_all,
     lower_program,
 )
@@ -54,8 +49,7 @@ from specjax.decoding.checks import prepare
 from specjax.decoding.loop import run_loop, step
 from specjax.decoding.refill import init_state
 from specjax.drafters.base import NoDraft
-from specjax.models.cache import KVCache
-from specjax.models.sharding import ShardedModel, make_mesh, shard_model
+from specjax.models.sharding import ShardedModel
 from specjax.tuning import CostCache, StepCosts, choose, pair_id
 
 __all__ = [
@@ -67,9 +61,6 @@ __all__ = [
 
 DEFAULT_MAX_GAMMA = 4
 """The largest γ whose step ``gamma="auto"`` costs, as `specjax generate` drafts."""
-
-# jax on a GPU takes this share of its memory by default (XLA_PYTHON_CLIENT_MEM_FRACTION).
-_GPU_MEMORY_SHARE = 0.75
 
 
 def compile_for_chip(
@@ -166,7 +157,7 @@ def compile_for_chip(
     workers = workers or min(4, os.cpu_count() or 1)
     say = log or (lambda line: None)
 
-    placement = _Placement.of(chip, target, drafter, mesh, batch_size)
+    placement = Placement.of(chip, target, drafter, mesh, batch_size)
     target, drafter = placement.target, placement.drafter
     key = jax.random.key(0) if options.get("sampling") is not None else None
     prompts = [[1] * prompt_length] * batch_size
@@ -205,7 +196,7 @@ def compile_for_chip(
     settings = _settings(target, drafter, batch_size, prompt_length, max_new_tokens, options)
     refused = next((a for a in analyses.values() if isinstance(a, OutOfMemory)), None)
     if refused is not None:
-        return _too_big(chip, placement, refused, analyses, settings, clock, setups)
+        return too_big(chip, placement, refused, analyses, settings, clock, setups)
 
     def predicted(kind, n, analysis: Analysis) -> StepPrediction:
         peak = chip.peak_int8_ops if _quantization(target) == "int8" else chip.peak_flops
@@ -259,11 +250,11 @@ def compile_for_chip(
     analyses |= compile_all(run_programs, cache=cache, workers=workers, log=log)
     refused = next((a for a in analyses.values() if isinstance(a, OutOfMemory)), None)
     if refused is not None:
-        return _too_big(chip, placement, refused, analyses, settings, clock, setups)
-    usable = _usable_bytes(chip, analyses)
+        return too_big(chip, placement, refused, analyses, settings, clock, setups)
+    usable = usable_bytes(chip, analyses)
     peak = max(a.peak_bytes for a in analyses.values())
     fits = peak <= usable
-    message = "" if fits else _advice(chip, placement, setups, peak, usable)
+    message = "" if fits else advice(chip, placement, setups, peak, usable)
     return ChipReport(
         chip=chip,
         mesh=placement.mesh_shape,
@@ -319,9 +310,9 @@ def compile_decoder(
     drafter=None,
     *,
     batch_size: int = 1,
+    num_prompts: int | None = None,
     prompt_length: int = 128,
     max_new_tokens: int = 256,
-    num_prompts: int | None = None,
     mesh: tuple[int, int] | None = None,
     programs: Sequence[str] = ("init", "run"),
     cache: AnalysisCache | None = None,
@@ -346,7 +337,7 @@ def compile_decoder(
     chip = chip_named(chip)
     drafter = NoDraft() if drafter is None else drafter
     cache = AnalysisCache() if cache is None else cache
-    placement = _Placement.of(chip, target, drafter, mesh, batch_size)
+    placement = Placement.of(chip, target, drafter, mesh, batch_size)
     key = jax.random.key(0) if options.get("sampling") is not None else None
     prompts = [[1] * prompt_length] * (num_prompts or batch_size)
     opts = DecodeOptions(**options, max_new_tokens=max_new_tokens, num_slots=batch_size)
@@ -406,136 +397,6 @@ def _acceptance(given, target, drafter, top: int, tuning_cache):
     return alpha, f"learnt by this machine's runs of the pair, {int(sum(judged))} drafts judged"
 
 
-@dataclasses.dataclass
-class _Placement:
-    """The models and every other array on the chip's devices."""
-
-    target: object
-    drafter: object
-    default: object  # the sharding of everything that is not split: one device, or replicated
-    mesh_shape: tuple[int, int] | None
-    devices: int
-
-    @classmethod
-    def of(cls, chip: Chip, target, drafter, mesh, batch_size: int) -> _Placement:
-        found = devices(chip)
-        target = _weightless(target)
-        drafter = _weightless(drafter)
-        if chip.devices == 1 and mesh is None:
-            default = SingleDeviceSharding(found[0])
-            return cls(abstract(target, default), abstract(drafter, default), default, None, 1)
-        data, model = mesh if mesh is not None else _default_mesh(chip.devices, batch_size, target)
-        if data * model != chip.devices:
-            raise ValueError(
-                f"mesh ({data}, {model}) needs {data * model} devices; {chip.name} has "
-                f"{chip.devices}"
-            )
-        grid = make_mesh(data, model, devices=list(found))
-        target = shard_model(target, grid, indivisible="replicate")
-        if hasattr(drafter, "model"):
-            inner = shard_model(drafter.model, grid, tensor_parallel=False, indivisible="replicate")
-            drafter = drafter.replace(model=inner)
-        default = NamedSharding(grid, P())
-        return cls(target, abstract(drafter, default), default, (data, model), chip.devices)
-
-    def state_of(self, p):
-        """The decode state of prepared inputs ``p``, abstract, its caches sharded."""
-        state = jax.eval_shape(
-            partial(init_state, cache_len=p.cache_len, num_slots=p.num_slots), p.decoder, p.inputs
-        )
-        state = state.replace(target_cache=self._cache(state.target_cache, self.target))
-        draft_model = getattr(self.drafter, "model", None)
-        if isinstance(state.drafter_state, KVCache) and draft_model is not None:
-            state = state.replace(drafter_state=self._cache(state.drafter_state, draft_model))
-        return abstract(state, self.default)
-
-    def _cache(self, cache, model):
-        if not isinstance(model, ShardedModel) or not isinstance(cache, KVCache):
-            return cache
-        spec = model.cache_spec(cache.k.shape[1], cache.k.shape[2])
-        kv, rows = NamedSharding(model.mesh, spec), NamedSharding(model.mesh, P(spec[1]))
-        return cache.replace(
-            k=_on(cache.k, kv), v=_on(cache.v, kv), lengths=_on(cache.lengths, rows)
-        )
-
-    def step_args(self, p) -> tuple:
-        trips = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.default)
-        return abstract(p.decoder, self.default), self.state_of(p), trips
-
-    def run_args(self, p) -> tuple[tuple, tuple]:
-        decoder = abstract(p.decoder, self.default)
-        steps = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.default)
-        return (decoder, abstract(p.inputs, self.default)), (decoder, self.state_of(p), steps)
-
-    def min_bytes(self, step_args) -> int:
-        """What a step reads at least, per device: the models' weights (the target's,
-        and a drafter's; an untied input embedding only gives rows) and the caches the
-        state holds."""
-        decoder, state, _ = step_args
-        models = _device_bytes((decoder.target, decoder.drafter))
-        for model in (decoder.target, getattr(decoder.drafter, "model", None)):
-            models -= _looked_up_bytes(model)
-        return models + _device_bytes((state.target_cache, state.drafter_state))
-
-
-def _looked_up_bytes(model) -> int:
-    """Bytes of a model's untied input embedding: a step reads rows of it, not all."""
-    config = getattr(model, "config", None)
-    params = getattr(model, "params", None)
-    if config is None or params is None or getattr(config, "tie_word_embeddings", True):
-        return 0
-    try:
-        return _device_bytes(params["embed_tokens"])
-    except (KeyError, TypeError):
-        return 0
-
-
-def _default_mesh(devices: int, batch_size: int, target) -> tuple[int, int]:
-    """The ``(data, model)`` axes that split the most: the widest model axis that splits
-    the KV cache's heads (each chip then holds its heads' cache), the rest over rows
-    where the batch divides; else tensor parallel over every chip."""
-    heads = getattr(getattr(target, "config", None), "num_kv_heads", 1)
-    for model in sorted((m for m in range(1, devices + 1) if devices % m == 0), reverse=True):
-        data = devices // model
-        if heads % model == 0 and batch_size % data == 0:
-            return data, model
-    return 1, devices
-
-
-def _on(x, sharding):
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-
-
-def _weightless(tree):
-    """``tree`` with its arrays replaced by their shapes (no values are needed)."""
-
-    def leaf(x):
-        if isinstance(x, (jax.Array, np.ndarray)) and not jax.dtypes.issubdtype(
-            x.dtype, jax.dtypes.prng_key
-        ):
-            return jax.ShapeDtypeStruct(x.shape, x.dtype)
-        return x
-
-    return jax.tree.map(leaf, tree)
-
-
-def _device_bytes(tree) -> int:
-    total = 0
-    for x in jax.tree.leaves(tree):
-        if not hasattr(x, "dtype") or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-            continue
-        sharding = getattr(x, "sharding", None)
-        shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
-        total += math.prod(shape) * np.dtype(x.dtype).itemsize
-    return int(total)
-
-
-def _usable_bytes(chip: Chip, analyses: dict) -> int:
-    if chip.platform == "cuda":
-        return int(chip.hbm_bytes * _GPU_MEMORY_SHARE)
-    return chip.hbm_bytes
-
-
 def _settings(target, drafter, batch, prompt, new, options) -> dict:
     return {
         "target_dtype": str(getattr(target, "dtype", "")),
@@ -546,60 +407,3 @@ def _settings(target, drafter, batch, prompt, new, options) -> dict:
         "max_new_tokens": new,
         "options": sorted(options),
     }
-
-
-def _advice(chip: Chip, placement: _Placement, setups, needed: int, usable: int | None) -> str:
-    """One message: what the decode needs per device, what the chip has, what to change."""
-    gib = 2**30
-    p = setups[max(setups, key=lambda k: (k[0] == "gamma", k[1]))]
-    decoder, state, _ = placement.step_args(p)
-    weights = _device_bytes((decoder.target, decoder.drafter))
-    caches = _device_bytes((state.target_cache, state.drafter_state))
-    have = f"{usable / gib:.2f} GiB" if usable else f"{chip.hbm_bytes / gib:.0f} GiB"
-    more = _more_chips(chip)
-    rows, slots = p.num_slots, p.cache_len
-    changes = ["a smaller --batch-size", "a shorter context (--prompt-length, --max-new-tokens)"]
-    if weights >= caches:  # int8 weights keep float32 caches: only the weights shrink
-        changes.insert(0, "int8 weights (--quantize int8 halves bfloat16 weights)")
-    return (
-        f"needs {needed / gib:.2f} GiB per device (weights {weights / gib:.2f} GiB, caches "
-        f"{caches / gib:.2f} GiB for {rows} row(s) of {slots} tokens); {chip.name} has {have} "
-        f"per device. Change one of: {', '.join(changes)}{more}"
-    )
-
-
-def _more_chips(chip: Chip) -> str:
-    from specjax.chips.table import CHIPS
-
-    family = chip.name.split("-")[0]
-    larger = [
-        c.name for c in CHIPS.values() if c.name.startswith(family) and c.devices > chip.devices
-    ]
-    return f", or more chips (--chip {larger[0]})" if larger else ""
-
-
-def _too_big(chip, placement, refused: OutOfMemory, analyses, settings, clock, setups):
-    needed = refused.needed_bytes or 0
-    message = _advice(chip, placement, setups, needed, refused.available_bytes)
-    message += f". The compiler: {refused.detail}"
-    return ChipReport(
-        chip=chip,
-        mesh=placement.mesh_shape,
-        fits=False,
-        peak_bytes=needed,
-        usable_bytes=refused.available_bytes or chip.hbm_bytes,
-        message=message,
-        programs={n: a.to_json() for n, a in analyses.items() if isinstance(a, Analysis)},
-        steps={},
-        plain_widths={},
-        acceptance=(),
-        acceptance_source="",
-        predicted_speedup={},
-        gamma=None,
-        reason="",
-        host_transfers=(),
-        compile_seconds=sum(
-            a.compile_seconds for a in analyses.values() if isinstance(a, Analysis)
-        ),
-        settings=settings | {"wall_seconds": clock.elapsed()},
-    )

@@ -70,9 +70,13 @@ class Chip:
 
 
 def _gpu_spec(
-    *, name: str, cores: int, memory: int, bandwidth: float, l2: int, clock_ghz: float
+    name: str, memory: int, bandwidth: float, *, cores=132, l2=50 * 2**20, clock_ghz=1.98
 ) -> str:
-    """A ``GpuTargetConfigProto`` for an sm_90 GPU from its published figures."""
+    """A ``GpuTargetConfigProto`` for an sm_90 GPU from its published figures.
+
+    The defaults are those of the GH100 die of the H100 and H200 SXM: 132 SMs, 50 MiB
+    of L2 and a 1.98 GHz boost clock.
+    """
     return f"""gpu_device_info {{
   threads_per_block_limit: 1024
   threads_per_warp: 32
@@ -99,71 +103,40 @@ device_description_str: "{name}"
 """
 
 
-_V5E = dict(
-    hbm_bytes=16 * GiB,
-    hbm_bandwidth=819 * GB,
-    peak_flops=197 * TERA,
-    peak_int8_ops=394 * TERA,
-    source="https://cloud.google.com/tpu/docs/v5e (per chip: 16 GiB HBM2 at 819 GB/s, "
-    "197 TFLOP/s bf16, 394 TOP/s int8)",
-)
-_V6E = dict(
-    hbm_bytes=32 * GiB,
-    hbm_bandwidth=1640 * GB,
-    peak_flops=918 * TERA,
-    peak_int8_ops=1836 * TERA,
-    source="https://cloud.google.com/tpu/docs/v6e (per chip: 32 GiB HBM at 1640 GB/s, "
-    "918 TFLOP/s bf16, 1836 TOP/s int8)",
-)
-_V5P = dict(
-    hbm_bytes=95 * GiB,
-    hbm_bandwidth=2765 * GB,
-    peak_flops=459 * TERA,
-    peak_int8_ops=918 * TERA,
-    source="https://cloud.google.com/tpu/docs/v5p (per chip: 95 GiB HBM2e at 2765 GB/s, "
-    "459 TFLOP/s bf16, 918 TOP/s int8)",
-)
-_V4 = dict(
-    hbm_bytes=32 * GiB,
-    hbm_bandwidth=1200 * GB,
-    peak_flops=275 * TERA,
-    peak_int8_ops=275 * TERA,
-    source="https://cloud.google.com/tpu/docs/v4 (per chip: 32 GiB HBM2 at 1200 GB/s, "
-    "275 TFLOP/s bf16 and int8)",
-)
-_H100 = dict(
-    hbm_bytes=80 * GiB,
-    hbm_bandwidth=3.35 * TERA,
-    peak_flops=989 * TERA,
-    peak_int8_ops=1979 * TERA,
-    source="https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM: 80 GB HBM3 at "
-    "3.35 TB/s, 989 TFLOP/s bf16 and 1979 TOP/s int8 dense)",
-)
-_H200 = dict(
-    hbm_bytes=141 * GB,
-    hbm_bandwidth=4.8 * TERA,
-    peak_flops=989 * TERA,
-    peak_int8_ops=1979 * TERA,
-    source="https://www.nvidia.com/en-us/data-center/h200/ (H200 SXM: 141 GB HBM3e at "
-    "4.8 TB/s, 989 TFLOP/s bf16 and 1979 TOP/s int8 dense)",
-)
+# Per chip of each family: HBM bytes, HBM bytes per second, dense bf16 FLOP/s and
+# dense int8 op/s, as the page of _SOURCES says them.
+_FIGURES = {
+    "v5e": (16 * GiB, 819 * GB, 197 * TERA, 394 * TERA),
+    "v6e": (32 * GiB, 1640 * GB, 918 * TERA, 1836 * TERA),
+    "v5p": (95 * GiB, 2765 * GB, 459 * TERA, 918 * TERA),
+    "v4": (32 * GiB, 1200 * GB, 275 * TERA, 275 * TERA),
+    "h100": (80 * GiB, 3.35 * TERA, 989 * TERA, 1979 * TERA),
+    "h200": (141 * GB, 4.8 * TERA, 989 * TERA, 1979 * TERA),
+}
+# What each family's page says, after its address (_page).
+_SOURCES = {
+    "v5e": "per chip: 16 GiB HBM2 at 819 GB/s, 197 TFLOP/s bf16, 394 TOP/s int8",
+    "v6e": "per chip: 32 GiB HBM at 1640 GB/s, 918 TFLOP/s bf16, 1836 TOP/s int8",
+    "v5p": "per chip: 95 GiB HBM2e at 2765 GB/s, 459 TFLOP/s bf16, 918 TOP/s int8",
+    "v4": "per chip: 32 GiB HBM2 at 1200 GB/s, 275 TFLOP/s bf16 and int8",
+    "h100": "H100 SXM: 80 GB HBM3 at 3.35 TB/s, 989 TFLOP/s bf16 and 1979 TOP/s int8 dense",
+    "h200": "H200 SXM: 141 GB HBM3e at 4.8 TB/s, 989 TFLOP/s bf16 and 1979 TOP/s int8 dense",
+}
 
-_H100_SPEC = _gpu_spec(
-    name="NVIDIA H100 80GB HBM3",
-    cores=132,
-    memory=80 * GiB,
-    bandwidth=_H100["hbm_bandwidth"],
-    l2=50 * 2**20,
-    clock_ghz=1.98,
+
+def _page(family: str) -> str:
+    if family.startswith("h"):
+        return f"https://www.nvidia.com/en-us/data-center/{family}/"
+    return f"https://cloud.google.com/tpu/docs/{family}"
+
+
+_FIELDS = ("hbm_bytes", "hbm_bandwidth", "peak_flops", "peak_int8_ops")
+_V5E, _V6E, _V5P, _V4, _H100, _H200 = (
+    dict(zip(_FIELDS, figures, strict=True), source=f"{_page(family)} ({_SOURCES[family]})")
+    for family, figures in _FIGURES.items()
 )
-_H200_SPEC = _gpu_spec(
-    name="NVIDIA H200",
-    cores=132,
-    memory=141 * GB,
-    bandwidth=_H200["hbm_bandwidth"],
-    l2=50 * 2**20,
-    clock_ghz=1.98,
-)
+_H100_SPEC = _gpu_spec("NVIDIA H100 80GB HBM3", 80 * GiB, _H100["hbm_bandwidth"])
+_H200_SPEC = _gpu_spec("NVIDIA H200", 141 * GB, _H200["hbm_bandwidth"])
 _HOST_2X2 = dict(chips_per_host=(2, 2, 1))
 _HOST_2X4 = dict(chips_per_host=(2, 4, 1))
 

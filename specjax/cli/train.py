@@ -28,8 +28,9 @@ def _read_corpus(paths) -> list[str]:
     return docs
 
 
+# The ModelConfig fields that --size sets, in the order of SIZES' tuples.
+_SIZE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
 SIZES = {
-    # name: (hidden, layers, heads, kv heads, intermediate)
     "tiny": (64, 2, 4, 2, 128),
     "draft": (128, 2, 4, 2, 384),
     "target": (384, 8, 6, 2, 1024),
@@ -49,8 +50,12 @@ def _check_train_args(args, distill: bool) -> None:
     """Option checks that need nothing but the command line."""
     from specjax.core.validation import check_float, check_int
 
-    for flag, lo in (("--steps", 1), ("--batch-size", 1), ("--seq-len", 1),
-                     ("--checkpoint-every", 0)):  # fmt: skip
+    for flag, lo in (
+        ("--steps", 1),
+        ("--batch-size", 1),
+        ("--seq-len", 1),
+        ("--checkpoint-every", 0),
+    ):
         check_flag(flag, check_int, getattr(args, flag[2:].replace("-", "_")), lo=lo)
     check_flag("--seed", check_int, args.seed)
     if not distill:
@@ -126,9 +131,12 @@ def _check_resumed_tokenizer(args, out, tokenizer) -> None:
         )
 
 
-def _train_in_out(args, out: Path, run):
-    """``run(checkpoint_dir, resume)`` with --out's checkpoint folder; errors as UserError."""
+def _train_in_out(args, out: Path, train_fn, model, tokens, config, **kwargs):
+    """``train_fn(model, tokens, config, **kwargs)`` keeping its checkpoints in --out (and
+    resuming them with --resume); errors as UserError."""
     import shutil
+
+    import numpy as np
 
     checkpoints = out / _CHECKPOINTS
     if args.overwrite and checkpoints.exists():
@@ -136,17 +144,35 @@ def _train_in_out(args, out: Path, run):
         # into this one. The old model itself stays until the new one replaces it.
         shutil.rmtree(checkpoints)
     try:
-        return run(checkpoints, args.resume)
+        return train_fn(
+            model,
+            np.asarray(tokens),
+            config,
+            checkpoint_dir=checkpoints,
+            resume=args.resume,
+            **kwargs,
+        )
     except FloatingPointError as e:
         raise UserError(f"{e} (--lr {args.lr})") from None
     except ValueError as e:  # training refuses before its first step, e.g. a changed config
         raise UserError(str(e)) from None
 
 
+def _run_options(args) -> dict:
+    """The `TrainConfig` fields every training command takes from its options."""
+    return dict(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        learning_rate=args.lr,
+        warmup_steps=min(100, args.steps // 10),
+        seed=args.seed,
+        max_minutes=args.max_minutes,
+        checkpoint_every=args.checkpoint_every,
+    )
+
+
 def _train_common(args, out, teacher=None):
-
-    import numpy as np
-
     from specjax.io.hf import save_pretrained
     from specjax.models import Model, ModelConfig
     from specjax.training import TrainConfig, train
@@ -178,43 +204,26 @@ def _train_common(args, out, teacher=None):
     tokens = tokenize_documents(tokenizer, docs)
     if len(tokens) <= args.seq_len:
         raise UserError(f"corpus has {len(tokens)} tokens, need more than --seq-len {args.seq_len}")
-    hidden, layers, heads, kv, inter = SIZES[args.size]
     config = ModelConfig(
         vocab_size=vocab_size,
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv,
-        intermediate_size=inter,
+        **dict(zip(_SIZE_FIELDS, SIZES[args.size], strict=True)),
         tie_word_embeddings=True,
         max_position_embeddings=max(args.seq_len, 512),
         eos_token_id=tok_lib.eos_id(tokenizer),
     )
     model = Model.random(config, seed=args.seed).replace(tokenizer=tokenizer)
     try:
-        cfg = TrainConfig(
-            steps=args.steps,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            learning_rate=args.lr,
-            warmup_steps=min(100, args.steps // 10),
-            seed=args.seed,
-            max_minutes=args.max_minutes,
-            checkpoint_every=args.checkpoint_every,
-        )
+        cfg = TrainConfig(**_run_options(args))
     except (TypeError, ValueError) as e:
         raise UserError(str(e)) from None
-    result = _train_in_out(
-        args, out, lambda checkpoint_dir, resume: train(
-            model, np.asarray(tokens), cfg, teacher=teacher,
-            checkpoint_dir=checkpoint_dir, resume=resume,
-        ),
-    )  # fmt: skip
+    result = _train_in_out(args, out, train, model, tokens, cfg, teacher=teacher)
     try:
         save_pretrained(
-            result.model.replace(tokenizer=tokenizer), out,
-            overwrite=args.overwrite, keep=(_CHECKPOINTS,),
-        )  # fmt: skip
+            result.model.replace(tokenizer=tokenizer),
+            out,
+            overwrite=args.overwrite,
+            keep=(_CHECKPOINTS,),
+        )
     except ValueError as e:  # --out changed while training
         raise UserError(f"--out {out}: {e}") from None
     print(
@@ -247,7 +256,6 @@ def cmd_train_drafter(args) -> int:
     """Trains a BlockDrafter for --model (default: the bundled target) on text files."""
 
     import jax
-    import numpy as np
 
     from specjax.core.validation import check_int
     from specjax.drafters.block import BlockDrafter
@@ -291,22 +299,21 @@ def cmd_train_drafter(args) -> int:
         raise UserError(f"corpus has {len(tokens)} tokens, need more than --seq-len {args.seq_len}")
     try:
         drafter = BlockDrafter.random(
-            target, key=jax.random.key(args.seed), num_draft=min(7, args.block_size - 1),
-            num_layers=args.layers, num_features=args.features, block_size=args.block_size,
-        )  # fmt: skip
+            target,
+            key=jax.random.key(args.seed),
+            num_draft=min(7, args.block_size - 1),
+            num_layers=args.layers,
+            num_features=args.features,
+            block_size=args.block_size,
+        )
         config = BlockTrainConfig(
-            steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-            learning_rate=args.lr, warmup_steps=min(100, args.steps // 10), seed=args.seed,
-            max_minutes=args.max_minutes, checkpoint_every=args.checkpoint_every,
-            num_anchors=args.anchors, decay=args.block_size / 2,
-        )  # fmt: skip
+            **_run_options(args),
+            num_anchors=args.anchors,
+            decay=args.block_size / 2,
+        )
     except (TypeError, ValueError) as e:
         raise UserError(str(e)) from None
-    result = _train_in_out(
-        args, out, lambda checkpoint_dir, resume: train_drafter(
-            drafter, np.asarray(tokens), config, checkpoint_dir=checkpoint_dir, resume=resume
-        ),
-    )  # fmt: skip
+    result = _train_in_out(args, out, train_drafter, drafter, tokens, config)
     drafter_weights.save(result.model, out, overwrite=True, keep=(_CHECKPOINTS,))
     print(
         f"saved {out} after {result.steps} steps; final loss {result.losses[-1]:.3f}; "

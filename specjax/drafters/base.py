@@ -178,9 +178,12 @@ class Drafter(abc.ABC):
         return None
 
     def init(
-        self, prompts_BS: jax.Array, seq_lengths_B: jax.Array, cache_len: int,
+        self,
+        prompts_BS: jax.Array,
+        seq_lengths_B: jax.Array,
+        cache_len: int,
         hidden: TargetHidden | None = None,
-    ):  # fmt: skip
+    ):
         """Builds the drafter's state after the prompt (e.g. prefills its cache).
 
         The default is a stateless drafter's: an empty state, ``()``.

@@ -207,9 +207,14 @@ class BlockDrafter(FeatureDrafter):
             target, num_layers, intermediate_size, qk_norm=bool(target.config.qk_norm)
         )
         return cls.build(
-            target, key, config, target_layers, block_size=block_size, num_draft=num_draft,
+            target,
+            key,
+            config,
+            target_layers,
+            block_size=block_size,
+            num_draft=num_draft,
             mode=mode,
-        )  # fmt: skip
+        )
 
     def check_num_draft(self) -> None:
         if not 1 <= self.num_draft <= self.block_size - 1:
@@ -257,10 +262,13 @@ class BlockDrafter(FeatureDrafter):
         if self.tree is not None:
             # DDTree's expansion: every node at depth d takes the top-k of block position
             # d, which does not depend on the path (one drafter forward for the tree).
-            tokens = jnp.concatenate([
-                child_tokens(logits_BGV[:, d : d + 1], self.tree, d, sampling.vocab_limit)
-                for d in range(self.tree.depth)
-            ], axis=1)  # fmt: skip
+            tokens = jnp.concatenate(
+                [
+                    child_tokens(logits_BGV[:, d : d + 1], self.tree, d, sampling.vocab_limit)
+                    for d in range(self.tree.depth)
+                ],
+                axis=1,
+            )
             return Proposal(tokens=tokens, probs=None, state=state)
         if histories_of(sampling):  # penalties, a constraint, a user's: per position
             return self._in_order(keys_BG, logits_BGV, state, sampling)

@@ -241,9 +241,10 @@ class DraftModel(TreeDrafter):
         def score_level(depth, tokens_Bn, cache):
             first, stop = tree.level(depth)
             mask = TreeMask(
-                start=last, slots=last[:, None] + jnp.arange(first, stop)[None],
+                start=last,
+                slots=last[:, None] + jnp.arange(first, stop)[None],
                 visible=visible[first:stop],
-            )  # fmt: skip
+            )
             positions_Bn = jnp.broadcast_to(last[:, None] + depth, tokens_Bn.shape)
             logits, cache, _ = score(
                 self.model, self._readable(tokens_Bn), positions_Bn, cache, tree=mask

@@ -175,8 +175,8 @@ class EagleDrafter(FeatureDrafter):
         cls,
         target,
         *,
-        key: jax.Array,
         num_draft: int,
+        key: jax.Array,
         target_layers: tuple[int, ...] | None = None,
         intermediate_size: int | None = None,
         mode: str = "argmax",
@@ -185,8 +185,8 @@ class EagleDrafter(FeatureDrafter):
 
         Args:
             target: the target model.
-            key: PRNG key of the initialisation.
             num_draft: γ (>= 0).
+            key: PRNG key of the initialisation.
             target_layers: target layer indices to fuse (default: a low, a middle and a
                 high layer, `specjax.drafters.features.default_target_layers`).
             intermediate_size: the head's MLP width (default: the target's).
@@ -206,8 +206,9 @@ class EagleDrafter(FeatureDrafter):
 
     # -- The reusable step: feed (feature, token) pairs at explicit positions. --------
 
-    def step_features(self, cache: KVCache, features_BQE, tokens_BQ, positions_BQ,
-                      tree: TreeMask | None = None):  # fmt: skip
+    def step_features(
+        self, cache: KVCache, features_BQE, tokens_BQ, positions_BQ, tree: TreeMask | None = None
+    ):
         """Runs the head layer on Q (feature, token) inputs per row; no logits.
 
         Each input's keys/values are written into ``cache`` at slot = its position
@@ -236,8 +237,9 @@ class EagleDrafter(FeatureDrafter):
         g = net.finish(x, q, [Keys(ck[0], cv[0], visible)])
         return g, cache.replace(k=ck, v=cv)
 
-    def step_logits(self, cache: KVCache, features_BQE, tokens_BQ, positions_BQ,
-                    tree: TreeMask | None = None):  # fmt: skip
+    def step_logits(
+        self, cache: KVCache, features_BQE, tokens_BQ, positions_BQ, tree: TreeMask | None = None
+    ):
         """`step_features` and the target's LM head: ``(logits float32[B, Q, V], g, cache)``.
 
         The logits at position ``j`` are the draft distribution of the token at ``j + 1``;
@@ -348,19 +350,26 @@ class EagleDrafter(FeatureDrafter):
             first, stop = tree.level(depth)
             local = tree.parent_of[first:stop] - tree.level(depth - 1)[0]
             mask = TreeMask(
-                start=last_B, slots=last_B[:, None] + jnp.arange(first, stop)[None],
+                start=last_B,
+                slots=last_B[:, None] + jnp.arange(first, stop)[None],
                 visible=ancestors[first:stop],
-            )  # fmt: skip
+            )
             logits, g, cache = self.step_logits(
-                cache, parent_g_BPE[:, local], tokens_Bn,
-                jnp.broadcast_to(last_B[:, None] + depth, tokens_Bn.shape), mask,
-            )  # fmt: skip
+                cache,
+                parent_g_BPE[:, local],
+                tokens_Bn,
+                jnp.broadcast_to(last_B[:, None] + depth, tokens_Bn.shape),
+                mask,
+            )
             return logits, (cache, g)
 
         tokens, (cache, _) = expand_top_k(
-            tree, logits_root_BV[:, None], sampling.vocab_limit, score_level,
+            tree,
+            logits_root_BV[:, None],
+            sampling.vocab_limit,
+            score_level,
             (state.cache, g_root_BE[:, None]),
-        )  # fmt: skip
+        )
         return Proposal(
             tokens=tokens.astype(jnp.int32), probs=None, state=state.replace(cache=cache)
         )

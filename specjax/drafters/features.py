@@ -133,9 +133,13 @@ class FeatureDrafter(TreeDrafter):
 
     @classmethod
     def build(
-        cls, target, key: jax.Array, config: ModelConfig, target_layers: tuple[int, ...],
+        cls,
+        target,
+        key: jax.Array,
+        config: ModelConfig,
+        target_layers: tuple[int, ...],
         **fields,
-    ) -> FeatureDrafter:  # fmt: skip
+    ) -> FeatureDrafter:
         """A drafter with random weights (initialised from ``key``), checked.
 
         ``fields`` are the remaining dataclass fields (``num_draft``, ``mode``, ...).
@@ -144,10 +148,33 @@ class FeatureDrafter(TreeDrafter):
             config, len(target_layers), dtype=target.dtype, rngs=nnx.Rngs(params=key)
         )
         graphdef, params = nnx.split(net)
+        return cls.of_weights(target, graphdef, params, config, target_layers, **fields)
+
+    @classmethod
+    def of_weights(
+        cls,
+        target,
+        graphdef: nnx.GraphDef,
+        params: nnx.State,
+        config: ModelConfig,
+        target_layers: tuple[int, ...],
+        **fields,
+    ) -> FeatureDrafter:
+        """The drafter of these weights (``graphdef``, ``params``) on ``target``, checked.
+
+        ``fields`` are the remaining dataclass fields (``num_draft``, ``mode``, ...).
+
+        Raises:
+            ValueError: γ, the mode or the target layers are invalid (`check`).
+        """
         drafter = cls(
-            target=target, params=params, graphdef=graphdef, config=config,
-            target_layers=target_layers, **fields,
-        )  # fmt: skip
+            target=target,
+            params=params,
+            graphdef=graphdef,
+            config=config,
+            target_layers=target_layers,
+            **fields,
+        )
         drafter.check()
         return drafter
 

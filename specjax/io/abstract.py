@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from specjax.io.hf import _check_float_dtype, _gguf_file, _read_json
 from specjax.io.hf_config import config_from_hf
 from specjax.io.tensors import _abstract_model
-from specjax.models.llama import Model
+from specjax.models.model import Model
 from specjax.models.quant import quantize as quantize_model
 
 __all__ = ["abstract_pretrained"]

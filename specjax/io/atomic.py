@@ -30,6 +30,10 @@ def _fsync_dir(path: Path) -> None:
     # Windows cannot open a directory for fsync; its renames are journaled anyway.
     if os.name == "nt":
         return
+    _fsync(path)
+
+
+def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -68,11 +72,7 @@ def fsync_tree(path: str | os.PathLike) -> None:
             file = Path(dirpath) / name
             if file.is_symlink():
                 continue
-            fd = os.open(file, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(file)
         _fsync_dir(Path(dirpath))
 
 

@@ -73,9 +73,12 @@ def _compile(template: str):
     def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         # Jinja's own tojson escapes <, > and & for HTML, which would change the prompt.
         return json.dumps(
-            value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+            value,
+            ensure_ascii=ensure_ascii,
+            indent=indent,
+            separators=separators,
             sort_keys=sort_keys,
-        )  # fmt: skip
+        )
 
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
@@ -212,9 +215,12 @@ def apply_chat_template(
     if tokenize and tokenizer is None:
         raise ValueError("tokenize=True needs a tokenizer, and the model has none")
     variables = dict(
-        variables, messages=_check_messages(messages), tools=None, documents=None,
+        variables,
+        messages=_check_messages(messages),
+        tools=None,
+        documents=None,
         add_generation_prompt=bool(add_generation_prompt),
-    )  # fmt: skip
+    )
     variables.update(template_vars)
     try:
         text = _compile(template).render(**variables)

@@ -89,9 +89,13 @@ def entry_for(gguf_path: str | os.PathLike, dtype, root: Path, quantize: str | N
     stat = path.stat()
     key = hashlib.sha256()
     for part in (
-        str(path), stat.st_size, stat.st_mtime_ns, jnp.dtype(dtype).name, _gguf_version(),
+        str(path),
+        stat.st_size,
+        stat.st_mtime_ns,
+        jnp.dtype(dtype).name,
+        _gguf_version(),
         CONVERSION_VERSION,
-    ):  # fmt: skip
+    ):
         key.update(f"{part}\0".encode())
     if quantize is not None:  # float entries keep the key they always had
         key.update(f"quantize={quantize}\0".encode())

@@ -203,14 +203,16 @@ def load(
     config = _config_from(meta["layers"])
     target_layers = tuple(meta["target_layers"])
     graphdef, params = _read_params(cls, path, config, len(target_layers), target.dtype, file)
-    drafter = cls(
-        target=target, params=params, graphdef=graphdef, config=config,
-        target_layers=target_layers, **{f: meta[f] for f in file.fields},
+    return cls.of_weights(
+        target,
+        graphdef,
+        params,
+        config,
+        target_layers,
+        **{f: meta[f] for f in file.fields},
         num_draft=int(meta["num_draft"] if num_draft is None else num_draft),
         mode=meta["mode"] if mode is None else mode,
-    )  # fmt: skip
-    drafter.check()
-    return drafter
+    )
 
 
 def _config_from(fields: dict) -> ModelConfig:

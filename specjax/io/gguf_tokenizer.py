@@ -71,14 +71,14 @@ _PRE_TOKENIZERS = {
     # No name (files from before llama.cpp recorded one): llama.cpp's fallback.
     "default": _pre(r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"),
     **dict.fromkeys(
-        ["gpt-2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4",
-         "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "gigachat", "a.x-4.0", "mellum",
-         "modern-bert"],
+        (
+            "gpt-2 phi-2 mpt olmo jais trillion granite-docling exaone4 jina-es jina-de "
+            "jina-v2-es jina-v2-de gigachat a.x-4.0 mellum modern-bert"
+        ).split(),
         _pre(_GPT2),
     ),
     **dict.fromkeys(
-        ["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
-         "lfm2", "jina-v5-nano"],
+        "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano".split(),
         _pre(_LLAMA3, ignore_merges=True, add_bos=True),
     ),
     **dict.fromkeys(["dbrx", "smaug-bpe"], _pre(_LLAMA3)),
@@ -93,7 +93,7 @@ _PRE_TOKENIZERS = {
     ),
     "tekken": _pre(_TEKKEN, ignore_merges=True, add_bos=True),
     **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], _pre(_GPT4O)),
-}  # fmt: skip
+}
 
 SUPPORTED_PRE_TOKENIZERS = tuple(sorted(_PRE_TOKENIZERS))
 """The ``tokenizer.ggml.pre`` values of byte-level (``gpt2``) vocabularies that are understood."""

@@ -3,7 +3,7 @@
 :func:`load_pretrained` reads a Hugging Face style folder (``config.json`` plus
 ``model.safetensors`` or sharded ``model-0000i-of-0000n.safetensors`` with
 ``model.safetensors.index.json``, and ``tokenizer.json`` when present) into a
-:class:`~specjax.models.llama.Model`, and sends a GGUF file to
+:class:`~specjax.models.model.Model`, and sends a GGUF file to
 :func:`specjax.io.gguf.load_gguf`; :func:`save_pretrained` writes a folder that
 ``transformers.AutoModelForCausalLM.from_pretrained`` loads unchanged.
 
@@ -30,7 +30,7 @@ import numpy as np
 from specjax.io import atomic, hub
 from specjax.io.hf_config import config_from_hf, config_to_hf
 from specjax.io.tensors import LazyTensors, host_tensors, model_from_tensors
-from specjax.models.llama import Model
+from specjax.models.model import Model
 
 __all__ = [
     "check_save_target",

@@ -37,34 +37,37 @@ _MODEL_TYPES_TO_HF = {v: k for k, v in _MODEL_TYPES_FROM_HF.items()}
 # What transformers 5 assumes for a field that config.json leaves out (the
 # class defaults of LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config).
 # ``None`` for num_key_value_heads / head_dim means "derive it".
+_DEFAULT_FIELDS = (
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+)
+
+
+def _gemma_defaults(final_logit_softcapping, attn_logit_softcapping) -> dict:
+    """Gemma's further defaults: a tied head, local layers and its query scale."""
+    return dict(
+        tie_word_embeddings=True,
+        sliding_window=4096,
+        query_pre_attn_scalar=256,
+        final_logit_softcapping=final_logit_softcapping,
+        attn_logit_softcapping=attn_logit_softcapping,
+    )
+
+
 _HF_DEFAULTS = {
-    "llama": dict(
-        num_key_value_heads=None, head_dim=None, max_position_embeddings=2048,
-        bos_token_id=1, eos_token_id=2,
-    ),
-    "mistral": dict(
-        num_key_value_heads=8, head_dim=None, max_position_embeddings=4096 * 32,
-        bos_token_id=1, eos_token_id=2, sliding_window=4096,
-    ),
-    "qwen2": dict(
-        num_key_value_heads=32, head_dim=None, max_position_embeddings=32768,
-        bos_token_id=None, eos_token_id=None,
-    ),
-    "qwen3": dict(
-        num_key_value_heads=32, head_dim=128, max_position_embeddings=32768,
-        bos_token_id=None, eos_token_id=None,
-    ),
-    "gemma2": dict(
-        num_key_value_heads=4, head_dim=256, max_position_embeddings=8192,
-        bos_token_id=2, eos_token_id=1, tie_word_embeddings=True, sliding_window=4096,
-        query_pre_attn_scalar=256, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
-    ),
-    "gemma3": dict(
-        num_key_value_heads=4, head_dim=256, max_position_embeddings=131072,
-        bos_token_id=2, eos_token_id=1, tie_word_embeddings=True, sliding_window=4096,
-        query_pre_attn_scalar=256, final_logit_softcapping=None, attn_logit_softcapping=None,
-    ),
-}  # fmt: skip
+    model_type: dict(zip(_DEFAULT_FIELDS, values, strict=True), **more)
+    for model_type, values, more in (
+        ("llama", (None, None, 2048, 1, 2), {}),
+        ("mistral", (8, None, 4096 * 32, 1, 2), dict(sliding_window=4096)),
+        ("qwen2", (32, None, 32768, None, None), {}),
+        ("qwen3", (32, 128, 32768, None, None), {}),
+        ("gemma2", (4, 256, 8192, 2, 1), _gemma_defaults(30.0, 50.0)),
+        ("gemma3", (4, 256, 131072, 2, 1), _gemma_defaults(None, None)),
+    )
+}
 
 _REQUIRED_FIELDS = (
     "vocab_size",
@@ -314,21 +317,25 @@ def _check_expressible(c: ModelConfig) -> None:
     mt = c.model_type
     wanted = {
         "llama": dict(o_proj_bias=c.attention_bias, qk_norm=False, sliding_window=None),
-        "mistral": dict(
-            attention_bias=False, o_proj_bias=False, mlp_bias=False, qk_norm=False
-        ),
+        "mistral": dict(attention_bias=False, o_proj_bias=False, mlp_bias=False, qk_norm=False),
         "qwen2": dict(
-            attention_bias=True, o_proj_bias=False, mlp_bias=False, qk_norm=False,
+            attention_bias=True,
+            o_proj_bias=False,
+            mlp_bias=False,
+            qk_norm=False,
             sliding_window=None,
         ),
         "qwen3": dict(
             o_proj_bias=c.attention_bias, mlp_bias=False, qk_norm=True, sliding_window=None
         ),
         "gemma2": dict(
-            o_proj_bias=c.attention_bias, mlp_bias=False, qk_norm=False, local_rope_theta=None,
+            o_proj_bias=c.attention_bias,
+            mlp_bias=False,
+            qk_norm=False,
+            local_rope_theta=None,
         ),
         "gemma3": dict(o_proj_bias=c.attention_bias, mlp_bias=False, qk_norm=True),
-    }[mt]  # fmt: skip
+    }[mt]
     wanted["hidden_act"] = "gelu_pytorch_tanh" if c.is_gemma else "silu"
     if not c.is_gemma:
         # Gemma's switches; the other families' transformers classes have none of them.

@@ -1,4 +1,4 @@
-"""Hugging Face tensor names <-> the parameters of a :class:`~specjax.models.llama.Model`.
+"""Hugging Face tensor names <-> the parameters of a :class:`~specjax.models.model.Model`.
 
 Shared by both checkpoint formats: the Hugging Face reader (:mod:`specjax.io.hf`)
 and the GGUF reader (:mod:`specjax.io.gguf`) hand their tensors to
@@ -26,7 +26,8 @@ import numpy as np
 from flax import nnx
 
 from specjax.models.config import ModelConfig
-from specjax.models.llama import Model, Transformer
+from specjax.models.llama import Transformer
+from specjax.models.model import Model
 
 __all__ = ["LazyTensors", "abstract_quantized", "host_tensors", "model_from_tensors"]
 

@@ -3,5 +3,5 @@
 from specjax.models.cache import KVCache as KVCache
 from specjax.models.config import SUPPORTED_MODEL_TYPES as SUPPORTED_MODEL_TYPES
 from specjax.models.config import ModelConfig as ModelConfig
-from specjax.models.llama import Model as Model
 from specjax.models.llama import Transformer as Transformer
+from specjax.models.model import Model as Model

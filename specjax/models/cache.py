@@ -48,8 +48,18 @@ class KVCache:
             dtype: the keys' and values' dtype.
 
         Returns:
-            ``KVCache(k=zeros[L, B, K, D, S], v=zeros[L, B, K, S, D], lengths=zeros[B])``
-            (keys stored slots-last, values slots-before-width: see the class doc).
+            ``KVCache(k=zeros[L, B, K, D, S], v=zeros[L, B, K, S, D], lengths=zeros[B])``,
+            axes in that order whatever the order of the arguments:
+
+            * ``k [L, B, K, D, S]``: layer, row, kv head, head width, slot. The key of
+              the token at slot (position) ``s`` of row ``b``, head ``h``, layer ``l`` is
+              ``k[l, b, h, :, s]``: keys are stored transposed, slots last.
+            * ``v [L, B, K, S, D]``: layer, row, kv head, slot, head width. Its value
+              is ``v[l, b, h, s, :]``: slots before the width.
+            * ``lengths int32[B]``: the valid slots of each row, all 0 here.
+
+            A model of its own that keeps this cache must write and read these
+            layouts (the class doc says why keys are transposed).
 
         Examples:
             >>> import specjax
@@ -65,10 +75,12 @@ class KVCache:
 
     @property
     def batch_size(self) -> int:
+        """B, the rows."""
         return self.k.shape[1]
 
     @property
     def max_len(self) -> int:
+        """S, the slots of each row."""
         return self.v.shape[3]
 
     def rollback(self, lengths: jax.Array) -> KVCache:

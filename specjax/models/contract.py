@@ -70,9 +70,10 @@ def check_logits_shape(shape: tuple, tokens_shape: tuple, vocab: int) -> None:
     b, t = tokens_shape
     if len(shape) != 3 or shape[:2] != (b, t):
         raise ModelContractError(
-            "logits [B, T, V]", f"tokens of shape {(b, t)} gave logits of shape {shape}; every "
-            "position needs its own row of logits, also for T > 1 (prefill, verification)"
-        )  # fmt: skip
+            "logits [B, T, V]",
+            f"tokens of shape {(b, t)} gave logits of shape {shape}; every "
+            "position needs its own row of logits, also for T > 1 (prefill, verification)",
+        )
     if shape[2] != vocab:
         raise ModelContractError(
             "vocab_size", f"model.vocab_size is {vocab} but the logits are {shape[2]} wide"
@@ -94,10 +95,11 @@ def checked_output(out, name: str = "the model") -> ModelOutput:
         return out
     got = f"a tuple of {len(out)}" if isinstance(out, tuple) else type(out).__name__
     raise ModelContractError(
-        "call", f"{name}'s __call__(tokens, positions, cache) returned {got}; return "
+        "call",
+        f"{name}'s __call__(tokens, positions, cache) returned {got}; return "
         "specjax.ModelOutput(logits=logits, cache=new_cache) instead (with features=... "
-        "when it is asked for feature_layers)"
-    )  # fmt: skip
+        "when it is asked for feature_layers)",
+    )
 
 
 def not_a_pytree(model) -> bool:
@@ -131,9 +133,10 @@ def check_before_compiling(model, role: str) -> None:
     name = f"{role} ({type(model).__name__})"
     if not_a_pytree(model):
         raise ModelContractError(
-            "pytree", f"{name} is not a pytree, so jax.jit cannot take it: make it a "
-            "flax.struct.dataclass or an nnx.Module, or register it"
-        )  # fmt: skip
+            "pytree",
+            f"{name} is not a pytree, so jax.jit cannot take it: make it a "
+            "flax.struct.dataclass or an nnx.Module, or register it",
+        )
     leaves, treedef = jax.tree.flatten(model)
     try:
         shapes = tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in leaves)
@@ -156,9 +159,10 @@ def check_before_compiling(model, role: str) -> None:
         )
     if not callable(getattr(cache, "rollback", None)):
         raise ModelContractError(
-            "rollback", f"{name}'s cache ({type(cache).__name__}) needs rollback(lengths) -> "
-            "cache, which the decoders call after rejecting drafts"
-        )  # fmt: skip
+            "rollback",
+            f"{name}'s cache ({type(cache).__name__}) needs rollback(lengths) -> "
+            "cache, which the decoders call after rejecting drafts",
+        )
     tokens = jax.ShapeDtypeStruct((PROBE_BATCH, 2), jnp.int32)
     try:
         out = jax.eval_shape(lambda m, c, x: m(x, x, c), model, cache, tokens)

@@ -35,9 +35,7 @@ def prefill_positions(batch_size: int, length: int) -> jax.Array:
     return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch_size, length))
 
 
-def score(
-    model, tokens_BT, positions_BT, cache, feature_layers: tuple[int, ...] = (), tree=None
-):  # fmt: skip
+def score(model, tokens_BT, positions_BT, cache, feature_layers: tuple[int, ...] = (), tree=None):
     """One target forward, collecting a drafter's hidden states when it reads any.
 
     The one place that calls the model contract with or without ``feature_layers=``
@@ -69,9 +67,13 @@ PREFILL_CHUNK = 512
 
 
 def prefill(
-    model, prompts_BP: jax.Array, prompt_lengths_B: jax.Array, cache_len: int,
-    feature_layers: tuple[int, ...] = (), chunk: int = PREFILL_CHUNK,
-):  # fmt: skip
+    model,
+    prompts_BP: jax.Array,
+    prompt_lengths_B: jax.Array,
+    cache_len: int,
+    feature_layers: tuple[int, ...] = (),
+    chunk: int = PREFILL_CHUNK,
+):
     """Runs ``model`` over right-padded prompts into a fresh cache of ``cache_len`` slots.
 
     A prompt of at most ``chunk`` tokens is one forward; a longer one is a loop of

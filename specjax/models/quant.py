@@ -208,7 +208,7 @@ def quantize(model, mode: str = "int8"):
         ValueError: an unknown ``mode``, or a model that is already quantized.
         TypeError: ``model`` is not a specjax `~specjax.models.Model`.
     """
-    from specjax.models.llama import Model
+    from specjax.models.model import Model
 
     if not isinstance(model, Model):
         raise TypeError(f"model must be a specjax Model, got {type(model).__name__}")

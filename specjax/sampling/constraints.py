@@ -98,11 +98,11 @@ class Constraint:
 
     @property
     def num_states(self) -> int:
-        return self.next_state.shape[0]
+        return len(self.next_state)
 
     @property
     def vocab_size(self) -> int:
-        return self.token_class.shape[0]
+        return len(self.token_class)
 
     def __repr__(self) -> str:
         return (
@@ -330,9 +330,10 @@ class ConstraintTable:
         next_state = np.concatenate(rows)
         s, c = (-(-n // _TABLE_BUCKET) * _TABLE_BUCKET for n in next_state.shape)
         next_state = np.pad(
-            next_state, [(0, s - next_state.shape[0]), (0, c - next_state.shape[1])],
+            next_state,
+            [(0, s - next_state.shape[0]), (0, c - next_state.shape[1])],
             constant_values=-1,
-        )  # fmt: skip
+        )
         pad_states = lambda flags: np.pad(np.concatenate(flags), (0, s - offset))  # noqa: E731
         return cls(
             next_state=jnp.asarray(next_state),

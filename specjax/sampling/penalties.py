@@ -45,9 +45,15 @@ from specjax.sampling.history import RowHistory
 from specjax.sampling.settings import histories_of
 
 __all__ = [
-    "TokenCounts", "after_token", "apply_logit_transforms", "constrain", "has_penalties",
-    "penalties_in_program", "prefix_counts", "token_counts",
-]  # fmt: skip
+    "TokenCounts",
+    "after_token",
+    "apply_logit_transforms",
+    "constrain",
+    "has_penalties",
+    "penalties_in_program",
+    "prefix_counts",
+    "token_counts",
+]
 
 
 @struct.dataclass

@@ -39,11 +39,7 @@ _FLOAT_FIELDS = ("temperature", "top_p", "min_p", *_PENALTY_FIELDS)
 _FIELDS = ("temperature", "top_k", "top_p", "min_p")
 #: The value of each penalty that turns it off.
 PENALTY_OFF = dict(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
-_DTYPES = dict(
-    temperature=jnp.float32, top_k=jnp.int32, top_p=jnp.float32, min_p=jnp.float32,
-    vocab_limit=jnp.int32, repetition_penalty=jnp.float32, presence_penalty=jnp.float32,
-    frequency_penalty=jnp.float32,
-)  # fmt: skip
+_DTYPES = dict.fromkeys(_FLOAT_FIELDS, jnp.float32) | dict(top_k=jnp.int32, vocab_limit=jnp.int32)
 
 
 def _is_host_value(value) -> bool:
@@ -388,7 +384,9 @@ def per_row(config: SamplingConfig, batch_size: int) -> SamplingConfig:
             for name, v in penalties.items()
         }
     return SamplingConfig(
-        **{name: broadcast(name) for name in _FIELDS}, vocab_limit=limit, **penalties,
+        **{name: broadcast(name) for name in _FIELDS},
+        vocab_limit=limit,
+        **penalties,
         logit_bias=rows(config.logit_bias, jnp.float32),
         forbidden_ids=rows(config.forbidden_ids, jnp.int32),
-    )  # fmt: skip
+    )

@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from specjax.io import atomic, drafter_weights
-from specjax.models.llama import Model
+from specjax.models.model import Model
 from specjax.training.config import TrainConfig, _trajectory_config
 from specjax.training.step import TrainState, make_optimizer, trains_drafter
 

@@ -82,19 +82,29 @@ class TrainConfig:
         # static jit argument and is written to JSON with each checkpoint.
         set_ = lambda name, value: object.__setattr__(self, name, value)
         for name, lo in (
-            ("steps", 1), ("batch_size", 1), ("seq_len", 1), ("warmup_steps", 0),
-            ("checkpoint_every", 0), ("keep_checkpoints", 1), ("log_every", 1),
-        ):  # fmt: skip
+            ("steps", 1),
+            ("batch_size", 1),
+            ("seq_len", 1),
+            ("warmup_steps", 0),
+            ("checkpoint_every", 0),
+            ("keep_checkpoints", 1),
+            ("log_every", 1),
+        ):
             set_(name, check_int(name, getattr(self, name), lo=lo))
         set_("seed", check_int("seed", self.seed))
         positive = dict(lo=0.0, lo_open=True)
         unit = dict(lo=0.0, hi=1.0, hi_open=True)
         for name, bounds in (
-            ("learning_rate", positive), ("min_lr_ratio", dict(lo=0.0, hi=1.0)),
-            ("weight_decay", dict(lo=0.0)), ("b1", unit), ("b2", unit), ("eps", positive),
-            ("kl_weight", dict(lo=0.0)), ("tvd_weight", dict(lo=0.0)),
+            ("learning_rate", positive),
+            ("min_lr_ratio", dict(lo=0.0, hi=1.0)),
+            ("weight_decay", dict(lo=0.0)),
+            ("b1", unit),
+            ("b2", unit),
+            ("eps", positive),
+            ("kl_weight", dict(lo=0.0)),
+            ("tvd_weight", dict(lo=0.0)),
             ("ce_weight", dict(lo=0.0)),
-        ):  # fmt: skip
+        ):
             set_(name, check_float(name, getattr(self, name), **bounds))
         if self.grad_clip is not None:
             set_("grad_clip", check_float("grad_clip", self.grad_clip, **positive))

@@ -69,6 +69,11 @@ def train_drafter(
         2
     """
     return train(
-        drafter, tokens, config, teacher=getattr(drafter, "target", None),
-        checkpoint_dir=checkpoint_dir, resume=resume, callback=callback,
-    )  # fmt: skip
+        drafter,
+        tokens,
+        config,
+        teacher=getattr(drafter, "target", None),
+        checkpoint_dir=checkpoint_dir,
+        resume=resume,
+        callback=callback,
+    )

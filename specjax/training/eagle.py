@@ -145,6 +145,8 @@ def eagle_objective(
     )
     # Scalars only in the step's metrics (the per-step vectors are for evaluation).
     return loss, {
-        "loss": loss, "accuracy": metrics["accuracy"][0], "tau": metrics["tau"],
+        "loss": loss,
+        "accuracy": metrics["accuracy"][0],
+        "tau": metrics["tau"],
         **{f"loss_step{i}": x for i, x in enumerate(metrics["step_losses"])},
-    }  # fmt: skip
+    }

@@ -21,7 +21,7 @@ import numpy as np
 
 from specjax.core.timing import Stopwatch
 from specjax.core.validation import check_int_array, with_article
-from specjax.models.llama import Model
+from specjax.models.model import Model
 from specjax.training.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
 from specjax.training.config import TrainConfig, _static_config
 from specjax.training.objectives import objective_of
@@ -60,6 +60,11 @@ def _newest_checkpoint_note(checkpoint_dir) -> str:
     return f" (newest checkpoint: {ckpts[-1]})" if ckpts else " (no checkpoint was written)"
 
 
+def _check_type(name: str, value, kind: type, what: str) -> None:
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
+
+
 def _check_inputs(model, tokens, config, teacher, checkpoint_dir) -> jax.Array:
     """Everything :func:`train` can refuse before its first step; returns the token stream."""
     if trains_drafter(model):
@@ -73,15 +78,11 @@ def _check_inputs(model, tokens, config, teacher, checkpoint_dir) -> jax.Array:
             raise ValueError(
                 f"teacher must be the {type(model).__name__}'s own target (model.target)"
             )
-    elif not isinstance(model, Model):
-        raise TypeError(f"model must be a specjax Model, got {type(model).__name__}")
-    if not isinstance(config, TrainConfig):
-        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    else:
+        _check_type("model", model, Model, "a specjax Model")
+    _check_type("config", config, TrainConfig, "a TrainConfig")
     if teacher is not None:
-        if not isinstance(teacher, Model):
-            raise TypeError(
-                f"teacher must be a specjax Model or None, got {type(teacher).__name__}"
-            )
+        _check_type("teacher", teacher, Model, "a specjax Model or None")
         if teacher.vocab_size != model.vocab_size:
             raise ValueError(
                 f"teacher has a vocabulary of {teacher.vocab_size} tokens but the model has "

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax.models.llama import Model
+from specjax.models.model import Model
 from specjax.training import data as data_lib
 
 

@@ -15,7 +15,7 @@ import optax
 from flax import struct
 
 from specjax.core.typed_jit import typed_jit
-from specjax.models.llama import Model
+from specjax.models.model import Model
 from specjax.training import data as data_lib
 from specjax.training.config import TrainConfig
 from specjax.training.losses import lm_loss
@@ -53,9 +53,13 @@ def _loss_fn(params, batch_BT1, key, *, model, teacher_params, teacher, config):
         return objective.loss(params, drafter, batch_BT1, key, config)
     del key
     return lm_loss(
-        params, batch_BT1, model=model, teacher_params=teacher_params, teacher=teacher,
+        params,
+        batch_BT1,
+        model=model,
+        teacher_params=teacher_params,
+        teacher=teacher,
         config=config,
-    )  # fmt: skip
+    )
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:

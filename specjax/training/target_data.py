@@ -40,13 +40,21 @@ def generate_continuations(
         starts = rng.integers(0, len(corpus) - prompt_len, batch)
         return np.stack([corpus[s : s + prompt_len] for s in starts])
 
-    return _sequences(target, prompts, n_tokens, key_offset=seed, new=new, minutes=minutes,
-                      label="generated", log=log)  # fmt: skip
+    return _sequences(
+        target,
+        prompts,
+        n_tokens,
+        key_offset=seed,
+        new=new,
+        minutes=minutes,
+        label="generated",
+        log=log,
+    )
 
 
 def _sequences(
     target, prompts, n_tokens, *, key_offset, new, minutes, label, eos_id=None, log=None
-):  # fmt: skip
+):
     """``int32[N]``: prompt + target output sequences, batch after batch of ``prompts()``.
 
     Rows alternate T=0 and T=1 (per-row temperatures in one batch); it stops after
@@ -57,10 +65,13 @@ def _sequences(
         rows = prompts()
         temps = jnp.asarray([0.0, 1.0] * (len(rows) // 2), jnp.float32)
         res = generate(
-            jax.random.key(key_offset + call), target, [list(map(int, r)) for r in rows],
-            max_new_tokens=new, sampling=SamplingConfig(temperature=temps),
+            jax.random.key(key_offset + call),
+            target,
+            [list(map(int, r)) for r in rows],
+            max_new_tokens=new,
+            sampling=SamplingConfig(temperature=temps),
             eos_id=eos_id,
-        )  # fmt: skip
+        )
         for p_row, row in zip(rows, res.to_lists(), strict=True):
             out.append(np.concatenate([np.asarray(p_row, np.int32), np.asarray(row, np.int32)]))
             made += len(row)
@@ -198,9 +209,17 @@ def chat_ids(target, message: str) -> np.ndarray:
 
 
 def generate_answers(
-    target, snippets, n_tokens, *, seed, batch=32, new=160, max_prompt=320, minutes=None,
+    target,
+    snippets,
+    n_tokens,
+    *,
+    seed,
+    batch=32,
+    new=160,
+    max_prompt=320,
+    minutes=None,
     log=None,
-):  # fmt: skip
+):
     """The target's chat answers to `instruction_prompts`, rows alternating T=0 and T=1.
 
     Each sequence is the rendered prompt followed by the answer up to and including
@@ -219,9 +238,16 @@ def generate_answers(
         return rows
 
     return _sequences(
-        target, prompts, n_tokens, key_offset=seed + 10_000, new=new, minutes=minutes,
-        label="chat answers", eos_id=list(end_of_turn_ids(target)), log=log,
-    )  # fmt: skip
+        target,
+        prompts,
+        n_tokens,
+        key_offset=seed + 10_000,
+        new=new,
+        minutes=minutes,
+        label="chat answers",
+        eos_id=list(end_of_turn_ids(target)),
+        log=log,
+    )
 
 
 def heldout_prompts(target, heldout, *, chat, corpus_kw, n_prompts=16, prompt_len=32):
@@ -280,9 +306,13 @@ def evaluate_drafter(
         sampling = SamplingConfig(temperature=temperature)
         for gamma in gammas:
             res = speculative_generate(
-                jax.random.key(0), target, drafter.with_draft(gamma), prompts,
-                max_new_tokens=new, sampling=sampling,
-            )  # fmt: skip
+                jax.random.key(0),
+                target,
+                drafter.with_draft(gamma),
+                prompts,
+                max_new_tokens=new,
+                sampling=sampling,
+            )
             row = dict(
                 tokens_per_call=round(float(res.tokens_per_call), 3),
                 acceptance=round(float(res.stats.acceptance_rate), 3),
