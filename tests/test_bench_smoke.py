@@ -2,6 +2,7 @@
 fail loudly; the other benchmarks' and the training recipes' quick runs and helpers."""
 
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
@@ -145,23 +146,6 @@ def test_quick_run_on_smollm2(smollm2_path, tmp_path):
         "so it is not measured."
     ) in text
     assert (tmp_path / "quick_workloads.png").stat().st_size > 0
-
-
-@pytest.mark.slow
-def test_profile_script_quick_run_prints_ops_and_breakdown():
-    out = _run_script(BENCHMARKS / "profile_decode.py", "--quick", "--top", "5")
-    assert "draft decoding, batch 1" in out and "ms/step median" in out
-    assert "per-op profile" in out and "cost breakdown" in out
-    assert "loop machinery (trivial models, min)" in out
-
-
-@pytest.mark.slow
-def test_profile_script_profiles_the_forward_at_both_widths():
-    out = _run_script(
-        BENCHMARKS / "profile_decode.py", "--quick", "--method", "forward", "--top", "3"
-    )
-    assert "forward of T=1 " in out and "forward of T=5 " in out
-    assert out.count("per-op profile") == 2 and "T=5 / T=1: " in out
 
 
 @pytest.mark.slow
@@ -335,95 +319,6 @@ def test_real_targets_judge_the_best_method_and_each():
     assert verify["value"] == 1.2 and verify["at_most"] and verify["met"]
 
 
-@pytest.mark.slow
-def test_tree_script_quick_run(tmp_path):
-    """bench_tree.py --quick (about 10 small compiles, ~1 min): every system's greedy
-    output is checked against plain greedy inside the script, which exits 1 on any
-    difference; here the chain/tree rows and the summary are checked."""
-    out = _run_script(BENCHMARKS / "bench_tree.py", "--quick", "--out", str(tmp_path))
-    assert "tree / chain" in out
-    report = json.loads((tmp_path / "quick.json").read_text())
-    systems = {(r["batch"], r["drafter"], r["system"]) for r in report["results"]}
-    for batch in (1, 3):
-        assert (batch, "plain", "plain") in systems
-        for drafter in ("model", "block"):
-            assert {(batch, drafter, "chain γ=2"), (batch, drafter, "tree 2,1")} <= systems
-    assert {(s["batch"], s["drafter"]) for s in report["summary"]} == {
-        (1, "model"),
-        (1, "block"),
-        (3, "model"),
-        (3, "block"),
-    }
-    assert all(r["tau"] >= 1.0 for r in report["results"])
-
-
-def test_bench_pair_reads_chains_confidences_and_trees():
-    """bench_pair.py's ``--gammas`` items: a chain's γ, 'γ:τ', or a tree's branching;
-    anything else is refused by argparse with the text it could not read."""
-    import argparse
-
-    bench_pair = _load_script("bench_pair")
-    parse = bench_pair.parse_gamma
-    assert parse("3") == (3, None)
-    assert parse("3:0.5") == (3, 0.5)
-    assert parse("1,2,1") == ("1,2,1", None)
-    for bad, message in (("1,0", "bad tree branching '1,0'"), ("x", "got 'x'"), ("3:y", "'3:y'")):
-        with pytest.raises(argparse.ArgumentTypeError, match=message):
-            parse(bad)
-    args = bench_pair.parse_args(["--out", "o", "--gammas", "1,2,1", "4", "2:0.5"])
-    assert bench_pair.chain_gammas(args) == [4, 2]  # prompt lookup's γ, the steps' widths
-    assert bench_pair.chain_gammas(bench_pair.parse_args(["--out", "o", "--gammas", "2,1"])) == [3]
-
-
-def test_bench_pair_pools_workloads_per_configuration():
-    """``pooled`` adds the workloads of one configuration up (tokens over seconds), takes
-    the median of the summed rounds' ratios, and keeps configurations apart; rows of
-    an older run without rounds get no median."""
-    row = dict(target="float32", draft="int8", draft_head=None, gamma=3, draft_confidence=None,
-               temperature=0.0, batch=1)  # fmt: skip
-    rows = [
-        dict(row, workload="chat", plain_tokens=10, plain_s=2.0, spec_tokens=10, spec_s=1.0,
-             plain_round_s=[2.0, 2.5, 2.2], spec_round_s=[1.0, 1.5, 1.0]),
-        dict(row, workload="code", plain_tokens=20, plain_s=3.0, spec_tokens=20, spec_s=2.0,
-             plain_round_s=[3.0, 3.5, 3.0], spec_round_s=[2.0, 2.0, 3.0]),
-        dict(row, gamma=4, workload="chat", plain_tokens=10, plain_s=2.0, spec_tokens=10,
-             spec_s=4.0),
-    ]  # fmt: skip
-    first, second = _load_script("bench_pair").pooled(rows)
-    assert first["workloads"] == ["chat", "code"] and first["gamma"] == 3
-    # 30 tokens: plain in 5 s (6 tok/s), speculative in 3 s (10 tok/s).
-    assert (first["plain_tok_s"], first["spec_tok_s"], first["speedup"]) == (6.0, 10.0, 1.67)
-    # Rounds: 5 / 3, 6 / 3.5, 5.2 / 4 s: ratios 1.667, 1.714, 1.3; the median is 1.667.
-    assert first["speedup_median_round"] == 1.67
-    assert second["gamma"] == 4 and second["speedup"] == 0.5
-    assert "speedup_median_round" not in second
-
-
-def test_bench_pair_compares_the_fastest_of_each_kind_and_measures_agreement():
-    """The ``fastest`` stage's ratio is the fastest speculative system over the fastest
-    plain one at each temperature, whichever precision either runs at; ``agreement``
-    counts equal positions over the longer answer and finds where each answer parts."""
-    bench_pair = _load_script("bench_pair")
-    spec = "float32 target, int8 draft, γ 3"
-    systems = [
-        dict(temperature=0.0, system="plain float32", speculative=False, tok_s=4.0),
-        dict(temperature=0.0, system="plain int8", speculative=False, tok_s=7.0),
-        dict(temperature=0.0, system=spec, speculative=True, tok_s=6.3),
-        dict(temperature=1.0, system="plain float32", speculative=False, tok_s=4.0),
-        dict(temperature=1.0, system="plain int8", speculative=False, tok_s=3.5),
-        dict(temperature=1.0, system=spec, speculative=True, tok_s=6.0),
-    ]
-    ratios = bench_pair.fastest_ratios(systems)
-    assert ratios["T=0"] == dict(speculative=spec, plain="plain int8", ratio=0.9)
-    assert ratios["T=1"]["plain"] == "plain float32" and ratios["T=1"]["ratio"] == 1.5
-    reference = [[1, 2, 3, 4], [5, 6, 7], [8, 9]]
-    other = [[1, 2, 3, 4], [5, 0, 7], [8]]
-    # Equal: 4 + 2 + 1 of 4 + 3 + 2 positions; parting at 4 (never), 1, and 1 (shorter).
-    assert bench_pair.agreement(reference, other) == dict(
-        positions_equal=round(7 / 9, 3), first_difference=[4, 1, 1]
-    )
-
-
 def test_real_pair_rounds_and_summary_from_fake_servers(monkeypatch):
     """bench_real_pair's coordinator, with servers that answer at known rates: a warm-up
     round (transformers' systems warmed once), timed rounds in turn, per-row medians,
@@ -442,8 +337,8 @@ def test_real_pair_rounds_and_summary_from_fake_servers(monkeypatch):
     systems = list(rate)
     workloads = [
         dict(prompt=p, tokens=n, temperature=t, hf=t == 0)
-        for p in ("chat", "code") for n in (4, 8) for t in (0.0, 1.0)
-    ]  # fmt: skip
+        for p, n, t in itertools.product(("chat", "code"), (4, 8), (0.0, 1.0))
+    ]
     rows = bench.interleaved({s: Fake() for s in systems}, systems, workloads, rounds=2)
     # Warm-up: specjax's systems on every workload, transformers' once each.
     assert calls.count("spec") == 8 * 3 and calls.count("hf-float32-plain") == 1 + 4 * 2
