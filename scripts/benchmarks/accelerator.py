@@ -44,12 +44,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-import specjax  # noqa: E402
-from harness.machine import RESULTS, run_record  # noqa: E402
-from specjax.decoding import cost_model  # noqa: E402
+import harness  # noqa: F401  (before specjax: a checkout without installing finds its own)
+import specjax
+from harness import RESULTS, ROOT, first_difference, logger, write_results
+from specjax.decoding import cost_model
 
 GAMMA = 3
 MAX_GAMMA = 4
@@ -57,10 +55,7 @@ PREDICTED = RESULTS / "chips"
 CONFIGS = Path(__file__).resolve().parent / "pair_configs"
 REAL = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
 START = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    print(f"[accelerator {time.perf_counter() - START:6.1f} s] {msg}", file=sys.stderr, flush=True)
+log = logger("accelerator")
 
 
 def chip_name(device) -> str | None:
@@ -108,10 +103,7 @@ def check_greedy(target, draft, prompts, tokens: int) -> dict:
     drafter = specjax.DraftModel(draft, num_draft=GAMMA)
     spec = specjax.speculative_generate(None, target, drafter, prompts, **kw).to_lists()
     plain = specjax.generate(None, target, prompts, **kw).to_lists()
-    first = [
-        next((i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b), None)
-        for x, y in zip(spec, plain, strict=True)
-    ]
+    first = [first_difference(x, y) for x, y in zip(spec, plain, strict=True)]
     return {"first_difference": first, "equal": all(f is None for f in first)}
 
 
@@ -248,7 +240,7 @@ def prediction_error(out: Path) -> None:
     }
     record["speedup_from_measured_costs"] = dict(enumerate(from_measured.speedups))
     record["gamma_from_measured_costs"] = from_measured.gamma
-    path.write_text(json.dumps(record, indent=1))
+    write_results(path, record)
     ratios = record["measured_over_predicted_by_width"]
     log(f"measured / predicted by width: {ratios}")
     log(
@@ -298,10 +290,7 @@ def predict(out: Path, rows_to_run=None, name: str = "predicted.json") -> None:
         if rows_to_run is not None and report["fits"]:
             break  # capacity: the first slice that fits
         log(f"predicted {chip} {pair} {' '.join(flags)}")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / name
-    path.write_text(json.dumps({**run_record(sys.argv[1:]), "rows": rows}, indent=1))
-    log(f"wrote {path}")
+    log(f"wrote {write_results(out / name, {'rows': rows})}")
     print("\n".join(predicted_table(rows)))
 
 
@@ -384,7 +373,6 @@ def main(argv=None) -> int:
     chip = chip_name(device)
     tokens = 16 if args.quick else 64
     report = {
-        **run_record(argv),
         "backend": jax.default_backend(),
         "device": getattr(device, "device_kind", str(device)),
         "chip": chip,
@@ -415,9 +403,7 @@ def main(argv=None) -> int:
         report["pairs"][name] = entry
         log(f"{name}: {json.dumps(entry['measured_over_predicted'])}")
     report["seconds"] = time.perf_counter() - START
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    log(f"wrote {args.out}")
+    log(f"wrote {write_results(args.out, report, argv)}")
     return 0 if ok else 1
 
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout
 RESULTS = ROOT / "scripts" / "benchmarks" / "results"  # one folder per benchmark
+if str(ROOT) not in sys.path:  # run from a checkout without installing: last, so that an
+    sys.path.append(str(ROOT))  # installed specjax or one on PYTHONPATH comes first
 
 
 def logger(name: str) -> Callable[[str], None]:
