@@ -1,30 +1,21 @@
 #!/usr/bin/env python
-"""Everything specjax checks and measures on a GPU or TPU, in one command of minutes.
-
-Run on one accelerator (a GPU may be lent for 15 minutes in all, so one call does
-everything, and it starts nothing new after ``--budget-s``)::
+"""Everything specjax checks and measures on a GPU or TPU, in one command of minutes
+(it starts nothing new after ``--budget-s``)::
 
     python scripts/benchmarks/accelerator.py            # on the accelerator
     python scripts/benchmarks/accelerator.py --quick    # a CPU smoke run, seconds
 
-In bfloat16 at jax's default flags it
-
-1. checks exactness there: greedy speculative decoding equals plain decoding at its
-   forward width token for token (the bundled pair, a draft model, γ = 3), and one
-   statistical test: the joint law of two sampled tokens of a tiny model under
-   rejection sampling against the exact law (chi-square, 20,000 rows, false alarm
-   0.001);
-2. measures the step costs per γ (`specjax.decoding.cost_model.measure`: plain
-   decoding at each forward width, speculation at each γ) of the bundled pair and of
-   the real pair's shapes (Qwen2.5-Coder 1.5B and 0.5B; their weights when they are
-   in the specjax cache, else random ones, whose timings are the same), and times
-   each pair through ``specjax generate --compare --json`` with no tuning flags at
-   T = 0 and T = 1 where its files are here;
-3. writes each measured step beside what ``specjax compile`` predicted for the same
-   chip (``results/chips/predicted.json``, written by this script's ``--predict`` on
-   any host), so that the prediction's error is a number. On any host, ``--error``
-   does the same against the committed H200 measurement of the real pair's shapes
-   (``results/real_pair/gpu_h200_bfloat16.json``).
+In bfloat16 at jax's default flags it checks exactness (greedy speculative decoding
+equals plain decoding at its forward width, the bundled pair, γ = 3; and the joint law
+of two tokens of a tiny model under rejection sampling against the exact law,
+chi-square, 20,000 rows, false alarm 0.001); measures the step costs per γ
+(`specjax.decoding.cost_model.measure`) of the bundled pair and of the real pair's
+shapes (their weights where cached, else random ones: the timings are the same), and
+times each pair through ``specjax generate --compare --json`` where its files are here;
+and writes each measured step beside what ``specjax compile`` predicted for that chip
+(``results/chips/predicted.json``, written by ``--predict`` on any host). On any host
+``--error`` does the same against the committed H200 measurement, ``--capacity``
+compiles the real pair at 32 rows of 16k tokens on v5e slices.
 
 Writes ``$OUT/accelerator.json`` (or ``--out``) with the date, commit, command and
 machine, and exits 1 if an exactness check fails.
@@ -46,7 +37,7 @@ import numpy as np
 
 import harness  # noqa: F401  (before specjax: a checkout without installing finds its own)
 import specjax
-from harness import RESULTS, ROOT, first_difference, logger, write_results
+from harness import RESULTS, ROOT, first_difference, logger, table, write_results
 from specjax.decoding import cost_model
 
 GAMMA = 3
@@ -291,38 +282,31 @@ def predict(out: Path, rows_to_run=None, name: str = "predicted.json") -> None:
             break  # capacity: the first slice that fits
         log(f"predicted {chip} {pair} {' '.join(flags)}")
     log(f"wrote {write_results(out / name, {'rows': rows})}")
-    print("\n".join(predicted_table(rows)))
+    print(predicted_table(rows))
 
 
-def predicted_table(rows: list[dict]) -> list[str]:
+def predicted_table(rows: list[dict]) -> str:
     """The predictions as Markdown, one line per chip and pair."""
-    gib = 2**30
-    out = [
-        "| chip | pair | weights | fits: peak / usable per chip | plain step | step at γ = 1..4 "
-        "| predicted speedup at γ = 1..4 | auto's γ |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines = []
     for row in rows:
-        r = row["report"]
-        precision = "int8" if "--quantize" in row["command"] else "bfloat16"
-        if not r["fits"]:
-            out.append(
-                f"| {r['chip']} | {row['pair']} | {precision} | no: {r['message'][:160]} | | | | |"
+        r, gib = row["report"], 2**30
+        line = {"chip": r["chip"], "pair": row["pair"], "auto's γ": r.get("gamma")}
+        line["weights"] = "int8" if "--quantize" in row["command"] else "bfloat16"
+        line["fits: peak / usable per chip"] = f"no: {r.get('message', '')[:160]}"
+        if r["fits"]:
+            steps, speedups = r["step_seconds"], r["predicted_speedup"]
+            line["fits: peak / usable per chip"] = (
+                f"yes: {r['peak_bytes'] / gib:.2f} / {r['usable_bytes'] / gib:.2f} GiB"
             )
-            continue
-        steps = r["step_seconds"]
-        later = " / ".join(f"{1e3 * steps[g]:.2f}" for g in sorted(steps, key=int)[1:])
-        speedups = " / ".join(
-            f"{r['predicted_speedup'][g]:.2f}x" for g in sorted(r["predicted_speedup"], key=int)[1:]
-        )
-        fits = "yes" if r["fits"] else "no"
-        out.append(
-            f"| {r['chip']} | {row['pair']} | {precision} | {fits}: "
-            f"{r['peak_bytes'] / gib:.2f} / {r['usable_bytes'] / gib:.2f} GiB | "
-            f"{1e3 * steps['0']:.2f} ms ({r['step_bytes']['0'] / 1e9:.2f} GB) | {later} ms | "
-            f"{speedups} | {r['gamma']} |"
-        )
-    return out
+            line["plain step"] = f"{1e3 * steps['0']:.2f} ms ({r['step_bytes']['0'] / 1e9:.2f} GB)"
+            later = sorted(steps, key=int)[1:]
+            line["step at γ = 1..4"] = " / ".join(f"{1e3 * steps[g]:.2f}" for g in later) + " ms"
+            line["predicted speedup at γ = 1..4"] = " / ".join(
+                f"{speedups[g]:.2f}x" for g in sorted(speedups, key=int)[1:]
+            )
+        lines.append(line)
+    columns = ["chip", "pair", "weights", "fits: peak / usable per chip", "plain step"]
+    return table(lines, [*columns, "step at γ = 1..4", "predicted speedup at γ = 1..4", "auto's γ"])
 
 
 def errors(measured: dict, predicted: dict | None) -> dict | None:

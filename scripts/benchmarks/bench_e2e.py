@@ -2,30 +2,21 @@
 """End to end on many prompts: plain decoding against each drafter, and the speedup the
 measured step costs predict.
 
-On one target, the same prompts and the same number of new tokens, at T = 0 and T = 1,
-batch 1 and a large batch (``--large-batch``), it decodes every prompt with plain
-decoding, the draft model (``DraftModel``, γ = ``--gamma``; only with a draft), prompt
-lookup (``PromptLookup``, n-gram ``--ngram``, γ = ``--gamma``) and the block drafter
-(``BlockDrafter``, γ = ``--block-gamma``), then sweeps γ of the draft model
-(``--sweep``) and of the block drafter (``--block-sweep``) at T = 0, batch 1.
-
-Prompts come in workloads (the lists of the prompt file). The bundled pair decodes
-``prompts/bench_prompts.json`` (code and prose, each cut to its last
-``--prompt-tokens`` tokens); a ``--target`` with a chat template decodes
-``prompts/real_prompts.json`` (chat and code-edit requests in its chat template, kept
-whole). EOS never stops a row. Before anything is timed, every greedy speculative
-output is checked equal to plain decoding's, token for token: on a difference the
-script names the system, row and position and exits 1.
+On one target, at T = 0 and 1, batch 1 and ``--large-batch``, it decodes every prompt
+with plain decoding, the draft model (``DraftModel``, γ = ``--gamma``; with a draft),
+prompt lookup (``PromptLookup``) and the block drafter (``BlockDrafter``, γ =
+``--block-gamma``), then sweeps γ of the draft model (``--sweep``) and of the block
+drafter (``--block-sweep``) at T = 0, batch 1. The bundled pair decodes
+``prompts/bench_prompts.json`` (code and prose, cut to ``--prompt-tokens``); a
+``--target`` with a chat template ``prompts/real_prompts.json`` in its chat template.
+EOS never stops a row. Before timing, every greedy speculative output is checked equal
+to plain decoding's (exit 1 naming the system, row and position otherwise).
 
 Speed is the tokens of a pass over every prompt over the median of ``--repeats`` timed
-passes after a first (compiling) one, prefill included. *Predicted* is the cost
-model's expected speedup (`specjax.decoding.cost_model.choose`) from the step costs
-it measures at batch 1 (`specjax.decoding.cost_model.measure`) and the acceptance by
-position the row achieved.
-
-Writes ``OUT/NAME.json`` (date, commit, command, machine) and ``OUT/NAME.md``;
-``--out`` defaults to ``scripts/benchmarks/results/e2e``, ``--name`` to ``bundled``,
-``quick`` or the ``--target``'s file name.
+passes after a compiling one. *Predicted* is `specjax.decoding.cost_model.choose`'s
+expected speedup from the step costs `specjax.decoding.cost_model.measure` takes at
+batch 1 and the row's acceptance by position. Writes ``OUT/NAME.json`` (date, commit,
+command, machine) and ``OUT/NAME.md`` (default ``scripts/benchmarks/results/e2e``).
 
     python scripts/benchmarks/bench_e2e.py --repeats 3                # the bundled pair
     python scripts/benchmarks/bench_e2e.py --quick --out /tmp/e2e     # tiny random pair

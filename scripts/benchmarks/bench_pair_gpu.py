@@ -1,31 +1,19 @@
 #!/usr/bin/env python
-"""The real pair's shapes on an accelerator, in bfloat16: per-step costs and speedups.
+"""The real pair's shapes on an accelerator: per-step costs and modelled speedups.
 
-One prepared run of a few minutes. Qwen2.5-Coder-1.5B
-(target) and Qwen2.5-Coder-0.5B (draft), bfloat16, batch 1, layer scan:
+Qwen2.5-Coder-1.5B (target) and 0.5B (draft), bfloat16 (or ``--dtype float32``), batch
+1, layer scan, a few minutes: the target's one-token step and (γ+1)-token verify and
+the draft's step at ``--context`` tokens (median of ``--repeats`` jitted calls); plain
+and speculative decoding end to end at each γ, greedy, with how far their outputs
+agree; and the speedup each γ would give at the acceptance measured on the CPU with the
+real weights (``results/real_pair/pair.json``), from
+`specjax.decoding.cost_model.expected_tokens`: a formula, not a measured speedup.
 
-* per-step costs at a context of ``--context`` tokens: the target's one-token step, its
-  (γ+1)-token verify forward for γ = 1..5, and the draft's one-token step (median of
-  ``--repeats`` jitted calls, each waited for);
-* end to end: plain ``generate`` and ``speculative_generate`` with the draft model at
-  each γ, ``--tokens`` new tokens, greedy, with how far the greedy outputs agree;
-* the speedup each γ would give at the acceptance measured on the CPU with the real
-  weights (the chat and code-editing workloads, ``results/real_pair/pair.json``): with
-  per-draft acceptance α, a step emits `specjax.decoding.cost_model.expected_tokens`
-  on average and costs γ draft steps plus one verify, against that many plain steps.
-
-Weights: the real ones when ``--weights`` points at the converted-weights folders
-(``$SPECJAX_CACHE/converted/...``), else random weights of the same shapes from
-``scripts/benchmarks/pair_configs`` (the device machine has no network, and the checkpoints are
-larger than what travels to it). Step costs depend on shapes only; the random pair's
-acceptance is near 0, so its end-to-end speculative rows measure the machinery, and
-the speedups come from the formula above.
-
-Writes ``OUT/NAME.json`` (default: ``gpu_<device>_<dtype>.json`` in
-``scripts/benchmarks/results/real_pair``) with the date, the commit, the command and
-the machine (its accelerator included).
-The speedups it models are a formula over measured step costs and a CPU acceptance,
-not a measured end-to-end speedup.
+Weights: ``--weights`` (converted-weights folders), else random weights of the same
+shapes from ``scripts/benchmarks/pair_configs`` (a step's cost depends on shapes only;
+random drafts are almost never accepted). Writes ``OUT/NAME.json`` (default
+``gpu_<device>_<dtype>.json`` in ``scripts/benchmarks/results/real_pair``) with the
+date, commit, command and machine.
 
     python scripts/benchmarks/bench_pair_gpu.py --out /tmp/pair_gpu            # random weights
     python scripts/benchmarks/bench_pair_gpu.py --weights TARGET_DIR DRAFT_DIR --out /tmp/pair_gpu

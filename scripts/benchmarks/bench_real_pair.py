@@ -1,75 +1,44 @@
 #!/usr/bin/env python
 """The real pair end to end on a CPU: specjax's fastest exact speculative decoding
-against its fastest plain decoding, and against transformers and llama.cpp at their
-fastest.
+against its fastest plain decoding, and against transformers and llama.cpp at theirs.
 
-Qwen2.5-Coder-1.5B-Instruct (target) and Qwen2.5-Coder-0.5B-Instruct (draft), GGUF,
-fetched once (``specjax fetch qwen2.5-coder-1.5b qwen2.5-coder-0.5b``), batch 1. The
-prompts are the first chat and the first code-edit request of
-``prompts/real_prompts.json``, rendered with the target's chat template. Every system
-stops at the end of its turn (the EOS ids of the tokenizer), and its speed is the
-tokens it generated over the seconds of the whole call, prefill included.
+Qwen2.5-Coder-1.5B-Instruct (target) and Qwen2.5-Coder-0.5B-Instruct (draft), GGUF
+(``specjax fetch qwen2.5-coder-1.5b qwen2.5-coder-0.5b``), batch 1, the first chat and
+code-edit requests of ``prompts/real_prompts.json`` in the target's chat template. Every
+system stops at the end of its turn; its speed is the tokens it generated over the
+seconds of the whole call, prefill included.
 
 Stages (``--stages``; all by default):
 
-* ``sweep``: specjax only, one process. Plain decoding at width 1 in float32 and int8
-  (the fastest plain decoding at any precision), and the speculative configurations
-  worth trying (int8 target and int8 draft; γ = 1, 2, 3; draft confidence 0.5), each at
-  its verify's width, at T = 0 and T = 1, 64 new tokens. A warm-up round, then
-  ``--rounds`` rounds, the systems in turn within each. Picks the fastest per
-  temperature (`specjax.io.presets` holds its precisions; γ is chosen on the machine).
-* ``peers``: every system in a process of its own (a JAX runtime in the same process
-  slowed transformers about 3x), only one of them running at a time, in turn round by
-  round after a warm-up:
-
-  - specjax with no tuning flags (``default``: the `specjax.io.presets` entry's
-    precisions and ``gamma="auto"``, `specjax.decoding.cost_model.tune`, as the CLI and
-    the Sampler apply them) and plain decoding at its fastest (int8, width 1);
-  - transformers in float32, bfloat16 and int8 (``hf-int8-*``: PyTorch's dynamic int8
-    quantization of every linear layer, target and assistant, ``harness/hf_worker.py``),
-    each as plain decoding, assisted generation with the 0.5B and prompt lookup, its
-    torch threads probed (the fastest of 1 .. every core, per precision);
-  - llama.cpp through llama-cpp-python (``harness/llamacpp_worker.py``) on the GGUF
-    files in their own quantized formats: plain decoding, speculative decoding with
-    the 0.5B GGUF drafting and prompt lookup, its threads probed the same way.
-
-  The transformers processes import neither jax nor specjax, the llama.cpp process
-  none of jax, specjax and torch. 64 and 128 new tokens; T = 0 (greedy: every system)
-  and T = 1 (plain sampling: specjax's systems and llama.cpp's plain decoding). The
-  summary names, per workload, the fastest system of all, and specjax's speculative
-  decoding against the fastest peer. Every side stays loaded for the whole stage:
-  about 25 GB together (transformers' float32 10 GB, bfloat16 5, int8 4 and 9.5 while
-  it loads, specjax's 3 to 4, llama.cpp's 1 and its mapped GGUF files 1.5). Where that
-  does not fit, run the stage in parts with ``--only PREFIX ...``: a part runs the
-  systems whose names start with one of the prefixes, keeps the file's rows of the
-  others and summarizes them all (a row has the date it was measured), e.g.
-  ``--only default plain-int8 hf-float32 hf-bfloat16``, then ``--only default
-  plain-int8 hf-int8 llamacpp``. ``--quick --rounds 1 --only llamacpp --out /tmp/rp``
-  is a smoke run of llama.cpp alone.
+* ``sweep``: specjax only. Plain decoding at width 1 in float32 and int8, and speculative
+  decoding (int8 target and draft; γ = 1, 2, 3; draft confidence 0.5) at its verify's
+  width, T = 0 and 1, 64 new tokens; a warm-up round, then ``--rounds`` rounds in turn.
+* ``peers``: every system in a process of its own, one running at a time, in turn round
+  by round after a warm-up: specjax with no tuning flags (``default``: the preset's
+  precisions and gamma auto, `specjax.decoding.cost_model.tune`) and its plain int8;
+  transformers in float32, bfloat16 and int8 (``harness/hf_worker.py``) as plain
+  decoding, assisted by the 0.5B and prompt lookup; llama.cpp (``harness/llamacpp_worker.py``)
+  on the GGUF files: plain, drafted by the 0.5B, prompt lookup; each side's threads
+  probed. 64 and 128 new tokens; T = 0 (every system) and T = 1 (specjax's systems and
+  llama.cpp's plain decoding). All sides stay loaded (about 25 GB): where that does not
+  fit, run parts with ``--only PREFIX ...``, which keeps the file's rows of the others.
 * ``cli``: ``specjax generate --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b
-  --chat TEXT --max-new-tokens 64 --compare --json``, the command a user runs, with no
-  tuning flags, on each prompt at T = 0 and T = 1 (``--temperature 1``), and the same
-  for the bundled pair (``specjax generate TEXT --max-new-tokens 128 --compare --json``)
-  on the first code and the first prose prompt of ``prompts/bench_prompts.json``: the
-  speed, gamma auto's choice with the step costs and the expected speedup it chose
-  from, the speedup the cost model expects at the acceptance the run achieved, the
-  speedup over plain decoding, and whether the output equals plain decoding at its
-  forward width.
+  --chat TEXT --max-new-tokens 64 --compare --json``, with no tuning flags, on each
+  prompt at T = 0 and 1, and the same for the bundled pair on the first code and prose
+  prompts of ``prompts/bench_prompts.json`` (128 tokens): speed, gamma auto's choice and
+  expected speedup, the speedup over plain decoding, and whether the output equals plain
+  decoding at its forward width.
+* ``session``: the five requests of ``prompts/session_prompts.json`` through one
+  `specjax.Sampler` with no tuning flags, the last timed, against plain decoding at the
+  preset's precision (`stage_session`).
 
-* ``session``: a repeated session through one `specjax.Sampler` with no tuning flags:
-  the five requests of ``prompts/session_prompts.json`` in turn, the last timed, against
-  plain decoding at the pair's preset precision on the same requests (`stage_session`).
+Writes ``OUT/NAME.json`` (default ``scripts/benchmarks/results/real_pair/cpu.json``) with
+each stage's date, commit, command and machine; a stage replaces its earlier results.
 
-Writes ``OUT/NAME.json`` (default ``scripts/benchmarks/results/real_pair/cpu.json``),
-with each stage's date, commit, command and machine; a stage's results replace that
-stage's earlier ones (a part of the peers stage: its systems' rows).
+    python scripts/benchmarks/bench_real_pair.py --stages peers --rounds 2 --only default hf-int8
+    python scripts/benchmarks/bench_real_pair.py --out /tmp/rp --stages sweep --rounds 1
 
-    python scripts/benchmarks/bench_real_pair.py
-    python scripts/benchmarks/bench_real_pair.py --out /tmp/rp --stages sweep --rounds 1 --quick
-    python scripts/benchmarks/bench_real_pair.py --stages peers --rounds 3
-
-The peers stage needs the ``bench`` extra (``pip install -e .[bench]``: transformers,
-torch and llama-cpp-python, which compiles llama.cpp from source where no wheel fits).
+The peers stage needs the ``bench`` extra (transformers, torch, llama-cpp-python).
 """
 
 from __future__ import annotations

@@ -1,32 +1,20 @@
 """Offline throughput: N prompts through 1, 4, 16 and 64 slots, with and without refill.
 
-The workload is a dataset pass: ``--num-prompts`` (64) prompts cut from held-out
-standard-library files (ragged, 16 to 64 tokens), each with its own budget drawn
-uniformly from ``[--min-new, --max-new]`` (16 to 128 tokens; fixed seed), stopping at
-EOS too. For each slot count it measures total generated tokens per second
-(compilation apart) and the fraction of idle row-steps, ``1 - Σ active row-steps /
-(loop iterations · slots)``, of:
+``--num-prompts`` (64) prompts cut from held-out standard-library files (16 to 64 tokens),
+each with a budget drawn from ``[--min-new, --max-new]``, stopping at EOS too. For each
+slot count: tokens per second (compilation apart) and the idle row-steps, ``1 - Σ active
+row-steps / (loop iterations · slots)``, of plain decoding in static batches of ``slots``
+rows, plain decoding with refill (``num_slots``), speculative decoding with refill at each
+γ of ``--gammas``, and with adaptive γ (``gamma_by_active_rows``: at each slot count the
+fastest fixed γ, 0 included, or ``--table``). All at T = 0, every output checked equal to
+plain greedy decoding first; then at T = 1 ``DraftModel`` with its true q against
+``greedy_draft=True`` and confidence thresholds τ.
 
-  * plain decoding with a **static** batch: the prompts in consecutive batches of
-    ``slots`` rows, each batch running until its slowest row is done;
-  * plain decoding with **refill** (``num_slots=slots``: a finished row takes the next
-    prompt inside the loop);
-  * speculative decoding with refill and a fixed γ, for each γ in ``--gammas``;
-  * speculative decoding with refill and **adaptive γ**: ``gamma_by_active_rows``
-    built from the fixed-γ runs (at each slot count, the γ that was fastest there,
-    γ = 0, a plain step, included).
+    python scripts/benchmarks/bench_throughput.py --table 1:4,4:4,16:3,64:0   # bundled pair
+    python scripts/benchmarks/bench_throughput.py --quick                     # tiny random pair
 
-All of that at temperature 0; every output is checked equal to plain greedy
-decoding, prompt by prompt, before anything is reported. At temperature 1 it then
-compares ``DraftModel`` with its true q against ``greedy_draft=True`` and against a
-confidence threshold ``draft_confidence`` (τ), at 1 and 16 slots.
-
-    python scripts/benchmarks/bench_throughput.py                 # bundled pair, ~15 min here
-    python scripts/benchmarks/bench_throughput.py --quick         # tiny random pair, ~1 min
-
-Writes ``NAME.json`` (with the date, the commit, the command and the machine) and
-``NAME.md`` under ``--out`` (default ``scripts/benchmarks/results/throughput``; ``--name``
-defaults to ``bundled``, or ``quick`` with ``--quick``).
+Writes ``NAME.json`` (date, commit, command, machine) and ``NAME.md`` under ``--out``
+(default ``scripts/benchmarks/results/throughput``; ``--name``: ``bundled`` or ``quick``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 #!/usr/bin/env python
-"""Block against token-wise verification: drafts kept per step at T = 1, same drafts' law.
+"""Block against token-wise verification: drafts kept per target call at T = 1.
 
 Both verifiers are exact; block verification keeps at least as many drafts on average.
-This measures how many more, per target call, on the bundled pair (γ = 4) and on the
-real pair (Qwen2.5-Coder 1.5B with the 0.5B drafting, int8 as its preset, γ = 2) where
-its files are in the specjax cache. Each prompt (the real pair: the first two chat and
-two code-edit prompts of ``prompts/real_prompts.json`` in its chat template; the
-bundled pair: `BUNDLED_PROMPTS`) is decoded by ``--rows`` rows with
-their own seeds at temperature 1, by both verifiers with the same key; a row's accepted
-drafts per target call is one unit, and the table gives the mean and its standard error
-over the units, with the paired difference (block - token-wise, the same prompt and
-seed) and its standard error. Only acceptance is measured, not time.
+This measures how many more on the bundled pair (γ = 4, `BUNDLED_PROMPTS`) and, where
+its files are cached, the real pair (Qwen2.5-Coder 1.5B and 0.5B, int8 as its preset,
+γ = 2, two chat and two code-edit prompts of ``prompts/real_prompts.json``). Each
+prompt is decoded by ``--rows`` seeded rows, by both verifiers with the same key; a
+row's accepted drafts per target call is one unit: mean, standard error, and the paired
+difference (block - token-wise). Acceptance only, not time.
 
     python scripts/benchmarks/bench_verification.py
     python scripts/benchmarks/bench_verification.py --quick   # the bundled pair, seconds

@@ -1,22 +1,20 @@
 """transformers' side of ``bench_real_pair.py --stages peers``, in a process of its own.
 
 Run as a script (``python hf_worker.py DTYPE TARGET.gguf DRAFT.gguf``) by
-``bench_real_pair.py``, never imported: this file imports torch and transformers only,
-so no JAX runtime shares the process (one in the same process slowed transformers'
-decoding about 3x). It loads both GGUF files in ``DTYPE``: ``float32`` or ``bfloat16``
-dequantized, or ``int8``: float32, then every ``nn.Linear`` of the target and the
-assistant quantized with PyTorch's dynamic int8 (`quantize_dynamic`: int8 weights with
-one scale per output row, as specjax's ``int8``, each input quantized as it comes with
-one scale per forward, specjax's one per token). That scale spans every token of a
-forward, so a prompt scored with drafts can give other greedy tokens than alone.
+``bench_real_pair.py``, never imported: it imports torch and transformers only (a JAX
+runtime in the same process slowed transformers about 3x). ``DTYPE`` is ``float32`` or
+``bfloat16`` (the GGUF files dequantized), or ``int8``: float32, then every
+``nn.Linear`` of target and assistant in PyTorch's dynamic int8 (`quantize_dynamic`:
+a scale per output row, as specjax's ``int8``; each input quantized with one scale per
+forward, specjax's one per token, so a prompt scored with drafts can give other greedy
+tokens than alone).
 
-It sets torch's thread count to the fastest of 1 .. every core (`Worker.probe_threads`),
-prints ``{"ready": true, "threads"}`` and answers one JSON job per stdin line
-(``{"system", "text", "tokens", "temperature"}``, ``system`` one of
-``hf-DTYPE-plain|assistant|lookup``) with one JSON line (``{"seconds", "ids",
-"threads"}``) on the stdout it was started with; what the libraries print goes to
-stderr. Each job renders its text with the target's chat template, tokenizes it before
-the timer starts and stops after an EOS id (`EOS_IDS`) or at ``tokens`` new tokens.
+It probes torch's thread count (`Worker.probe_threads`), prints ``{"ready": true,
+"threads"}`` and answers one JSON job per stdin line (``{"system", "text", "tokens",
+"temperature"}``, ``system`` one of ``hf-DTYPE-plain|assistant|lookup``) with one JSON
+line (``{"seconds", "ids", "threads"}``); what the libraries print goes to stderr. Each
+job renders its text with the target's chat template, tokenizes it before the timer
+starts and stops after an EOS id (`EOS_IDS`) or at ``tokens`` new tokens.
 """
 
 from __future__ import annotations
