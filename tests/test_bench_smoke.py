@@ -2,6 +2,7 @@
 fail loudly; the other benchmarks' and the training recipes' quick runs and helpers."""
 
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
@@ -42,134 +43,51 @@ def _run_script(path: Path, *args: str, timeout: float = 600) -> str:
     return proc.stdout
 
 
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    """``(stdout, out folder)`` of one ``--quick`` run, shared by the tests that read it."""
-    tmp_path = tmp_path_factory.mktemp("e2e_quick")
-    return _run_script(SCRIPT, "--quick", "--out", str(tmp_path)), tmp_path
-
-
 @pytest.mark.slow
-def test_quick_run_prints_tables_and_writes_results(quick_run):
-    out, tmp_path = quick_run
-    assert "| system | method | batch | T | tok/s |" in out
-    assert "γ sweep" in out and "Targets:" in out
-    assert "agree token for token" in out
+def test_e2e_quick_run_checks_times_and_predicts(tmp_path):
+    """bench_e2e.py --quick: every drafter at T = 0 and 1, both sweeps, greedy outputs
+    checked equal to plain decoding, the cost model's prediction at batch 1, and the
+    results file's record."""
+    out = _run_script(SCRIPT, "--quick", "--out", str(tmp_path))
+    assert "| method | gamma | batch | temperature | tok_s |" in out
+    assert "γ sweep" in out and "Block-size sweep" in out
     results = json.loads((tmp_path / "quick.json").read_text())
-    systems = {(r["framework"], r["method"], r["batch"]) for r in results["rows"]}
-    assert {("transformers", m, 1) for m in ("plain", "draft", "lookup")} <= systems
-    assert {("specjax", m, 4) for m in ("plain", "draft", "lookup")} <= systems
-    assert [r["gamma"] for r in results["sweep"]] == [1, 2]
-    assert all(r["tokens"] == 2 * 12 for r in results["rows"] if r["batch"] == 1)
-    for name in ("quick_gamma_sweep.png", "quick_throughput.png", "quick_block_sweep.png",
-                 "quick.md", "quick_acceptance_by_position.png"):  # fmt: skip
-        assert (tmp_path / name).stat().st_size > 0
     assert results["commit"] and results["date"] and results["machine"]["jax"]
-    for r in results["rows"]:  # α_i per draft position for specjax's drafters only
-        by_position = r["acceptance_by_position"]
-        if r["framework"] == "specjax" and r["method"] != "plain":
-            assert len(by_position) == r["gamma"], r
-            assert all(a is None or 0.0 <= a <= 1.0 for a in by_position)
-        else:
-            assert by_position is None, r
-
-
-@pytest.mark.slow
-def test_quick_run_covers_the_block_drafter(quick_run):
-    out, tmp_path = quick_run
-    assert "Block-size sweep" in out and "block γ=2:" in out  # table and diagnosis
-    results = json.loads((tmp_path / "quick.json").read_text())
-    assert results["config"]["block_drafter"].startswith("random weights")
-    block = [r for r in results["rows"] if r["method"] == "block"]
-    # specjax only (transformers has no block drafter), at T=0 and 1; batch 1 only in
-    # --quick (its large batch would be one more decode loop to compile).
-    assert {(r["framework"], r["batch"], r["temperature"]) for r in block} == {
-        ("specjax", 1, 0.0),
-        ("specjax", 1, 1.0),
-    }
-    # Their greedy outputs went through the equality check with every other system.
-    assert "specjax block γ=2 b=1 T=0" in results["greedy_checked"]
-    for r in block:
-        if r["batch"] == 1:  # costs measured: a prediction to compare with
-            assert r["predicted_speedup"] > 0 and r["realized_over_predicted"] > 0
-            assert r["cost_draft_ms"] > 0 and r["cost_verify_features_ms"] > 0
+    systems = {(r["method"], r["batch"], r["temperature"]) for r in results["rows"]}
+    for t in (0.0, 1.0):
+        assert {(m, b, t) for m in ("plain", "draft", "lookup") for b in (1, 4)} <= systems
+        assert ("block", 1, t) in systems
+    assert "block γ=2 b=1 T=0" in results["greedy_checked"]
+    assert [r["gamma"] for r in results["sweep"]] == [1, 2]
     assert [r["gamma"] for r in results["block_sweep"]] == [2]
-    assert all(r["predicted_speedup"] is not None for r in results["block_sweep"])
-    keys = {t["target"] for t in results["targets"]}
-    assert {"block_over_plain", "block_over_plain_t1", "block_tau"} <= keys
-    assert (tmp_path / "quick_block_sweep.png").stat().st_size > 0
+    for r in results["rows"]:
+        if r["method"] == "plain":
+            assert r["acceptance_by_position"] is None and r["speedup"] is None
+            continue
+        assert len(r["acceptance_by_position"]) == r["gamma"]
+        assert (r["predicted_speedup"] is not None) == (r["batch"] == 1), r
+    assert set(results["step_costs"]) == {"draft", "lookup", "block"}
+    assert (tmp_path / "quick.md").read_text().strip() == out.strip()
 
 
 @pytest.mark.real
-def test_quick_run_on_smollm2(smollm2_path, tmp_path):
-    """``--quick --target`` benchmarks the real model end to end: every system at T=0
-    and 1 on both workloads, greedy outputs equal, the real-model targets reported.
-
-    Measured: 430 s under this suite's XLA flags on a 2-core Xeon shared with a
-    training job (load average 5); most of it compiles the 30-layer model's decode
-    loops (one per prompt width, system and batch) and cost probes. Its settings are
-    the fewest that reach every system: see ``quick_real`` in the script.
-    """
-    out = _run_script(
+def test_e2e_quick_run_on_smollm2(smollm2_path, tmp_path):
+    """``--quick --target``: the real model's chat template, no draft model."""
+    _run_script(
         SCRIPT, "--quick", "--target", str(smollm2_path), "--out", str(tmp_path), timeout=2400
     )
     results = json.loads((tmp_path / "quick.json").read_text())
-    assert results["config"]["real_model"] and results["config"]["draft_dir"] is None
-    assert results["config"]["block_drafter"].startswith("random weights")
-    five = {("specjax", m) for m in ("plain", "block", "lookup")}
-    five |= {("transformers", m) for m in ("plain", "lookup")}
-    for rows in (results["rows"], results["workload_rows"]):
-        found = {(r["framework"], r["method"], r["temperature"]) for r in rows if r["batch"] == 1}
-        assert found == {(*s, t) for s in five for t in (0.0, 1.0)}
-    assert not any(r["method"] == "draft" for r in results["rows"])  # no draft model
-    assert {r["workload"] for r in results["workload_rows"]} == {"chat", "code-edit"}
-    assert any(r["batch"] == 2 for r in results["rows"])
-    assert all(r["tokens"] == 2 * 8 for r in results["rows"] if r["batch"] == 1)
-    # The greedy check ran on every T=0 system and passed (the script exits 1 on a
-    # mismatch), with no near-tie tolerated.
-    checked = results["greedy_checked"]
-    for fw, m in five:
-        assert any(n.startswith(f"{fw} {m} ") and n.endswith(" T=0") for n in checked), (fw, m)
-    assert results["near_ties"] == []
-    keys = {t["target"] for t in results["targets"]}
-    assert {"over_plain:best", "over_hf_fastest:best", "over_plain_t1:best"} <= keys
-    assert {"realized_over_predicted:lookup", "verify_over_step"} <= keys
-    assert all(t["value"] is not None for t in results["targets"])
-    text = (tmp_path / "quick.md").read_text()
-    assert text.strip() == out.strip()
-    assert "agree token for token" in text
-    assert "Targets:" in text and "| target | required | measured | met |" in text
-    assert "| specjax target forward of 5 tokens / of 1 token" in text
-    assert (
-        "Assisted generation needs an assistant model; there is none for SmolLM2-135M, "
-        "so it is not measured."
-    ) in text
-    assert (tmp_path / "quick_workloads.png").stat().st_size > 0
-
-
-@pytest.mark.slow
-def test_profile_script_quick_run_prints_ops_and_breakdown():
-    out = _run_script(BENCHMARKS / "profile_decode.py", "--quick", "--top", "5")
-    assert "draft decoding, batch 1" in out and "ms/step median" in out
-    assert "per-op profile" in out and "cost breakdown" in out
-    assert "loop machinery (trivial models, min)" in out
-
-
-@pytest.mark.slow
-def test_profile_script_profiles_the_forward_at_both_widths():
-    out = _run_script(
-        BENCHMARKS / "profile_decode.py", "--quick", "--method", "forward", "--top", "3"
-    )
-    assert "forward of T=1 " in out and "forward of T=5 " in out
-    assert out.count("per-op profile") == 2 and "T=5 / T=1: " in out
+    assert set(results["config"]["workloads"]) == {"chat", "code-edit"}
+    assert {r["method"] for r in results["rows"]} == {"plain", "lookup", "block"}
 
 
 @pytest.mark.slow
 def test_train_block_drafter_script_quick_run(tmp_path):
     """The script that made the shipped drafters runs every stage (bundled target)."""
     out_dir = tmp_path / "block"
-    _run_script(TRAINING / "train_block_drafter.py", "--quick", "--no-progress",
-                "--out", str(out_dir))  # fmt: skip
+    _run_script(
+        TRAINING / "train_block_drafter.py", "--quick", "--no-progress", "--out", str(out_dir)
+    )
     report = json.loads((out_dir / "train_report.json").read_text())
     assert report["target"] == "bundled" and report["steps"] == 20
     assert {"T0_gamma1", "T1_gamma3"} <= set(report["evaluation"])
@@ -200,9 +118,9 @@ def test_throughput_script_quick_run(tmp_path):
     report = json.loads((tmp_path / "quick.json").read_text())
     systems = {(r["system"], r["slots"]) for r in report["slots"]}
     for slots in (1, 3):
-        for system in ("plain static batch", "plain refill", "spec γ=1 refill",
-                       "spec adaptive refill"):  # fmt: skip
+        for system in ("plain static batch", "plain refill", "spec γ=1 refill"):
             assert (system, slots) in systems
+        assert ("spec adaptive refill", slots) in systems
     assert set(report["table"]) == {"1", "3"} and set(report["table"].values()) <= {0, 1}
     by = {(r["system"], r["slots"]): r for r in report["slots"]}
     # With one slot nothing idles; refill never idles more than a static batch.
@@ -217,211 +135,55 @@ def test_throughput_script_quick_run(tmp_path):
     assert (tmp_path / "quick.md").read_text().count("|") > 20
 
 
-def test_equal_outputs_pass():
+class _Decoded:
+    """What `bench_e2e.System.tokens` reads: a system's greedy rows per workload."""
+
+    def __init__(self, name, method, rows, batch=1):
+        self.name, self.method, self.batch, self.temperature = name, method, batch, 0.0
+        self.outputs, self.rows = {"code": None}, rows
+
+    def tokens(self, workload):
+        return self.rows
+
+
+def test_greedy_check_names_the_system_row_and_token():
     bench = _load_script()
-    reference = [[1, 2, 3], [4, 5, 6]]
-    # A large batch cycles through the prompts: row 2 is prompt 0 again.
-    outputs = {"a": [[1, 2, 3], [4, 5, 6]], "b": [[1, 2, 3], [4, 5, 6], [1, 2, 3]]}
-    assert bench.check_greedy_outputs(reference, outputs) == []
+    plain = _Decoded("plain b=1 T=0", "plain", [[1, 2, 3], [4, 5, 6]])
+    good = _Decoded("draft γ=2 b=1 T=0", "draft", [[1, 2, 3], [4, 5, 6]])
+    bad = _Decoded("lookup γ=2 b=1 T=0", "lookup", [[1, 2, 3], [4, 9, 6]])
+    short = _Decoded("block γ=2 b=1 T=0", "block", [[1, 2], [4, 5, 6]])
+    assert bench.check_greedy([plain, good], {1: plain}) == []
+    failures = bench.check_greedy([plain, good, bad, short], {1: plain})
+    assert failures == [
+        "lookup γ=2 b=1 T=0 [code]: row 1 differs from plain decoding at new token 1: "
+        "expected 5, got 9",
+        "block γ=2 b=1 T=0 [code]: row 0 differs from plain decoding at new token 2: "
+        "expected 3, got None",
+    ]
 
 
-def test_mismatched_outputs_fail_loudly():
+def test_batches_cycle_through_the_prompts():
     bench = _load_script()
-    reference = [[1, 2, 3], [4, 5, 6]]
-    outputs = {"good": [[1, 2, 3], [4, 5, 6]], "bad": [[1, 2, 3], [4, 9, 6]], "short": [[1, 2]]}
-    with pytest.raises(bench.GreedyMismatchError) as info:
-        bench.check_greedy_outputs(reference, outputs, logit_gaps=lambda m: {"specjax": 0.5})
-    found = {(m.system, m.prompt, m.position, m.expected, m.got) for m in info.value.mismatches}
-    assert found == {("bad", 1, 1, 5, 9), ("short", 0, 2, 3, -1)}
-    message = str(info.value)
-    assert "bad: row 1 (prompt 1) differs at new token 1: expected 5, got 9" in message
-    assert "specjax +5.000e-01" in message
-
-
-def test_near_ties_are_tolerated_only_below_tie_tol():
-    bench = _load_script()
-    reference, outputs = [[1, 2, 3]], {"flip": [[1, 7, 7]]}
-
-    def gaps(m):
-        return {"specjax": 2e-6, "transformers": -1e-6}
-
-    with pytest.raises(bench.GreedyMismatchError):
-        bench.check_greedy_outputs(reference, outputs, logit_gaps=gaps)  # strict by default
-    ties = bench.check_greedy_outputs(reference, outputs, logit_gaps=gaps, tie_tol=1e-5)
-    assert [(m.position, m.expected, m.got) for m in ties] == [(1, 2, 7)]
-    with pytest.raises(bench.GreedyMismatchError):  # no gap known: never a tolerated tie
-        bench.check_greedy_outputs(reference, outputs, tie_tol=1e-5)
-
-
-def test_main_exits_nonzero_on_mismatch(monkeypatch, capsys):
-    bench = _load_script()
-
-    def wrong(args):
-        bench.check_greedy_outputs([[1, 2]], {"x": [[1, 3]]})
-
-    monkeypatch.setattr(bench, "run_benchmark", wrong)
-    assert bench.main(["--quick"]) == 1
-    err = capsys.readouterr().err
-    assert "FAIL" in err and "x: row 0 (prompt 0) differs at new token 1" in err
-
-
-def test_costs_of_a_feature_drafter():
-    """draft_cost / interleaved_cost build a feature drafter's state from the target's."""
-    import jax
-
-    import specjax
-    from harness import draft_cost, interleaved_cost
-
-    target = specjax.testing.tiny_model(seed=0)
-    drafter = specjax.BlockDrafter.random(target, key=jax.random.key(0), num_draft=2)
-    sampling = specjax.SamplingConfig(temperature=0.0)
-    with pytest.raises(ValueError, match="target="):
-        draft_cost(drafter, 1, 8, sampling, repeats=1, inner=1)
-    seconds = interleaved_cost(target, drafter, 1, 8, sampling, repeats=1, inner=1)
-    assert 0 < seconds < 60
-
-
-def test_specjax_mismatches_are_never_tolerated_as_ties():
-    bench = _load_script()
-    reference, gaps = [[1, 2, 3]], (lambda m: {"specjax": 2e-6, "transformers": -1e-6})
-    outputs = {"transformers lookup": [[1, 7, 7]], "specjax lookup": [[1, 2, 3]]}
-    ties = bench.check_greedy_outputs(
-        reference, outputs, logit_gaps=gaps, tie_tol=1e-5, strict={"specjax lookup"}
-    )
-    assert [m.system for m in ties] == ["transformers lookup"]
-    outputs["specjax lookup"] = [[1, 7, 7]]  # the same near-tie, but within specjax
-    with pytest.raises(bench.GreedyMismatchError, match="specjax lookup"):
-        bench.check_greedy_outputs(
-            reference, outputs, logit_gaps=gaps, tie_tol=1e-5, strict={"specjax lookup"}
-        )
-
-
-def test_helpers_for_real_targets():
-    bench = _load_script()
-    assert bench.model_name(Path("SmolLM2-135M-Instruct.Q4_1.gguf")) == "SmolLM2-135M"
-    assert bench.model_name(Path("Qwen2.5-0.5B-Instruct-Q4_K_M.gguf")) == "Qwen2.5-0.5B"
-    # A large batch cycles through a workload's prompts to fill its last batch.
     assert bench.batches_of([1, 2, 3], 2) == [[1, 2], [3, 1]]
     assert bench.batches_of([1, 2, 3], 1) == [[1], [2], [3]]
 
 
-def test_real_targets_judge_the_best_method_and_each():
-    bench = _load_script()
+def test_results_record_and_markdown_table(tmp_path):
+    from harness import first_difference, table, write_results
 
-    def row(framework, method, t, tok_s, speedup=None, rp=None):
-        gamma = None if method == "plain" else 4
-        keys = ("framework", "method", "temperature", "gamma", "tok_s", "speedup")
-        values = (framework, method, t, gamma, tok_s, speedup)
-        return dict(zip(keys, values, strict=True), batch=1, realized_over_predicted=rp)
-
-    rows = [
-        row("specjax", "plain", 0.0, 10.0),
-        row("transformers", "plain", 0.0, 4.0),
-        row("transformers", "lookup", 0.0, 5.0),  # transformers' fastest: the reference
-        row("specjax", "lookup", 0.0, 25.0, 2.5, 0.95),
-        row("specjax", "block", 0.0, 15.0, 1.5, 0.8),
-        row("specjax", "plain", 1.0, 10.0),
-        row("specjax", "lookup", 1.0, 11.0, 1.1),
-        row("specjax", "block", 1.0, 17.0, 1.7),
+    path = write_results(tmp_path / "x" / "r.json", {"rows": [1]}, ["--quick"])
+    written = json.loads(path.read_text())
+    assert written["rows"] == [1] and written["machine"]["jax"] and written["date"]
+    assert written["command"].endswith("--quick") and written["commit"]
+    rows = [{"a": 1, "b": 0.12345}, {"a": 2, "b": None}]
+    assert table(rows, ["a", ("b", ".2f")]).splitlines() == [
+        "| a | b |",
+        "|---|---|",
+        "| 1 | 0.12 |",
+        "| 2 | — |",
     ]
-    found = {t["target"]: t for t in bench.real_targets_of(rows, {"1": 10.0, "5": 12.0})}
-    assert found["over_plain:best"]["system"] == "best (lookup γ=4)"
-    assert found["over_plain:best"]["value"] == 2.5 and found["over_plain:best"]["met"]
-    assert found["over_plain:block"]["met"] is False
-    assert found["over_hf_fastest:best"]["value"] == 25.0 / 5.0
-    assert found["over_plain_t1:best"]["system"] == "best (block γ=4)"  # fastest at T=1
-    assert found["realized_over_predicted:best"]["value"] == 0.95
-    verify = found["verify_over_step"]
-    assert verify["value"] == 1.2 and verify["at_most"] and verify["met"]
-
-
-@pytest.mark.slow
-def test_tree_script_quick_run(tmp_path):
-    """bench_tree.py --quick (about 10 small compiles, ~1 min): every system's greedy
-    output is checked against plain greedy inside the script, which exits 1 on any
-    difference; here the chain/tree rows and the summary are checked."""
-    out = _run_script(BENCHMARKS / "bench_tree.py", "--quick", "--out", str(tmp_path))
-    assert "tree / chain" in out
-    report = json.loads((tmp_path / "quick.json").read_text())
-    systems = {(r["batch"], r["drafter"], r["system"]) for r in report["results"]}
-    for batch in (1, 3):
-        assert (batch, "plain", "plain") in systems
-        for drafter in ("model", "block"):
-            assert {(batch, drafter, "chain γ=2"), (batch, drafter, "tree 2,1")} <= systems
-    assert {(s["batch"], s["drafter"]) for s in report["summary"]} == {
-        (1, "model"),
-        (1, "block"),
-        (3, "model"),
-        (3, "block"),
-    }
-    assert all(r["tau"] >= 1.0 for r in report["results"])
-
-
-def test_bench_pair_reads_chains_confidences_and_trees():
-    """bench_pair.py's ``--gammas`` items: a chain's γ, 'γ:τ', or a tree's branching;
-    anything else is refused by argparse with the text it could not read."""
-    import argparse
-
-    bench_pair = _load_script("bench_pair")
-    parse = bench_pair.parse_gamma
-    assert parse("3") == (3, None)
-    assert parse("3:0.5") == (3, 0.5)
-    assert parse("1,2,1") == ("1,2,1", None)
-    for bad, message in (("1,0", "bad tree branching '1,0'"), ("x", "got 'x'"), ("3:y", "'3:y'")):
-        with pytest.raises(argparse.ArgumentTypeError, match=message):
-            parse(bad)
-    args = bench_pair.parse_args(["--out", "o", "--gammas", "1,2,1", "4", "2:0.5"])
-    assert bench_pair.chain_gammas(args) == [4, 2]  # prompt lookup's γ, the steps' widths
-    assert bench_pair.chain_gammas(bench_pair.parse_args(["--out", "o", "--gammas", "2,1"])) == [3]
-
-
-def test_bench_pair_pools_workloads_per_configuration():
-    """``pooled`` adds the workloads of one configuration up (tokens over seconds), takes
-    the median of the summed rounds' ratios, and keeps configurations apart; rows of
-    an older run without rounds get no median."""
-    row = dict(target="float32", draft="int8", draft_head=None, gamma=3, draft_confidence=None,
-               temperature=0.0, batch=1)  # fmt: skip
-    rows = [
-        dict(row, workload="chat", plain_tokens=10, plain_s=2.0, spec_tokens=10, spec_s=1.0,
-             plain_round_s=[2.0, 2.5, 2.2], spec_round_s=[1.0, 1.5, 1.0]),
-        dict(row, workload="code", plain_tokens=20, plain_s=3.0, spec_tokens=20, spec_s=2.0,
-             plain_round_s=[3.0, 3.5, 3.0], spec_round_s=[2.0, 2.0, 3.0]),
-        dict(row, gamma=4, workload="chat", plain_tokens=10, plain_s=2.0, spec_tokens=10,
-             spec_s=4.0),
-    ]  # fmt: skip
-    first, second = _load_script("bench_pair").pooled(rows)
-    assert first["workloads"] == ["chat", "code"] and first["gamma"] == 3
-    # 30 tokens: plain in 5 s (6 tok/s), speculative in 3 s (10 tok/s).
-    assert (first["plain_tok_s"], first["spec_tok_s"], first["speedup"]) == (6.0, 10.0, 1.67)
-    # Rounds: 5 / 3, 6 / 3.5, 5.2 / 4 s: ratios 1.667, 1.714, 1.3; the median is 1.667.
-    assert first["speedup_median_round"] == 1.67
-    assert second["gamma"] == 4 and second["speedup"] == 0.5
-    assert "speedup_median_round" not in second
-
-
-def test_bench_pair_compares_the_fastest_of_each_kind_and_measures_agreement():
-    """The ``fastest`` stage's ratio is the fastest speculative system over the fastest
-    plain one at each temperature, whichever precision either runs at; ``agreement``
-    counts equal positions over the longer answer and finds where each answer parts."""
-    bench_pair = _load_script("bench_pair")
-    spec = "float32 target, int8 draft, γ 3"
-    systems = [
-        dict(temperature=0.0, system="plain float32", speculative=False, tok_s=4.0),
-        dict(temperature=0.0, system="plain int8", speculative=False, tok_s=7.0),
-        dict(temperature=0.0, system=spec, speculative=True, tok_s=6.3),
-        dict(temperature=1.0, system="plain float32", speculative=False, tok_s=4.0),
-        dict(temperature=1.0, system="plain int8", speculative=False, tok_s=3.5),
-        dict(temperature=1.0, system=spec, speculative=True, tok_s=6.0),
-    ]
-    ratios = bench_pair.fastest_ratios(systems)
-    assert ratios["T=0"] == dict(speculative=spec, plain="plain int8", ratio=0.9)
-    assert ratios["T=1"]["plain"] == "plain float32" and ratios["T=1"]["ratio"] == 1.5
-    reference = [[1, 2, 3, 4], [5, 6, 7], [8, 9]]
-    other = [[1, 2, 3, 4], [5, 0, 7], [8]]
-    # Equal: 4 + 2 + 1 of 4 + 3 + 2 positions; parting at 4 (never), 1, and 1 (shorter).
-    assert bench_pair.agreement(reference, other) == dict(
-        positions_equal=round(7 / 9, 3), first_difference=[4, 1, 1]
-    )
+    assert first_difference([1, 2], [1, 2]) is None
+    assert first_difference([1, 2], [1, 3]) == 1 and first_difference([1, 2], [1]) == 1
 
 
 def test_real_pair_rounds_and_summary_from_fake_servers(monkeypatch):
@@ -442,8 +204,8 @@ def test_real_pair_rounds_and_summary_from_fake_servers(monkeypatch):
     systems = list(rate)
     workloads = [
         dict(prompt=p, tokens=n, temperature=t, hf=t == 0)
-        for p in ("chat", "code") for n in (4, 8) for t in (0.0, 1.0)
-    ]  # fmt: skip
+        for p, n, t in itertools.product(("chat", "code"), (4, 8), (0.0, 1.0))
+    ]
     rows = bench.interleaved({s: Fake() for s in systems}, systems, workloads, rounds=2)
     # Warm-up: specjax's systems on every workload, transformers' once each.
     assert calls.count("spec") == 8 * 3 and calls.count("hf-float32-plain") == 1 + 4 * 2

@@ -112,7 +112,7 @@ def test_generate_runs_each_model_class_of_the_same_fields():
 
 
 def test_lower_is_keyed_like_the_call():
-    """`.lower` (used by scripts/benchmarks/profile_decode.py) lowers the program the call runs."""
+    """`.lower` (what a profile of the compiled program reads) lowers the program the call runs."""
     import jax.numpy as jnp
 
     from specjax.core.typed_jit import typed_jit

@@ -8,10 +8,12 @@
   host (`tests/test_aot.py`, minutes). CI runs the fast, slow and aot tiers.
 * ``pytest -m real``: what loads a real checkpoint (SmolLM2-135M, the Qwen2.5-Coder
   pair; fetched once into ``$SPECJAX_CACHE``), and the notebooks at full size. Opt-in.
+* ``pytest -m accelerator``: the forward-width guarantee on a GPU or TPU
+  (`tests/test_accelerator.py`); skipped where jax sees only a CPU. Opt-in.
 
-A test is in one tier: unmarked (fast), ``slow`` or ``real``. The rules below are
-checked when the suite is collected, so a misplaced test is an error before anything
-runs:
+A test is in one tier: unmarked (fast), ``slow``, ``real``, ``aot`` or ``accelerator``.
+The rules below are checked when the suite is collected, so a misplaced test is an
+error before anything runs:
 
 * a test that asks for a real checkpoint's fixture (`REAL_CHECKPOINT_FIXTURES`) is
   marked ``real``; a test is marked with at most one of ``real``, ``aot``, ``slow``;
@@ -40,8 +42,10 @@ import pytest
 REAL_CHECKPOINT_FIXTURES = frozenset({"smollm2_path", "real_pair_paths"})
 # Well above each tier's slowest test on a 2-core CPU: only a hang or a many-fold
 # slowdown trips them.
-TIMEOUT_S = {"fast": 300, "slow": 1200, "real": 2400, "aot": 1200}
+TIMEOUT_S = {"fast": 300, "slow": 1200, "real": 2400, "aot": 1200, "accelerator": 1200}
 DEFAULT_FAST_TEST_BUDGET_S = 10.0
+# The marked tiers; a test with none of these marks is in the fast tier.
+TIERS = ("real", "aot", "accelerator", "slow")
 
 
 def pytest_addoption(parser):
@@ -78,13 +82,19 @@ def pytest_configure(config):
         "aot: the ahead-of-time tier: decoders compiled for TPUs and a GPU (`pytest -m aot`)",
     )
     config.addinivalue_line(
+        "markers",
+        "accelerator: the accelerator tier: the forward-width guarantee on a GPU or TPU "
+        "(`pytest -m accelerator`; opt-in, skipped on a CPU)",
+    )
+    config.addinivalue_line(
         "markers", "first_case_fast: only the first case of each parametrize list is fast"
     )
 
 
 def tier(item: pytest.Item) -> str:
-    """The tier of a collected test: ``"real"``, ``"aot"``, ``"slow"`` or ``"fast"``."""
-    for name in ("real", "aot", "slow"):
+    """The tier of a collected test: ``"real"``, ``"aot"``, ``"accelerator"``, ``"slow"``
+    or ``"fast"``."""
+    for name in TIERS:
         if item.get_closest_marker(name):
             return name
     return "fast"
@@ -96,7 +106,7 @@ def _misplaced(item: pytest.Item) -> list[str]:
     problems = []
     if needs and not real:
         problems.append(f"{item.nodeid} uses {sorted(needs)}: mark it `real`")
-    marked = [name for name in ("real", "aot", "slow") if item.get_closest_marker(name)]
+    marked = [name for name in TIERS if item.get_closest_marker(name)]
     if len(marked) > 1:
         problems.append(f"{item.nodeid} is marked {' and '.join(marked)}: one tier only")
     return problems

@@ -1,30 +1,21 @@
 #!/usr/bin/env python
-"""Everything specjax checks and measures on a GPU or TPU, in one command of minutes.
-
-Run on one accelerator (a GPU may be lent for 15 minutes in all, so one call does
-everything, and it starts nothing new after ``--budget-s``)::
+"""Everything specjax checks and measures on a GPU or TPU, in one command of minutes
+(it starts nothing new after ``--budget-s``)::
 
     python scripts/benchmarks/accelerator.py            # on the accelerator
     python scripts/benchmarks/accelerator.py --quick    # a CPU smoke run, seconds
 
-In bfloat16 at jax's default flags it
-
-1. checks exactness there: greedy speculative decoding equals plain decoding at its
-   forward width token for token (the bundled pair, a draft model, γ = 3), and one
-   statistical test: the joint law of two sampled tokens of a tiny model under
-   rejection sampling against the exact law (chi-square, 20,000 rows, false alarm
-   0.001);
-2. measures the step costs per γ (`specjax.decoding.cost_model.measure`: plain
-   decoding at each forward width, speculation at each γ) of the bundled pair and of
-   the real pair's shapes (Qwen2.5-Coder 1.5B and 0.5B; their weights when they are
-   in the specjax cache, else random ones, whose timings are the same), and times
-   each pair through ``specjax generate --compare --json`` with no tuning flags at
-   T = 0 and T = 1 where its files are here;
-3. writes each measured step beside what ``specjax compile`` predicted for the same
-   chip (``results/chips/predicted.json``, written by this script's ``--predict`` on
-   any host), so that the prediction's error is a number. On any host, ``--error``
-   does the same against the committed H200 measurement of the real pair's shapes
-   (``results/real_pair/gpu_h200_bfloat16.json``).
+In bfloat16 at jax's default flags it checks exactness (greedy speculative decoding
+equals plain decoding at its forward width, the bundled pair, γ = 3; and the joint law
+of two tokens of a tiny model under rejection sampling against the exact law,
+chi-square, 20,000 rows, false alarm 0.001); measures the step costs per γ
+(`specjax.tuning.measure`) of the bundled pair and of the real pair's
+shapes (their weights where cached, else random ones: the timings are the same), and
+times each pair through ``specjax generate --compare --json`` where its files are here;
+and writes each measured step beside what ``specjax compile`` predicted for that chip
+(``results/chips/predicted.json``, written by ``--predict`` on any host). On any host
+``--error`` does the same against the committed H200 measurement, ``--capacity``
+compiles the real pair at 32 rows of 16k tokens on v5e slices.
 
 Writes ``$OUT/accelerator.json`` (or ``--out``) with the date, commit, command and
 machine, and exits 1 if an exactness check fails.
@@ -44,12 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-import specjax  # noqa: E402
-from harness.machine import RESULTS, run_record  # noqa: E402
-from specjax import tuning as cost_model  # noqa: E402
+import harness  # noqa: F401  (before specjax: a checkout without installing finds its own)
+import specjax
+from harness import RESULTS, ROOT, first_difference, logger, table, write_results
+from specjax import tuning
 
 GAMMA = 3
 MAX_GAMMA = 4
@@ -57,10 +46,7 @@ PREDICTED = RESULTS / "chips"
 CONFIGS = Path(__file__).resolve().parent / "pair_configs"
 REAL = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
 START = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    print(f"[accelerator {time.perf_counter() - START:6.1f} s] {msg}", file=sys.stderr, flush=True)
+log = logger("accelerator")
 
 
 def chip_name(device) -> str | None:
@@ -108,10 +94,7 @@ def check_greedy(target, draft, prompts, tokens: int) -> dict:
     drafter = specjax.DraftModel(draft, num_draft=GAMMA)
     spec = specjax.speculative_generate(None, target, drafter, prompts, **kw).to_lists()
     plain = specjax.generate(None, target, prompts, **kw).to_lists()
-    first = [
-        next((i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b), None)
-        for x, y in zip(spec, plain, strict=True)
-    ]
+    first = [first_difference(x, y) for x, y in zip(spec, plain, strict=True)]
     return {"first_difference": first, "equal": all(f is None for f in first)}
 
 
@@ -140,7 +123,7 @@ def check_statistics(rows: int) -> dict:
 
 def measure_steps(target, draft, prompts, tokens: int) -> dict:
     drafter = specjax.DraftModel(draft, num_draft=MAX_GAMMA)
-    costs, acceptance, _ = cost_model.measure(
+    costs, acceptance, _ = tuning.measure(
         target, drafter, prompts, max_new_tokens=tokens, repeats=3, log=log
     )
     steps = {str(g): costs.step_s(g) for g in range(MAX_GAMMA + 1)}
@@ -222,7 +205,7 @@ ERROR = [("h200", "real", ("--prompt-length", "32", "--max-new-tokens", "128"))]
 
 def prediction_error(out: Path) -> None:
     """Predict the H200 at the committed H200 measurement's context, and write measured
-    over predicted per forward width, and the speedups `cost_model.choose` expects from
+    over predicted per forward width, and the speedups `tuning.choose` expects from
     each side's costs at the same acceptance (``results/chips/error_h200.json``)."""
     predict(out, ERROR, "error_h200.json")
     path = out / "error_h200.json"
@@ -233,8 +216,8 @@ def prediction_error(out: Path) -> None:
     target_s = [measured["target_ms"][str(w)] / 1e3 for w in widths]
     draft_s = measured["draft_step_ms"] / 1e3
     gammas = range(1, len(widths))
-    from_measured = cost_model.choose(
-        cost_model.StepCosts(tuple(target_s), tuple(g * draft_s for g in gammas)),
+    from_measured = tuning.choose(
+        tuning.StepCosts(tuple(target_s), tuple(g * draft_s for g in gammas)),
         report["acceptance"],
     )
     record["measured"] = {
@@ -248,7 +231,7 @@ def prediction_error(out: Path) -> None:
     }
     record["speedup_from_measured_costs"] = dict(enumerate(from_measured.speedups))
     record["gamma_from_measured_costs"] = from_measured.gamma
-    path.write_text(json.dumps(record, indent=1))
+    write_results(path, record)
     ratios = record["measured_over_predicted_by_width"]
     log(f"measured / predicted by width: {ratios}")
     log(
@@ -298,42 +281,32 @@ def predict(out: Path, rows_to_run=None, name: str = "predicted.json") -> None:
         if rows_to_run is not None and report["fits"]:
             break  # capacity: the first slice that fits
         log(f"predicted {chip} {pair} {' '.join(flags)}")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / name
-    path.write_text(json.dumps({**run_record(sys.argv[1:]), "rows": rows}, indent=1))
-    log(f"wrote {path}")
-    print("\n".join(predicted_table(rows)))
+    log(f"wrote {write_results(out / name, {'rows': rows})}")
+    print(predicted_table(rows))
 
 
-def predicted_table(rows: list[dict]) -> list[str]:
+def predicted_table(rows: list[dict]) -> str:
     """The predictions as Markdown, one line per chip and pair."""
-    gib = 2**30
-    out = [
-        "| chip | pair | weights | fits: peak / usable per chip | plain step | step at γ = 1..4 "
-        "| predicted speedup at γ = 1..4 | auto's γ |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines = []
     for row in rows:
-        r = row["report"]
-        precision = "int8" if "--quantize" in row["command"] else "bfloat16"
-        if not r["fits"]:
-            out.append(
-                f"| {r['chip']} | {row['pair']} | {precision} | no: {r['message'][:160]} | | | | |"
+        r, gib = row["report"], 2**30
+        line = {"chip": r["chip"], "pair": row["pair"], "auto's γ": r.get("gamma")}
+        line["weights"] = "int8" if "--quantize" in row["command"] else "bfloat16"
+        line["fits: peak / usable per chip"] = f"no: {r.get('message', '')[:160]}"
+        if r["fits"]:
+            steps, speedups = r["step_seconds"], r["predicted_speedup"]
+            line["fits: peak / usable per chip"] = (
+                f"yes: {r['peak_bytes'] / gib:.2f} / {r['usable_bytes'] / gib:.2f} GiB"
             )
-            continue
-        steps = r["step_seconds"]
-        later = " / ".join(f"{1e3 * steps[g]:.2f}" for g in sorted(steps, key=int)[1:])
-        speedups = " / ".join(
-            f"{r['predicted_speedup'][g]:.2f}x" for g in sorted(r["predicted_speedup"], key=int)[1:]
-        )
-        fits = "yes" if r["fits"] else "no"
-        out.append(
-            f"| {r['chip']} | {row['pair']} | {precision} | {fits}: "
-            f"{r['peak_bytes'] / gib:.2f} / {r['usable_bytes'] / gib:.2f} GiB | "
-            f"{1e3 * steps['0']:.2f} ms ({r['step_bytes']['0'] / 1e9:.2f} GB) | {later} ms | "
-            f"{speedups} | {r['gamma']} |"
-        )
-    return out
+            line["plain step"] = f"{1e3 * steps['0']:.2f} ms ({r['step_bytes']['0'] / 1e9:.2f} GB)"
+            later = sorted(steps, key=int)[1:]
+            line["step at γ = 1..4"] = " / ".join(f"{1e3 * steps[g]:.2f}" for g in later) + " ms"
+            line["predicted speedup at γ = 1..4"] = " / ".join(
+                f"{speedups[g]:.2f}x" for g in sorted(speedups, key=int)[1:]
+            )
+        lines.append(line)
+    columns = ["chip", "pair", "weights", "fits: peak / usable per chip", "plain step"]
+    return table(lines, [*columns, "step at γ = 1..4", "predicted speedup at γ = 1..4", "auto's γ"])
 
 
 def errors(measured: dict, predicted: dict | None) -> dict | None:
@@ -384,7 +357,6 @@ def main(argv=None) -> int:
     chip = chip_name(device)
     tokens = 16 if args.quick else 64
     report = {
-        **run_record(argv),
         "backend": jax.default_backend(),
         "device": getattr(device, "device_kind", str(device)),
         "chip": chip,
@@ -415,9 +387,7 @@ def main(argv=None) -> int:
         report["pairs"][name] = entry
         log(f"{name}: {json.dumps(entry['measured_over_predicted'])}")
     report["seconds"] = time.perf_counter() - START
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    log(f"wrote {args.out}")
+    log(f"wrote {write_results(args.out, report, argv)}")
     return 0 if ok else 1
 
 

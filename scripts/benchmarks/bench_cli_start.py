@@ -18,7 +18,6 @@ the date, the commit, the command and the machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -28,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.machine import RESULTS, run_record
+from harness import RESULTS, write_results
 
 PROMPT = "def fibonacci(n):"
 
@@ -58,10 +57,7 @@ def main(argv=None):
     parser.add_argument(
         "--rounds", type=int, default=3, help="cold+warm pairs, each on a new cache"
     )
-    parser.add_argument(
-        "--json", type=Path, default=RESULTS / "cli_start" / "bundled.json",
-        help="write the results here (default: %(default)s)",
-    )  # fmt: skip
+    parser.add_argument("--json", type=Path, default=RESULTS / "cli_start" / "bundled.json")
     parser.add_argument("extra", nargs="*", help="flags passed on to specjax generate (after --)")
     args = parser.parse_args(argv)
     rows = []
@@ -92,10 +88,8 @@ def main(argv=None):
         f"median of {args.rounds}: first call {med['first_first_token_s']:.2f} s to the first "
         f"token, second call {med['second_first_token_s']:.2f} s"
     )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    results = {**run_record(argv), "prompt": PROMPT, "extra": args.extra}
-    results.update(rounds=rows, median=med)
-    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    results = {"prompt": PROMPT, "extra": args.extra, "rounds": rows, "median": med}
+    write_results(args.json, results, argv)
     return 0
 
 

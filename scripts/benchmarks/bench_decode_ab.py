@@ -1,19 +1,20 @@
+#!/usr/bin/env python
 """Decode speed of two checkouts of specjax, interleaved: does a change keep it?
 
-Runs `bench_decode.py --no-predict` (this checkout's copy of the script, public API
-only) on the bundled pair for each drafter, alternating the checkouts round by round
-(which goes first alternates too), each run in its own process. Reports, per drafter,
-batch size and decoder, the median tokens/s over rounds of each checkout and their
-ratio.
+On the bundled pair, for each drafter (the draft model and the block drafter, γ =
+``--gamma``), it times plain and speculative decoding of code prompts (T = 0, median of
+``--repeats`` calls after a compiling one; the greedy outputs checked equal first) in a
+process per checkout, alternating the checkouts round by round (which goes first
+alternates too). Each process runs this file with the checkout first on the import
+path and uses specjax's public API only. Reports, per drafter, batch size and decoder,
+the median tokens/s over rounds of each checkout and their ratio.
 
-    python scripts/benchmarks/bench_decode_ab.py --before f268c2a
+    python scripts/benchmarks/bench_decode_ab.py --before d906af1 --rounds 3
 
+``--before`` is a commit (checked out into a temporary git worktree, given this
+checkout's `specjax.core.timing` where it predates it) or a folder.
 Writes ``OUT/bundled.json`` (``--out`` default ``scripts/benchmarks/results/decode_ab``)
 with the date, both commits, the command and the machine.
-
-``--before`` is a commit (checked out into a temporary git worktree) or a folder. A
-checkout older than `specjax.core.timing` gets this checkout's copy of that module (a timer,
-no decoding code), so that the script runs there unchanged.
 """
 
 from __future__ import annotations
@@ -28,117 +29,142 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.machine import RESULTS, run_record
+from harness import RESULTS, ROOT, table, write_results
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).with_name("bench_decode.py")
+CODE_PROMPTS = [
+    "def fibonacci(n):",
+    "import os\n\n\ndef list_files(path):",
+    "class Stack:\n    def __init__(self):",
+    "    for i in range(len(items)):",
+]
 
 
-def _git(*args, cwd=ROOT) -> str:
+def child(args) -> None:
+    """One checkout's rows, as JSON on stdout."""
+    import jax
+    import numpy as np
+
+    import specjax
+    from specjax.core.timing import time_runs
+
+    target, draft, tokenizer = specjax.default_pair()
+    if args.drafter == "block":
+        drafter = specjax.io.pretrained.default_drafter("block", num_draft=args.gamma)
+    else:
+        drafter = specjax.DraftModel(draft, num_draft=args.gamma)
+    key, sampling = jax.random.key(0), specjax.SamplingConfig(temperature=0.0)
+    rows = []
+    for batch in args.batch:
+        prompts = [tokenizer.encode(CODE_PROMPTS[i % 4]).ids for i in range(batch)]
+        kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling)
+        runs = {
+            "plain": lambda p=prompts, kw=kw: specjax.generate(key, target, p, **kw),
+            "spec": lambda p=prompts, kw=kw: specjax.speculative_generate(
+                key, target, drafter, p, **kw
+            ),
+        }
+        row, outs = {"batch": batch, "drafter": args.drafter}, {}
+        for name, run in runs.items():
+            outs[name] = jax.block_until_ready(run())  # compiles
+            times, _ = time_runs(run, repeats=args.repeats)
+            row[f"{name}_tok_s"] = float(np.sum(outs[name].lengths)) / statistics.median(times)
+        if not np.array_equal(outs["plain"].tokens, outs["spec"].tokens):
+            sys.exit("FAIL: greedy speculative output differs from plain greedy output")
+        rows.append(row)
+    print(json.dumps(rows))
+
+
+def _git(*args) -> str:
     return subprocess.run(
-        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
-    ).stdout
+        ["git", *args], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
-def _checkout(before: str, scratch: Path) -> Path:
-    """A folder holding the ``before`` tree: the folder itself, or a new worktree."""
-    if Path(before).is_dir():
-        return Path(before).resolve()
-    tree = scratch / "before"
-    _git("worktree", "add", "--detach", str(tree), before)
-    timing = Path("specjax", "core", "timing.py")
-    if not (tree / timing).exists():
-        (tree / timing.parent).mkdir(exist_ok=True)
-        (tree / timing.parent / "__init__.py").touch()
-        shutil.copy(ROOT / timing, tree / timing)
-    return tree
-
-
-def _run(tree: Path, drafter: str, args, out: Path) -> list[dict]:
-    """One process: `bench_decode.py` with ``tree`` first on the import path."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, str(SCRIPT), "--no-predict", "--drafter", drafter, "--json", str(out)]
+def _run(tree: Path, drafter: str, args) -> list[dict]:
+    """One process: this file's `child` with ``tree`` first on the import path."""
+    cmd = [sys.executable, __file__, "--child", "--drafter", drafter, "--before", "-"]
     cmd += ["--batch", *map(str, args.batch), "--repeats", str(args.repeats)]
     cmd += ["--max-new-tokens", str(args.max_new_tokens), "--gamma", str(args.gamma)]
-    subprocess.run(cmd, env=env, check=True, cwd=tree)
-    return json.loads(out.read_text())["rows"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(Path(__file__).parent)])}
+    out = subprocess.run(cmd, env=env, cwd=tree, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _summary(rows: list[dict]) -> list[dict]:
+def summarize(rows: list[dict]) -> list[dict]:
     """Median tokens/s per (drafter, batch, decoder) of each side, and after / before."""
-    keys = sorted({(r["drafter"], r["batch"]) for r in rows})
-    table = []
-    for drafter, batch in keys:
+    table_rows = []
+    for drafter, batch in sorted({(r["drafter"], r["batch"]) for r in rows}):
         for decoder in ("plain", "spec"):
             median = {
                 side: statistics.median(
                     r[f"{decoder}_tok_s"]
                     for r in rows
-                    if r["side"] == side and (r["drafter"], r["batch"]) == (drafter, batch)
+                    if (r["side"], r["drafter"], r["batch"]) == (side, drafter, batch)
                 )
                 for side in ("before", "after")
             }
             name = "plain" if decoder == "plain" else drafter
             ratio = median["after"] / median["before"]
-            table.append(dict(drafter=drafter, batch=batch, decoder=name, **median, ratio=ratio))
-    return table
+            table_rows.append(
+                dict(drafter=drafter, batch=batch, decoder=name, **median, ratio=ratio)
+            )
+    return table_rows
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
+    p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--before", required=True, help="commit or folder to compare with")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--drafters", nargs="+", default=["model", "block"])
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS / "decode_ab",
-        help="folder for bundled.json (default: %(default)s)",
-    )  # fmt: skip
-    args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+    p.add_argument("--before", required=True, help="commit or folder to compare with")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--drafters", nargs="+", default=["model", "block"])
+    p.add_argument("--out", type=Path, default=RESULTS / "decode_ab")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--drafter", default="model", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child(args)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
-        before = _checkout(args.before, Path(scratch))
+        before = Path(args.before).resolve() if Path(args.before).is_dir() else None
+        if before is None:
+            before = Path(scratch) / "before"
+            _git("worktree", "add", "--detach", str(before), args.before)
+            timing = Path("specjax", "core", "timing.py")
+            if not (before / timing).exists():  # a checkout older than the shared timer
+                (before / timing.parent).mkdir(exist_ok=True)
+                (before / timing.parent / "__init__.py").touch()
+                shutil.copy(ROOT / timing, before / timing)
         sides = {"before": before, "after": ROOT}
         try:
             for r in range(args.rounds):
                 order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
                 for drafter in args.drafters:
                     for side in order:
-                        out = Path(scratch) / f"{side}-{drafter}-{r}.json"
-                        for row in _run(sides[side], drafter, args, out):
-                            rows.append({**row, "side": side, "round": r})
+                        rows += [
+                            {**row, "side": side, "round": r}
+                            for row in _run(sides[side], drafter, args)
+                        ]
                         print(f"round {r} {drafter} {side} done", flush=True)
         finally:
             if before != Path(args.before).resolve() and before.exists():
                 _git("worktree", "remove", "--force", str(before))
-    summary = _summary(rows)
+    summary = summarize(rows)
     before_id = args.before if Path(args.before).is_dir() else _git("rev-parse", args.before)
-    record = run_record(argv)
-    result = {
-        "command": record["command"],
-        "date": record["date"],
-        "commit": record["commit"],
-        "before": before_id.strip(),
-        "after": record["commit"],
-        "machine": record["machine"],
-        "summary": summary,
-        "rows": rows,
-    }
-    (args.out / "bundled.json").write_text(json.dumps(result, indent=2) + "\n")
-    print("| drafter | batch | decoder | before tok/s | after tok/s | after / before |")
-    print("|---|---|---|---|---|---|")
-    for s in summary:
-        print(
-            f"| {s['drafter']} | {s['batch']} | {s['decoder']} | {s['before']:.1f} | "
-            f"{s['after']:.1f} | {s['ratio']:.3f} |"
+    write_results(
+        args.out / "bundled.json", {"before": before_id, "summary": summary, "rows": rows}, argv
+    )
+    print(
+        table(
+            summary,
+            ["drafter", "batch", "decoder", ("before", ".1f"), ("after", ".1f"), ("ratio", ".3f")],
         )
+    )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

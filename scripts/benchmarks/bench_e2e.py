@@ -1,272 +1,368 @@
-"""End-to-end decoding benchmark: specjax against Hugging Face transformers on the same weights.
+#!/usr/bin/env python
+"""End to end on many prompts: plain decoding against each drafter, and the speedup the
+measured step costs predict.
 
-On one target (and optionally a draft model), the same prompts and the same number
-of new tokens, at temperature 0 and 1, it measures:
+On one target, at T = 0 and 1, batch 1 and ``--large-batch``, it decodes every prompt
+with plain decoding, the draft model (``DraftModel``, γ = ``--gamma``; with a draft),
+prompt lookup (``PromptLookup``) and the block drafter (``BlockDrafter``, γ =
+``--block-gamma``), then sweeps γ of the draft model (``--sweep``) and of the block
+drafter (``--block-sweep``) at T = 0, batch 1. The bundled pair decodes
+``prompts/bench_prompts.json`` (code and prose, cut to ``--prompt-tokens``); a
+``--target`` with a chat template ``prompts/real_prompts.json`` in its chat template.
+EOS never stops a row. Before timing, every greedy speculative output is checked equal
+to plain decoding's (exit 1 naming the system, row and position otherwise).
 
-  * specjax: plain ``generate``, ``speculative_generate`` with the draft model
-    (``DraftModel``, only with a draft), with prompt lookup (``PromptLookup``) and
-    with the block drafter (``BlockDrafter``: one forward on the target's hidden
-    states drafts ``--block-gamma`` tokens), at batch 1 and at a large batch
-    (``--large-batch``, default 16);
-  * transformers (PyTorch, CPU, float32, same weights loaded from the same
-    Hugging Face folders or GGUF file, token ids in, no tokenizer), in a process of
-    its own (`harness.hf_worker`: a JAX runtime in the same process slowed it about
-    3x), its torch threads set to the fastest of 1 .. every core: plain
-    ``generate``, assisted generation with the draft as ``assistant_model`` (γ tokens
-    per step, constant schedule, no confidence cut-off; only with a draft) and prompt
-    lookup (``prompt_lookup_num_tokens=γ``), at batch 1 only: transformers refuses
-    assisted generation and prompt lookup for batch > 1 (probed at run time);
-    transformers has no block drafter, so the block rows have no counterpart;
-  * a sweep over γ of specjax speculative decoding with the draft model
-    (temperature 0, batch 1; only with a draft): acceptance rate, realized and
-    predicted speedup;
-  * the same sweep over the block drafter's γ (``--block-sweep``; block size γ+1).
+Speed is the tokens of a pass over every prompt over the median of ``--repeats`` timed
+passes after a compiling one. *Predicted* is `specjax.tuning.choose`'s
+expected speedup from the step costs `specjax.tuning.measure` takes at
+batch 1 and the row's acceptance by position. Writes ``OUT/NAME.json`` (date, commit,
+command, machine) and ``OUT/NAME.md`` (default ``scripts/benchmarks/results/e2e``).
 
-Prompts come in workloads (the lists of the ``--prompts`` file), reported one by
-one and together. The bundled pair decodes ``prompts/bench_prompts.json`` (code and
-prose, each cut to its last ``--prompt-tokens`` tokens). A ``--target`` with a chat
-template (an instruct model such as SmolLM2-135M-Instruct) decodes
-``prompts/real_prompts.json``: chat instructions and code-editing requests, each a
-user message rendered with the model's chat template and kept whole (prompts of
-different lengths; specjax pads them, see ``specjax.decoding.pad_prompts``). The large
-batch decodes each workload's prompts in batches of that many rows, cycling through
-them to fill the last batch.
-
-The block drafter is ``--block-drafter PATH`` if given, else the bundled one
-(``specjax.io.pretrained.default_drafter("block")``) on the bundled pair, else (``--quick``, other
-targets, or no bundled drafter yet) one with random weights; the config says which.
-
-EOS never stops a row, so every system generates exactly ``--max-new-tokens``.
-Before any timing is reported, the greedy outputs of every system are checked
-equal token for token; on any difference the script names the system, prompt
-and position with the two tokens' logit gap, and exits with status 1.
-``--tie-tol`` tolerates (and reports) transformers mismatches at near-ties; the
-specjax systems must always agree exactly.
-
-Both frameworks get the same prompts, the same first (warm-up) pass and the same
-``--repeats`` timed passes; times are the medians of those passes over all prompts:
-for specjax, compile time = first pass - median; for transformers (no compilation)
-the first pass is reported next to the median. A ratio against transformers is
-against its fastest system at that temperature, plain decoding included. The predicted
-speedup of speculative decoding comes from the measured acceptance probability α
-and the measured costs of one draft proposal and one verification, as in
-``bench_decode.py`` (see ``harness.costs``). The performance targets are the bundled
-pair's (``TARGETS``) for the bundled and the ``--quick`` random pair, and the
-real-model targets (``REAL_TARGETS``) for any ``--target``.
-
-Writes ``OUT/NAME.json`` (with the date, the commit, the command and the machine),
-``OUT/NAME.md`` and ``OUT/NAME_<figure>.png``; ``--out`` defaults to
-``scripts/benchmarks/results/e2e`` and ``--name`` to the model (``bundled`` for the
-bundled pair, ``quick`` for ``--quick``).
-
-    python scripts/benchmarks/bench_e2e.py                                 # bundled pair
-    python scripts/benchmarks/bench_e2e.py --target T --draft D --out DIR  # HF folders
-    python scripts/benchmarks/bench_e2e.py --quick --out /tmp/e2e          # tiny pair, seconds
-    python scripts/benchmarks/bench_e2e.py --block-drafter DIR --out DIR   # another drafter
-
-A real model without a draft (there is no smaller SmolLM2 to draft for the 135M
-model, so no assisted generation either), with its trained block drafter:
-
-    python scripts/benchmarks/bench_e2e.py --target /path/SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --block-drafter BLOCK_DRAFTER_DIR --large-batch 8          # results/e2e/smollm2-135m.*
-    python scripts/benchmarks/bench_e2e.py --quick --target /path/SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --out /tmp/e2e_smollm2   # minutes: 1 prompt per workload, 8 new tokens, batch 1 and 2
-
-``--target`` takes a Hugging Face folder, a ``.gguf`` file or a folder holding one;
-``specjax.io.fetch.smollm2_gguf()`` fetches SmolLM2-135M-Instruct's.
+    python scripts/benchmarks/bench_e2e.py --repeats 3                # the bundled pair
+    python scripts/benchmarks/bench_e2e.py --quick --out /tmp/e2e     # tiny random pair
+    python scripts/benchmarks/bench_e2e.py --target SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --block-drafter specjax/assets/smollm2 --block-gamma 1 --block-sweep 1 3 \\
+        --large-batch 8 --per-workload 4 --max-new-tokens 48 --repeats 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
-# The systems, measurements, report and figures live in harness/ (one
-# module each, see its docstring); this script is their command line. The names in
-# __all__ are re-exported: tests and users load this script as a module and call them.
-from harness.e2e import run_benchmark
-from harness.greedy import GreedyMismatchError, check_greedy_outputs
-from harness.machine import RESULTS
-from harness.pairs import (
-    DEFAULT_BLOCK_GAMMA,
-    PROMPTS_FILE,
-    REAL_PROMPTS_FILE,
-    log,
-    model_name,
-)
-from harness.plots import plot
-from harness.report import markdown
-from harness.systems import batches_of
-from harness.targets import real_targets_of
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-__all__ = [
-    "GreedyMismatchError",
-    "batches_of",
-    "check_greedy_outputs",
-    "main",
-    "model_name",
-    "parse_args",
-    "real_targets_of",
-    "run_benchmark",
-]
+import specjax
+from harness import RESULTS, ROOT, first_difference, logger, table, write_results
+from specjax import tuning
+from specjax.core.timing import time_call
+
+log = logger("bench_e2e")
+PROMPTS = ROOT / "prompts"
+
+
+def load_pair(args):
+    """``(target, draft or None, tokenizer or None, block drafter, its source)``."""
+    if args.target:
+        target = specjax.load_pretrained(args.target, dtype=jnp.float32)
+        draft = specjax.load_pretrained(args.draft, dtype=jnp.float32) if args.draft else None
+        tokenizer = target.tokenizer
+    elif args.quick:
+        target = specjax.testing.tiny_model(seed=0, vocab_size=256, init_scale=4.0)
+        draft = specjax.testing.tiny_model(seed=0, vocab_size=256, init_scale=4.0, num_layers=1)
+        tokenizer = None
+    else:
+        target, draft, tokenizer = specjax.default_pair()
+    from specjax.drafters.block import BlockDrafter
+    from specjax.io import drafter_weights
+
+    if args.block_drafter:
+        block = drafter_weights.load(BlockDrafter, args.block_drafter, target)
+        source = f"loaded from {args.block_drafter}"
+    elif not (args.quick or args.target):
+        # Sharing the pair's target: the drafter's embedding and head are its arrays.
+        block = specjax.io.pretrained.default_drafter("block").replace(target=target)
+        source = "bundled"
+    else:
+        block = BlockDrafter.random(
+            target, key=jax.random.key(args.seed), num_draft=1, num_layers=1, block_size=16
+        )
+        source = "random weights (BlockDrafter.random, 1 layer, block size 16)"
+    if args.block_gamma is None:
+        args.block_gamma = min(7, block.block_size - 1)
+    too_long = [g for g in [args.block_gamma, *args.block_sweep] if g > block.block_size - 1]
+    if too_long:
+        raise SystemExit(
+            f"--block-gamma/--block-sweep {too_long}: this block drafter takes γ in "
+            f"[1, {block.block_size - 1}]"
+        )
+    return target, draft, tokenizer, block.with_draft(mode=args.block_mode), source
+
+
+def load_workloads(args, target, tokenizer) -> dict[str, list[list[int]]]:
+    """Workload -> its prompts' token ids (UTF-8 bytes for a pair without a tokenizer)."""
+    chat = args.target is not None and getattr(target, "chat_template", None) is not None
+    path = args.prompts or PROMPTS / ("real_prompts.json" if chat else "bench_prompts.json")
+    spec = json.loads(Path(path).read_text())
+    workloads = {}
+    for kind, items in spec.items():
+        if not isinstance(items, list):
+            continue
+        texts = [p["text"] for p in items[: args.per_workload]]
+        if chat:
+            message = lambda t: [{"role": "user", "content": t}]  # noqa: E731
+            ids = [specjax.apply_chat_template(target, message(t), tokenize=True) for t in texts]
+        elif tokenizer is not None:
+            ids = [
+                tokenizer.encode(t, add_special_tokens=False).ids[-args.prompt_tokens :]
+                for t in texts
+            ]
+        else:
+            ids = [list(t.encode("utf-8"))[-args.prompt_tokens :] for t in texts]
+        workloads[kind] = ids
+    if not chat:  # one length: one compiled program per system
+        length = min(len(p) for ids in workloads.values() for p in ids)
+        workloads = {w: [p[-length:] for p in ids] for w, ids in workloads.items()}
+    return workloads
+
+
+def batches_of(prompts: list, batch: int) -> list[list]:
+    """The prompts in batches of ``batch`` rows, cycling through them to fill the last."""
+    rows = [prompts[i % len(prompts)] for i in range(-(-len(prompts) // batch) * batch)]
+    return [rows[i : i + batch] for i in range(0, len(rows), batch)]
+
+
+class System:
+    """One decoder at one batch size and temperature over every workload."""
+
+    def __init__(self, method, drafter, batch, temperature, args, target, workloads):
+        self.method, self.batch, self.temperature = method, batch, temperature
+        self.gamma = None if drafter is None else drafter.num_draft
+        self.name = (
+            f"{method}{f' γ={self.gamma}' if self.gamma else ''} b={batch} T={temperature:g}"
+        )
+        sampling = specjax.SamplingConfig(temperature=temperature)
+        key = jax.random.key(args.seed)
+        kw = dict(max_new_tokens=args.max_new_tokens, sampling=sampling)
+
+        def one(i, rows):
+            k = jax.random.fold_in(key, i)
+            if drafter is None:
+                return specjax.generate(k, target, rows, **kw)
+            return specjax.speculative_generate(k, target, drafter, rows, **kw)
+
+        self.passes = {
+            w: lambda ids=ids: [one(i, rows) for i, rows in enumerate(batches_of(ids, batch))]
+            for w, ids in workloads.items()
+        }
+        self.times = {w: [] for w in workloads}
+
+    def first(self):
+        """One pass over every workload (compiling): the first seconds and the outputs."""
+        done = {w: time_call(run) for w, run in self.passes.items()}
+        self.first_s = sum(s for s, _ in done.values())
+        self.outputs = {w: out for w, (_, out) in done.items()}
+
+    def time(self, repeats: int):
+        for _ in range(repeats):
+            for w, run in self.passes.items():
+                self.times[w].append(time_call(run)[0])
+
+    def tokens(self, workload: str) -> list[list[int]]:
+        return [row for out in self.outputs[workload] for row in out.to_lists()]
+
+    def row(self, plain: System | None, costs: dict) -> dict:
+        outs = [o for w in self.outputs for o in self.outputs[w]]
+        stats = [jax.device_get(o.stats) for o in outs]
+        tokens = sum(int(np.sum(o.lengths)) for o in outs)
+        median_s = statistics.median(map(sum, zip(*self.times.values(), strict=True)))
+        row = dict(
+            method=self.method,
+            batch=self.batch,
+            temperature=self.temperature,
+            gamma=self.gamma,
+            tokens=tokens,
+            tok_s=tokens / median_s,
+            median_s=median_s,
+            first_s=self.first_s,
+            compile_s=self.first_s - median_s,
+            speedup=None,
+            acceptance_rate=None,
+            tokens_per_call=tokens / max(sum(int(np.sum(s.row_target_calls)) for s in stats), 1),
+            acceptance_by_position=None,
+            predicted_speedup=None,
+            realized_over_predicted=None,
+            workload_tok_s={
+                w: sum(int(np.sum(o.lengths)) for o in self.outputs[w]) / statistics.median(t)
+                for w, t in self.times.items()
+            },
+        )
+        if plain is not None and plain is not self:
+            row["speedup"] = row["tok_s"] / plain.row(None, {})["tok_s"]
+        if self.gamma:
+            drafted = sum(int(np.sum(s.drafted)) for s in stats)
+            row["acceptance_rate"] = sum(int(np.sum(s.accepted)) for s in stats) / max(drafted, 1)
+            reached = np.sum([np.asarray(s.position_reached) for s in stats], 0)
+            taken = np.sum([np.asarray(s.position_accepted) for s in stats], 0)
+            row["acceptance_by_position"] = [
+                float(a / r) if r else None for a, r in zip(taken, reached, strict=True)
+            ]
+            measured = costs.get(self.method)
+            if measured is not None and self.batch == 1 and self.gamma <= measured.max_gamma:
+                alpha = [a or 0.0 for a in row["acceptance_by_position"]]
+                choice = tuning.choose(measured, alpha)
+                row["predicted_speedup"] = choice.speedups[self.gamma]
+                row["realized_over_predicted"] = row["speedup"] / row["predicted_speedup"]
+        return row
+
+
+def check_greedy(systems: list[System], plain: dict) -> list[str]:
+    """Every greedy speculative system's output against plain decoding's at its batch."""
+    failures = []
+    for s in systems:
+        ref = plain.get(s.batch)
+        if s.temperature or s.method == "plain" or ref is None:
+            continue
+        for w in s.outputs:
+            for r, (want, got) in enumerate(zip(ref.tokens(w), s.tokens(w), strict=True)):
+                at = first_difference(want, got)
+                if at is not None:
+                    expected = want[at] if at < len(want) else None
+                    found = got[at] if at < len(got) else None
+                    failures.append(
+                        f"{s.name} [{w}]: row {r} differs from plain decoding at new token "
+                        f"{at}: expected {expected}, got {found}"
+                    )
+    return failures
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
+    p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--target",
-        help="target model: a Hugging Face folder, a .gguf file or a folder holding one "
-        "(default: the bundled pair)",
-    )
-    parser.add_argument(
-        "--draft",
-        help="draft model folder (Hugging Face format), with --target; without it there "
-        "are no draft-model or assisted-generation rows",
-    )
-    parser.add_argument(
-        "--prompts",
-        type=Path,
-        help=f"prompt file (default: {REAL_PROMPTS_FILE.name} for a --target with a chat "
-        f"template, else {PROMPTS_FILE.name})",
-    )
-    parser.add_argument("--num-code", type=int, default=None, help="first N code prompts")
-    parser.add_argument("--num-prose", type=int, default=None, help="first N prose prompts")
-    parser.add_argument(
-        "--per-workload", type=int, default=None, help="first N prompts of every workload"
-    )
-    parser.add_argument(
-        "--prompt-tokens",
-        type=int,
-        default=80,
-        help="prompt length (tokens) of text prompts; chat prompts are kept whole",
-    )
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--gamma", type=int, default=4, help="draft tokens per step")
-    parser.add_argument("--ngram", type=int, default=3, help="prompt lookup: longest n-gram")
-    parser.add_argument("--sweep", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8])
-    parser.add_argument(
-        "--block-gamma",
-        type=int,
-        default=None,
-        help=f"block drafter: draft tokens per step (γ; default the largest it takes, at "
-        f"most {DEFAULT_BLOCK_GAMMA})",
-    )
-    parser.add_argument(
-        "--block-sweep",
-        type=int,
-        nargs="+",
-        default=[1, 2, 3, 4, 5, 7],
-        help="block drafter γ sweep (block size γ+1; T=0, batch 1)",
-    )
-    parser.add_argument(
-        "--block-mode", choices=["argmax", "sample"], default="sample",
-        help="block drafter mode (default sample: on the bundled drafter it measured "
-        "τ 2.1 against argmax's 1.19 at T=1, γ=3, and is the same drafts at T=0)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--block-drafter",
-        help="block drafter folder (specjax.io.drafter_weights.save); default: the bundled one "
-        "on the bundled pair, else random weights",
-    )
-    parser.add_argument("--large-batch", type=int, default=16, help="specjax's large batch")
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes after the first")
-    parser.add_argument("--cost-repeats", type=int, default=5)
-    parser.add_argument("--cost-inner", type=int, default=10)
-    parser.add_argument(
-        "--torch-threads",
-        default="auto",
-        help="torch threads; auto: the fastest of 1 .. every core on a short probe (default)",
-    )
-    parser.add_argument(
-        "--tie-tol",
-        type=float,
-        default=0.0,
-        help="tolerate (and report) greedy mismatches whose |logit gap| is below this",
-    )
-    parser.add_argument(
-        "--scan-layers", action="store_true",
-        help="run --target's layers as one lax.scan (compiles once for any depth; docs/models.md, "
-        "'Layer scan', for its cost per step); on with --quick --target",
-    )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--out", type=Path, default=RESULTS / "e2e",
-        help="folder for NAME.json, NAME.md and the figures (default: %(default)s)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--name", help="file name stem (default: bundled, quick, or the --target's model)"
-    )
-    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="smoke test: a tiny random pair (seconds), or with --target a tiny setting "
-        "of that model (minutes)",
-    )
-    args = parser.parse_args(argv)
+    p.add_argument("--target", help="a Hugging Face folder or a GGUF (default: the bundled pair)")
+    p.add_argument("--draft", help="a draft model for --target (default: none)")
+    p.add_argument("--prompts", type=Path, help="prompt file (workloads: lists of {name, text})")
+    p.add_argument("--per-workload", type=int, help="first N prompts of every workload")
+    p.add_argument("--prompt-tokens", type=int, default=80, help="text prompts' last N tokens")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--gamma", type=int, default=4, help="draft model's and lookup's γ")
+    p.add_argument("--ngram", type=int, default=3, help="prompt lookup: longest n-gram")
+    p.add_argument("--sweep", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8])
+    p.add_argument("--block-gamma", type=int, help="default: the largest it takes, at most 7")
+    p.add_argument("--block-sweep", type=int, nargs="+", default=[1, 2, 3, 4, 5, 7])
+    p.add_argument("--block-mode", choices=["argmax", "sample"], default="sample")
+    p.add_argument("--block-drafter", help="block drafter folder (default: the bundled one)")
+    p.add_argument("--large-batch", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=3, help="timed passes after the first")
+    p.add_argument("--cost-repeats", type=int, default=3, help="tuning.measure's repeats")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=RESULTS / "e2e")
+    p.add_argument("--name", help="file name stem (default: bundled, quick or the target's)")
+    p.add_argument("--quick", action="store_true", help="a tiny random pair, seconds")
+    args = p.parse_args(argv)
     if args.draft and not args.target:
-        parser.error("--draft needs --target")
+        p.error("--draft needs --target")
+    if args.quick:
+        args.per_workload, args.prompt_tokens, args.max_new_tokens = 1, 24, 12
+        args.gamma, args.sweep, args.large_batch, args.repeats = 2, [1, 2], 4, 1
+        args.block_gamma, args.block_sweep, args.cost_repeats = 2, [2], 1
     if args.name is None:
-        args.name = (
-            "quick" if args.quick else model_name(args.target).lower() if args.target else "bundled"
-        )
-    if args.quick and args.target:
-        quick_real(args)
-    elif args.quick:
-        args.num_code, args.num_prose, args.prompt_tokens = 1, 1, 24
-        args.max_new_tokens, args.gamma, args.sweep, args.large_batch = 12, 2, [1, 2], 4
-        # One block γ: every other one is another decode loop to compile (~7 s).
-        args.block_gamma, args.block_sweep = 2, [2]
-        args.repeats, args.cost_repeats, args.cost_inner = 1, 1, 2
+        target = Path(args.target or "").name.split(".")[0].lower()
+        args.name = "quick" if args.quick else target or "bundled"
     return args
-
-
-def quick_real(args) -> None:
-    """``--quick --target``: every system on the real model, as little of it as runs end
-    to end (CI runs it on SmolLM2-135M on 2 CPU cores).
-
-    One prompt per workload, 8 new tokens, batch 1 and 2, one timed pass and no sweep
-    beyond the main γ, and the layers scanned: compiling is most of the run.
-    Prompt lookup keeps γ = 4, so that its verification is the
-    `harness.targets.VERIFY_WIDTH` forward, and the block drafter takes
-    the same γ (see `harness.pairs.load_block`). Compilation is most of
-    the run.
-    """
-    args.per_workload, args.max_new_tokens, args.large_batch = 1, 8, 2
-    # Each decode loop of the unrolled 30-layer model is a 30-layer program to compile;
-    # scanned, XLA compiles one layer per program.
-    args.scan_layers = True
-    args.sweep, args.block_sweep = [args.gamma], None  # None: the block γ alone
-    args.repeats, args.cost_repeats, args.cost_inner = 1, 1, 2
-    if args.torch_threads == "auto":
-        # The probe decodes 96 tokens, half of them with 2 threads: on a busy 2-core
-        # machine that took half a minute, and 1 thread won it.
-        args.torch_threads = "1"
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        results = run_benchmark(args)
-    except GreedyMismatchError as e:
-        bar = "!" * 78
+    target, draft, tokenizer, block, source = load_pair(args)
+    workloads = load_workloads(args, target, tokenizer)
+    log(f"prompts per workload: { {w: len(p) for w, p in workloads.items()} }")
+    drafters = {
+        "plain": lambda g: None,
+        "lookup": lambda g: specjax.PromptLookup(ngram=args.ngram, num_draft=g),
+    }
+    drafters["block"] = lambda g: block.with_draft(num_draft=g)
+    if draft is not None:
+        drafters["draft"] = lambda g: specjax.DraftModel(draft, num_draft=g)
+    main_gamma = {
+        "plain": None,
+        "lookup": args.gamma,
+        "draft": args.gamma,
+        "block": args.block_gamma,
+    }
+
+    def system(method, gamma, batch, t):
+        return System(method, drafters[method](gamma), batch, t, args, target, workloads)
+
+    systems = {}
+    for t in (0.0, 1.0):
+        for method in drafters:
+            for b in (1, args.large_batch):
+                if not (args.quick and method == "block" and b > 1):
+                    systems[method, b, t] = system(method, main_gamma[method], b, t)
+    sweeps = {"draft": args.sweep if draft is not None else [], "block": args.block_sweep}
+    swept = {
+        (m, g): systems.get((m, 1, 0.0)) if g == main_gamma[m] else system(m, g, 1, 0.0)
+        for m, gammas in sweeps.items()
+        for g in gammas
+    }
+    every = list({id(s): s for s in [*systems.values(), *swept.values()]}.values())
+    for s in every:
+        log(f"first pass: {s.name}")
+        s.first()
+    plain = {b: systems["plain", b, 0.0] for b in (1, args.large_batch)}
+    failures = check_greedy(every, plain)
+    if failures:
         print(
-            f"\n{bar}\nFAIL: {e}\nNo timing is reported for wrong outputs.\n{bar}", file=sys.stderr
+            "FAIL: greedy outputs differ; no timing is reported for wrong outputs", file=sys.stderr
         )
+        print("\n".join(failures), file=sys.stderr)
         return 1
-    text = markdown(results)
+    log(f"greedy outputs of {len(every)} systems agree token for token with plain decoding")
+    for s in every:
+        log(f"{args.repeats} timed passes: {s.name}")
+        s.time(args.repeats)
+    costs = {}
+    probe = [next(iter(workloads.values()))[0]]
+    for method in ("draft", "lookup", "block"):
+        if method in drafters:
+            top = max([main_gamma[method], *sweeps.get(method, [])])
+            log(f"step costs: {method}, γ 1..{top}")
+            costs[method], _, _ = tuning.measure(
+                target,
+                drafters[method](top),
+                probe,
+                max_new_tokens=args.max_new_tokens,
+                repeats=args.cost_repeats,
+            )
+
+    def row(s):
+        return s.row(systems["plain", s.batch, s.temperature], costs)
+
+    results = {
+        "config": dict(
+            vars(args),
+            out=str(args.out),
+            prompts=str(args.prompts),
+            block_drafter_source=source,
+            workloads={w: [len(p) for p in ids] for w, ids in workloads.items()},
+        ),
+        "greedy_checked": [s.name for s in every if s.temperature == 0.0],
+        "rows": [row(s) for s in systems.values()],
+        "sweep": [row(swept["draft", g]) for g in sweeps["draft"]],
+        "block_sweep": [row(swept["block", g]) for g in sweeps["block"]],
+        "step_costs": {m: c.to_json() for m, c in costs.items()},
+    }
+    columns = [
+        "method",
+        "gamma",
+        "batch",
+        "temperature",
+        ("tok_s", ".1f"),
+        ("speedup", ".2f"),
+        ("acceptance_rate", ".2f"),
+        ("tokens_per_call", ".2f"),
+        ("predicted_speedup", ".2f"),
+    ]
+    text = "\n\n".join(
+        [
+            f"# {args.name}: {args.max_new_tokens} new tokens, medians of {args.repeats} passes",
+            table(results["rows"], columns),
+            "γ sweep (draft model, T = 0, batch 1)",
+            table(results["sweep"], columns),
+            "Block-size sweep (block drafter, T = 0, batch 1)",
+            table(results["block_sweep"], columns),
+        ]
+    )
     print(text)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=2))
+    write_results(args.out / f"{args.name}.json", results, argv)
     (args.out / f"{args.name}.md").write_text(text + "\n")
-    for path in plot(results, args.out, args.name):
-        log(f"wrote {path}")
     return 0
 
 

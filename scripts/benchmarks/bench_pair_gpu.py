@@ -1,31 +1,19 @@
 #!/usr/bin/env python
-"""The real pair's shapes on an accelerator, in bfloat16: per-step costs and speedups.
+"""The real pair's shapes on an accelerator: per-step costs and modelled speedups.
 
-One prepared run of a few minutes. Qwen2.5-Coder-1.5B
-(target) and Qwen2.5-Coder-0.5B (draft), bfloat16, batch 1, layer scan:
+Qwen2.5-Coder-1.5B (target) and 0.5B (draft), bfloat16 (or ``--dtype float32``), batch
+1, layer scan, a few minutes: the target's one-token step and (γ+1)-token verify and
+the draft's step at ``--context`` tokens (median of ``--repeats`` jitted calls); plain
+and speculative decoding end to end at each γ, greedy, with how far their outputs
+agree; and the speedup each γ would give at the acceptance measured on the CPU with the
+real weights (``results/real_pair/pair.json``), from
+`specjax.tuning.expected_tokens`: a formula, not a measured speedup.
 
-* per-step costs at a context of ``--context`` tokens: the target's one-token step, its
-  (γ+1)-token verify forward for γ = 1..5, and the draft's one-token step (median of
-  ``--repeats`` jitted calls, each waited for);
-* end to end: plain ``generate`` and ``speculative_generate`` with the draft model at
-  each γ, ``--tokens`` new tokens, greedy, with how far the greedy outputs agree;
-* the speedup each γ would give at the acceptance measured on the CPU with the real
-  weights (the chat and code-editing workloads, ``bench_pair.py --stages e2e``): with
-  per-draft acceptance α, a step emits (1 - α^(γ+1)) / (1 - α) tokens on average and
-  costs γ draft steps plus one verify, against that many plain steps.
-
-Weights: the real ones when ``--weights`` points at the converted-weights folders
-(``$SPECJAX_CACHE/converted/...``), else random weights of the same shapes from
-``scripts/benchmarks/pair_configs`` (the device machine has no network, and the checkpoints are
-larger than what travels to it). Step costs depend on shapes only; the random pair's
-acceptance is near 0, so its end-to-end speculative rows measure the machinery, and
-the speedups come from the formula above.
-
-Writes ``OUT/NAME.json`` (default: ``gpu_<device>_<dtype>.json`` in
-``scripts/benchmarks/results/real_pair``) with the date, the commit, the command and
-the machine (its accelerator included).
-The speedups it models are a formula over measured step costs and a CPU acceptance,
-not a measured end-to-end speedup.
+Weights: ``--weights`` (converted-weights folders), else random weights of the same
+shapes from ``scripts/benchmarks/pair_configs`` (a step's cost depends on shapes only;
+random drafts are almost never accepted). Writes ``OUT/NAME.json`` (default
+``gpu_<device>_<dtype>.json`` in ``scripts/benchmarks/results/real_pair``) with the
+date, commit, command and machine.
 
     python scripts/benchmarks/bench_pair_gpu.py --out /tmp/pair_gpu            # random weights
     python scripts/benchmarks/bench_pair_gpu.py --weights TARGET_DIR DRAFT_DIR --out /tmp/pair_gpu
@@ -37,29 +25,27 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-
-import specjax  # noqa: E402
-from harness.machine import RESULTS, run_record  # noqa: E402
-from specjax.io.hf_config import config_from_hf  # noqa: E402
-from specjax.models import Model  # noqa: E402
+import harness  # noqa: F401  (before specjax: a checkout without installing finds its own)
+import specjax
+from harness import RESULTS, logger, write_results
+from specjax.core.timing import time_call, time_runs
+from specjax.io.hf_config import config_from_hf
+from specjax.models import Model
+from specjax.tuning import expected_tokens
 
 CONFIGS = Path(__file__).resolve().parent / "pair_configs"
-# Per-draft acceptance α of the float32 pair on the CPU (bench_pair.py's e2e stage):
+# Per-draft acceptance α of the float32 pair on the CPU (results/real_pair/pair.json):
 # 0.687 at γ = 3 with the int8 draft, 0.623 at γ = 4; one chat prompt alone gave
 # 0.94. The speedups are given for each.
 ALPHAS = (0.62, 0.69, 0.8, 0.94)
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("bench_pair_gpu")
 
 
 def load(name: str, weights: str | None, dtype):
@@ -70,12 +56,7 @@ def load(name: str, weights: str | None, dtype):
 
 
 def median_ms(fn, *args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))  # compile
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t)
+    times, _ = time_runs(fn, *args, repeats=repeats, warmup=1)  # the first compiles
     return 1e3 * statistics.median(times)
 
 
@@ -105,11 +86,12 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     p.add_argument(
-        "--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        default="bfloat16",
         help="float32 runs its matmuls at full precision (no TF32): the exactness check",
-    )  # fmt: skip
+    )
     args = p.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
     dtype = jnp.dtype(args.dtype)
     if args.dtype == "float32":
         jax.config.update("jax_default_matmul_precision", "highest")
@@ -127,13 +109,9 @@ def main() -> int:
     greedy = specjax.SamplingConfig.greedy()
     key = jax.random.key(0)
 
-    def timed(fn, **kw):
-        out = fn()
-        jax.block_until_ready(out.tokens)  # compile
-        t = time.perf_counter()
-        out = fn()
-        jax.block_until_ready(out.tokens)
-        return time.perf_counter() - t, out
+    def timed(fn):
+        jax.block_until_ready(fn())  # compile
+        return time_call(fn)
 
     plain_s, plain = timed(
         lambda: specjax.generate(key, target, prompt, max_new_tokens=args.tokens, sampling=greedy)
@@ -149,7 +127,7 @@ def main() -> int:
                 prompt,
                 max_new_tokens=args.tokens,
                 sampling=greedy,
-            )  # fmt: skip
+            )
         )
         # Reported, not asserted: with random weights the logits are nearly flat, and
         # bfloat16 kernels of a (γ+1)-token verify and a one-token step round
@@ -165,14 +143,14 @@ def main() -> int:
                 leading_equal_tokens=next((i for i, x in enumerate(same) if not x), len(same)),
                 acceptance=float(out.stats.acceptance_rate),
                 tokens_per_call=float(out.tokens_per_call),
-            )  # fmt: skip
+            )
         )
         log(f"speculative {e2e[-1]}")
 
     modelled = []
     for alpha in ALPHAS:
         for g in args.gammas:
-            tokens = (1 - alpha ** (g + 1)) / (1 - alpha)
+            tokens = expected_tokens([alpha] * g, g)
             cost = g * draft_ms + target_ms[g + 1]
             modelled.append(
                 dict(
@@ -180,18 +158,20 @@ def main() -> int:
                     gamma=g,
                     tokens_per_call=tokens,
                     speedup=tokens * target_ms[1] / cost,
-                )  # fmt: skip
+                )
             )
     results = dict(
-        **run_record(),
         weights="real" if args.weights else "random (same shapes)",
-        dtype=args.dtype, context=args.context,
-        target_ms={str(k): v for k, v in target_ms.items()}, draft_step_ms=draft_ms,
-        e2e=e2e, modelled_speedup=modelled,
-    )  # fmt: skip
+        dtype=args.dtype,
+        context=args.context,
+        target_ms={str(k): v for k, v in target_ms.items()},
+        draft_step_ms=draft_ms,
+        e2e=e2e,
+        modelled_speedup=modelled,
+    )
     kind = jax.devices()[0].device_kind.split()[-1].lower()  # "NVIDIA H200": "h200"
     name = args.name or f"gpu_{kind}_{args.dtype}"
-    (args.out / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_results(args.out / f"{name}.json", results)
     best = max(modelled, key=lambda r: (r["alpha"] == 0.69, r["speedup"]))
     log(f"best at α 0.69: γ {best['gamma']} speedup {best['speedup']:.2f}")
     return 0

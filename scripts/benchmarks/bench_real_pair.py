@@ -1,100 +1,73 @@
 #!/usr/bin/env python
 """The real pair end to end on a CPU: specjax's fastest exact speculative decoding
-against its fastest plain decoding, and against transformers and llama.cpp at their
-fastest.
+against its fastest plain decoding, and against transformers and llama.cpp at theirs.
 
-Qwen2.5-Coder-1.5B-Instruct (target) and Qwen2.5-Coder-0.5B-Instruct (draft), GGUF,
-fetched once (``specjax fetch qwen2.5-coder-1.5b qwen2.5-coder-0.5b``), batch 1. The
-prompts are the first chat and the first code-edit request of
-``prompts/real_prompts.json``, rendered with the target's chat template. Every system
-stops at the end of its turn (the EOS ids of the tokenizer), and its speed is the
-tokens it generated over the seconds of the whole call, prefill included.
+Qwen2.5-Coder-1.5B-Instruct (target) and Qwen2.5-Coder-0.5B-Instruct (draft), GGUF
+(``specjax fetch qwen2.5-coder-1.5b qwen2.5-coder-0.5b``), batch 1, the first chat and
+code-edit requests of ``prompts/real_prompts.json`` in the target's chat template. Every
+system stops at the end of its turn; its speed is the tokens it generated over the
+seconds of the whole call, prefill included.
 
 Stages (``--stages``; all by default):
 
-* ``sweep``: specjax only, one process. Plain decoding at width 1 in float32 and int8
-  (the fastest plain decoding at any precision), and the speculative configurations
-  worth trying (int8 target and int8 draft; γ = 1, 2, 3; draft confidence 0.5), each at
-  its verify's width, at T = 0 and T = 1, 64 new tokens. A warm-up round, then
-  ``--rounds`` rounds, the systems in turn within each. Picks the fastest per
-  temperature (`specjax.io.presets` holds its precisions; γ is chosen on the machine).
-* ``peers``: every system in a process of its own (a JAX runtime in the same process
-  slowed transformers about 3x), only one of them running at a time, in turn round by
-  round after a warm-up:
-
-  - specjax with no tuning flags (``default``: the `specjax.io.presets` entry's
-    precisions and ``gamma="auto"``, `specjax.decoding.cost_model.tune`, as the CLI and
-    the Sampler apply them) and plain decoding at its fastest (int8, width 1);
-  - transformers in float32, bfloat16 and int8 (``hf-int8-*``: PyTorch's dynamic int8
-    quantization of every linear layer, target and assistant, `TransformersSide`),
-    each as plain decoding, assisted generation with the 0.5B and prompt lookup, its
-    torch threads probed (the fastest of 1 .. every core, per precision);
-  - llama.cpp through llama-cpp-python (``harness/llamacpp_worker.py``) on the GGUF
-    files in their own quantized formats: plain decoding, speculative decoding with
-    the 0.5B GGUF drafting and prompt lookup, its threads probed the same way.
-
-  The transformers processes import neither jax nor specjax, the llama.cpp process
-  none of jax, specjax and torch. 64 and 128 new tokens; T = 0 (greedy: every system)
-  and T = 1 (plain sampling: specjax's systems and llama.cpp's plain decoding). The
-  summary names, per workload, the fastest system of all, and specjax's speculative
-  decoding against the fastest peer. Every side stays loaded for the whole stage:
-  about 25 GB together (transformers' float32 10 GB, bfloat16 5, int8 4 and 9.5 while
-  it loads, specjax's 3 to 4, llama.cpp's 1 and its mapped GGUF files 1.5). Where that
-  does not fit, run the stage in parts with ``--only PREFIX ...``: a part runs the
-  systems whose names start with one of the prefixes, keeps the file's rows of the
-  others and summarizes them all (a row has the date it was measured), e.g.
-  ``--only default plain-int8 hf-float32 hf-bfloat16``, then ``--only default
-  plain-int8 hf-int8 llamacpp``. ``--quick --rounds 1 --only llamacpp --out /tmp/rp``
-  is a smoke run of llama.cpp alone.
+* ``sweep``: specjax only. Plain decoding at width 1 in float32 and int8, and speculative
+  decoding (int8 target and draft; γ = 1, 2, 3; draft confidence 0.5) at its verify's
+  width, T = 0 and 1, 64 new tokens; a warm-up round, then ``--rounds`` rounds in turn.
+* ``peers``: every system in a process of its own, one running at a time, in turn round
+  by round after a warm-up: specjax with no tuning flags (``default``: the preset's
+  precisions and gamma auto, `specjax.tuning.tune`) and its plain int8;
+  transformers in float32, bfloat16 and int8 (``harness/hf_worker.py``) as plain
+  decoding, assisted by the 0.5B and prompt lookup; llama.cpp (``harness/llamacpp_worker.py``)
+  on the GGUF files: plain, drafted by the 0.5B, prompt lookup; each side's threads
+  probed. 64 and 128 new tokens; T = 0 (every system) and T = 1 (specjax's systems and
+  llama.cpp's plain decoding). All sides stay loaded (about 25 GB): where that does not
+  fit, run parts with ``--only PREFIX ...``, which keeps the file's rows of the others.
 * ``cli``: ``specjax generate --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b
-  --chat TEXT --max-new-tokens 64 --compare --json``, the command a user runs, with no
-  tuning flags, on each prompt at T = 0 and T = 1 (``--temperature 1``), and the same
-  for the bundled pair (``specjax generate TEXT --max-new-tokens 128 --compare --json``)
-  on the first code and the first prose prompt of ``prompts/bench_prompts.json``: the
-  speed, gamma auto's choice with the step costs and the expected speedup it chose
-  from, the speedup the cost model expects at the acceptance the run achieved, the
-  speedup over plain decoding, and whether the output equals plain decoding at its
-  forward width.
+  --chat TEXT --max-new-tokens 64 --compare --json``, with no tuning flags, on each
+  prompt at T = 0 and 1, and the same for the bundled pair on the first code and prose
+  prompts of ``prompts/bench_prompts.json`` (128 tokens): speed, gamma auto's choice and
+  expected speedup, the speedup over plain decoding, and whether the output equals plain
+  decoding at its forward width.
+* ``session``: the five requests of ``prompts/session_prompts.json`` through one
+  `specjax.Sampler` with no tuning flags, the last timed, against plain decoding at the
+  preset's precision (`stage_session`).
 
-* ``session``: a repeated session through one `specjax.Sampler` with no tuning flags:
-  the five requests of ``prompts/session_prompts.json`` in turn, the last timed, against
-  plain decoding at the pair's preset precision on the same requests (`stage_session`).
+Writes ``OUT/NAME.json`` (default ``scripts/benchmarks/results/real_pair/cpu.json``) with
+each stage's date, commit, command and machine; a stage replaces its earlier results.
 
-Writes ``OUT/NAME.json`` (default ``scripts/benchmarks/results/real_pair/cpu.json``),
-with each stage's date, commit, command and machine; a stage's results replace that
-stage's earlier ones (a part of the peers stage: its systems' rows).
+    python scripts/benchmarks/bench_real_pair.py --stages peers --rounds 2 --only default hf-int8
+    python scripts/benchmarks/bench_real_pair.py --out /tmp/rp --stages sweep --rounds 1
 
-    python scripts/benchmarks/bench_real_pair.py
-    python scripts/benchmarks/bench_real_pair.py --out /tmp/rp --stages sweep --rounds 1 --quick
-    python scripts/benchmarks/bench_real_pair.py --stages peers --rounds 3
-
-The peers stage needs the ``bench`` extra (``pip install -e .[bench]``: transformers,
-torch and llama-cpp-python, which compiles llama.cpp from source where no wheel fits).
+The peers stage needs the ``bench`` extra (transformers, torch, llama-cpp-python).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
+import functools
 import itertools
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout
-# harness.machine.RESULTS; not imported at the top: harness imports jax, and the
-# transformers servers run this file.
-RESULTS = ROOT / "scripts" / "benchmarks" / "results"
+import jax
+
+import specjax
+from harness import RESULTS, ROOT, first_difference, logger, run_record
+from specjax import tuning
+from specjax.core.timing import time_call
+from specjax.io import presets
+from specjax.io.fetch import fetch
+from specjax.models.quant import quantize
+
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 EOS_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
 
 
-def log(msg: str) -> None:
-    print(f"[bench_real_pair {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = logger("bench_real_pair")
 
 
 def prompt_texts() -> dict[str, str]:
@@ -110,14 +83,6 @@ class SpecjaxSide:
     """specjax's systems: ``plain-<precision>`` at width 1 and ``spec-<config>``."""
 
     def __init__(self, systems: list[str]):
-        import jax
-
-        import specjax
-        from specjax.io import presets
-        from specjax.io.fetch import fetch
-        from specjax.models.quant import quantize
-
-        self.jax, self.specjax = jax, specjax
         precisions = {s.split("-")[1] for s in systems if s.startswith("plain-")}
         float32 = specjax.load_pretrained(fetch(TARGET))
         self.targets = {p: float32 if p == "float32" else quantize(float32, p) for p in precisions}
@@ -131,11 +96,10 @@ class SpecjaxSide:
 
     def prompt_ids(self, text: str) -> list[int]:
         message = [{"role": "user", "content": text}]
-        return list(self.specjax.apply_chat_template(self.tokenizer_model, message, tokenize=True))
+        return list(specjax.apply_chat_template(self.tokenizer_model, message, tokenize=True))
 
     def config(self, system: str) -> tuple[object, object, dict]:
         """``(target, drafter or None, keyword arguments)`` of ``system``."""
-        specjax = self.specjax
         if system.startswith("plain-"):
             return self.targets[system.split("-")[1]], None, {}
         if system == "default":
@@ -150,7 +114,6 @@ class SpecjaxSide:
         return self.targets["int8"], drafter, dict(forward_width=gamma + 1, draft_confidence=tau)
 
     def run(self, job: dict) -> dict:
-        specjax, jax = self.specjax, self.jax
         target, drafter, kw = self.config(job["system"])
         ids = self.prompt_ids(job["text"])
         sampling = specjax.SamplingConfig(temperature=job["temperature"])
@@ -160,20 +123,17 @@ class SpecjaxSide:
         if job["system"] == "default":
             # gamma="auto", as the CLI and the Sampler: the cached step costs (measured
             # at the first job, the warm-up's), and the acceptance last seen.
-            from specjax import tuning as cost_model
-
-            tuned = cost_model.tune(target, drafter, [ids], log=log)
+            tuned = tuning.tune(target, drafter, [ids], log=log)
             kw = dict(kw, forward_width=tuned.forward_width)
             drafter = None if tuned.gamma == 0 else drafter.with_draft(tuned.gamma)
             if drafter is None:
                 kw.pop("draft_confidence", None)
-        start = time.perf_counter()
         if drafter is None:
-            out = specjax.generate(key, target, [ids], **args, **kw)
+            seconds, out = time_call(lambda: specjax.generate(key, target, [ids], **args, **kw))
         else:
-            out = specjax.speculative_generate(key, target, drafter, [ids], **args, **kw)
-        out = jax.block_until_ready(out)
-        seconds = time.perf_counter() - start
+            seconds, out = time_call(
+                lambda: specjax.speculative_generate(key, target, drafter, [ids], **args, **kw)
+            )
         row = {
             "seconds": seconds,
             "ids": out.to_lists()[0],
@@ -190,123 +150,9 @@ class SpecjaxSide:
         return row
 
 
-class TransformersSide:
-    """transformers' systems in one precision: ``hf-<precision>-<plain|assistant|lookup>``.
-
-    ``float32`` and ``bfloat16`` load the GGUF files dequantized to that dtype; ``int8``
-    loads them in float32 and quantizes every ``nn.Linear`` of the target and the
-    assistant with PyTorch's dynamic int8 quantization (`quantize_dynamic`): int8
-    weights with one scale per output row, as specjax's ``int8`` has, and each input
-    quantized to 8 bits as it comes with one scale per forward (specjax's: one per
-    token), 8-bit integer products. That scale spans every token of a forward, so a
-    prompt scored with drafts can give other greedy tokens than the prompt alone.
-    """
-
-    def __init__(self, dtype: str, paths: list[str]):
-        import torch
-        import transformers
-
-        self.torch = torch
-        paths = [Path(p) for p in paths]  # the GGUF files, fetched by the coordinator
-        float_dtype = torch.float32 if dtype == "int8" else getattr(torch, dtype)
-
-        def load(p):
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(p.parent), gguf_file=p.name, dtype=float_dtype
-            ).eval()
-            return quantize_dynamic(torch, model) if dtype == "int8" else model
-
-        self.target, self.assistant = load(paths[0]), load(paths[1])
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(
-            str(paths[0].parent), gguf_file=paths[0].name
-        )
-        release_freed_memory()  # every side's models stay loaded for the whole stage
-        self.threads = self.probe_threads()
-
-    def probe_threads(self) -> int:
-        """The fastest torch thread count for this dtype, of 1 .. every core."""
-        torch = self.torch
-        ids = torch.tensor([list(range(100, 140))])
-        best = None
-        for n in range(1, (os.cpu_count() or 1) + 1):
-            torch.set_num_threads(n)
-            times = []
-            for _ in range(3):
-                start = time.perf_counter()
-                with torch.no_grad():
-                    self.target.generate(
-                        ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False
-                    )
-                times.append(time.perf_counter() - start)
-            if best is None or min(times) < best[1]:
-                best = (n, min(times))
-        torch.set_num_threads(best[0])
-        return best[0]
-
-    def run(self, job: dict) -> dict:
-        torch = self.torch
-        method = job["system"].split("-")[2]
-        message = [{"role": "user", "content": job["text"]}]
-        text = self.tokenizer.apply_chat_template(
-            message, tokenize=False, add_generation_prompt=True
-        )
-        ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-        extra = {
-            "plain": {},
-            "assistant": {"assistant_model": self.assistant},
-            "lookup": {"prompt_lookup_num_tokens": 3},
-        }[method]
-        sampled = job["temperature"] > 0
-        if sampled:
-            extra.update(do_sample=True, temperature=job["temperature"], top_k=0, top_p=1.0)
-        else:
-            extra.update(do_sample=False)
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = self.target.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=job["tokens"],
-                eos_token_id=list(EOS_IDS),
-                **extra,
-            )
-        seconds = time.perf_counter() - start
-        return {"seconds": seconds, "ids": out[0, ids.shape[1] :].tolist(), "threads": self.threads}
-
-
-def release_freed_memory() -> None:
-    """Returns the C heap's freed pages to the system (glibc's ``malloc_trim``; a no-op
-    elsewhere): loading a GGUF file in transformers frees its dequantized copies, which
-    the heap would otherwise keep."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def quantize_dynamic(torch, model):
-    """``model`` with its ``nn.Linear`` layers dynamically quantized to int8, in place:
-    per-channel weights (a scale per output row) on PyTorch's x86/fbgemm kernels."""
-    import warnings
-
-    from torch.ao.quantization import per_channel_dynamic_qconfig
-
-    with warnings.catch_warnings():  # torch.ao.quantization's deprecation notices
-        warnings.simplefilter("ignore")
-        return torch.ao.quantization.quantize_dynamic(
-            model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
-        )
-
-
-def serve(side: str, systems: list[str]) -> int:
-    """Answers one JSON job per stdin line with one JSON line on stdout.
-
-    A transformers side (``hf:<dtype>``) takes the two GGUF paths as its ``systems``.
-    """
-    if side.startswith("hf:"):
-        server = TransformersSide(side.split(":")[1], systems)
-    else:
-        server = SpecjaxSide(systems)
+def serve(systems: list[str]) -> int:
+    """specjax's side: answers one JSON job per stdin line with one JSON line on stdout."""
+    server = SpecjaxSide(systems)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         job = json.loads(line)
@@ -314,19 +160,21 @@ def serve(side: str, systems: list[str]) -> int:
     return 0
 
 
-LLAMACPP_WORKER = Path(__file__).resolve().parent / "harness" / "llamacpp_worker.py"
+WORKERS = Path(__file__).resolve().parent / "harness"
 
 
 class Server:
     """A side in a process of its own, driven by the coordinator: `serve` in this file
-    (``specjax`` with its systems' names, ``hf:<precision>`` with the two GGUF paths),
-    or ``llamacpp``, `harness/llamacpp_worker.py` with the two GGUF paths."""
+    (``specjax`` with its systems' names), or ``hf:<precision>`` and ``llamacpp``,
+    ``harness/hf_worker.py`` and ``harness/llamacpp_worker.py`` with the two GGUF paths."""
 
     def __init__(self, side: str, systems: list[str]):
         if side == "llamacpp":
-            command = [sys.executable, str(LLAMACPP_WORKER), *systems]
+            command = [sys.executable, str(WORKERS / "llamacpp_worker.py"), *systems]
+        elif side.startswith("hf:"):
+            command = [sys.executable, str(WORKERS / "hf_worker.py"), side[3:], *systems]
         else:
-            command = [sys.executable, __file__, "--serve", side, "--systems", *systems]
+            command = [sys.executable, __file__, "--serve", "--systems", *systems]
         self.proc = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,
@@ -430,11 +278,6 @@ def warm_until_chosen(server: Server, job: dict, out: dict, most: int = 4) -> No
         out = again
 
 
-def first_difference(a, b):
-    diff = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
-    return min(len(a), len(b)) if diff is None and len(a) != len(b) else diff
-
-
 def summarize(rows, specjax_systems, plain_systems, peers):
     """Per (prompt, tokens, temperature): the fastest speculative, plain and peer, and
     the fastest system of all."""
@@ -512,9 +355,7 @@ def stage_peers(args, results):
     if specjax_systems:
         side = Server("specjax", specjax_systems)
         servers.update({s: side for s in specjax_systems})
-    import specjax  # here, so that the peers' processes never import jax
-
-    paths = [str(specjax.fetch(TARGET)), str(specjax.fetch(DRAFT))]
+    paths = [str(fetch(TARGET)), str(fetch(DRAFT))]
     # int8 first: its load (float32, then quantized) needs about twice what it keeps.
     for dtype in ("int8", "float32", "bfloat16"):
         mine = [s for s in systems if s.startswith(f"hf-{dtype}-")]
@@ -628,16 +469,20 @@ def stage_cli(args, results):
         if done.returncode != 0:
             raise SystemExit(done.stderr[-3000:])
         out = json.loads(done.stdout)
-        runs.append({
-            "prompt": prompt,
-            "temperature": temperature,
-            "command": " ".join(shown),
-            **{k: out.get(k) for k in keep},
-            # The cost model's account of the run (`Tuned.review`): every γ's expected
-            # speedup at the acceptance this run achieved.
-            "expected_at_this_runs_acceptance": (out.get("auto") or {}).get("expected_at_this_run"),
-            "stderr": done.stderr.strip().splitlines()[:2],
-        })  # fmt: skip
+        runs.append(
+            {
+                "prompt": prompt,
+                "temperature": temperature,
+                "command": " ".join(shown),
+                **{k: out.get(k) for k in keep},
+                # The cost model's account of the run (`Tuned.review`): every γ's expected
+                # speedup at the acceptance this run achieved.
+                "expected_at_this_runs_acceptance": (out.get("auto") or {}).get(
+                    "expected_at_this_run"
+                ),
+                "stderr": done.stderr.strip().splitlines()[:2],
+            }
+        )
         speedup = out.get("speedup") or 0
         log(f"{prompt}, T = {temperature}: {speedup:.2f}x plain, γ {out.get('gamma')}")
     results["cli"] = {"runs": runs}
@@ -650,9 +495,6 @@ def stage_session(args, results):
     preset precision (int8) on the same five. A session of both untimed first (it
     compiles every program); then ``--rounds`` sessions, each with fresh Samplers (a
     suffix drafter forgets what it saw), the order of the two alternating."""
-    import time
-
-    import specjax
     from specjax.io.presets import load_pair
     from specjax.text.loading import build_drafter
 
@@ -681,9 +523,8 @@ def stage_session(args, results):
                 pair[name].sample(text, max_new_tokens=tokens)
         timed = {}
         for name in order:
-            start = time.perf_counter()
-            _, result = pair[name].sample(texts[-1], max_new_tokens=tokens, return_result=True)
-            seconds = time.perf_counter() - start
+            sample = functools.partial(pair[name].sample, max_new_tokens=tokens, return_result=True)
+            seconds, (_, result) = time_call(sample, texts[-1])
             timed[name] = {
                 "seconds": seconds,
                 "tokens": int(result.lengths[0]),
@@ -742,12 +583,11 @@ def main(argv=None) -> int:
         help="session: the drafter to measure instead of the pair's preset's (e.g. "
         "suffix,model); its results are kept apart, under session-DRAFTER",
     )
-    p.add_argument("--serve", help=argparse.SUPPRESS)
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--systems", nargs="*", default=[], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
-        return serve(args.serve, args.systems)
-    from harness.machine import run_record
+        return serve(args.systems)
 
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.name}.json"

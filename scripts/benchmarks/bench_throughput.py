@@ -1,38 +1,25 @@
 """Offline throughput: N prompts through 1, 4, 16 and 64 slots, with and without refill.
 
-The workload is a dataset pass: ``--num-prompts`` (64) prompts cut from held-out
-standard-library files (ragged, 16 to 64 tokens), each with its own budget drawn
-uniformly from ``[--min-new, --max-new]`` (16 to 128 tokens; fixed seed), stopping at
-EOS too. For each slot count it measures total generated tokens per second
-(compilation apart) and the fraction of idle row-steps, ``1 - Σ active row-steps /
-(loop iterations · slots)``, of:
+``--num-prompts`` (64) prompts cut from held-out standard-library files (16 to 64 tokens),
+each with a budget drawn from ``[--min-new, --max-new]``, stopping at EOS too. For each
+slot count: tokens per second (compilation apart) and the idle row-steps, ``1 - Σ active
+row-steps / (loop iterations · slots)``, of plain decoding in static batches of ``slots``
+rows, plain decoding with refill (``num_slots``), speculative decoding with refill at each
+γ of ``--gammas``, and with adaptive γ (``gamma_by_active_rows``: at each slot count the
+fastest fixed γ, 0 included, or ``--table``). All at T = 0, every output checked equal to
+plain greedy decoding first; then at T = 1 ``DraftModel`` with its true q against
+``greedy_draft=True`` and confidence thresholds τ.
 
-  * plain decoding with a **static** batch: the prompts in consecutive batches of
-    ``slots`` rows, each batch running until its slowest row is done;
-  * plain decoding with **refill** (``num_slots=slots``: a finished row takes the next
-    prompt inside the loop);
-  * speculative decoding with refill and a fixed γ, for each γ in ``--gammas``;
-  * speculative decoding with refill and **adaptive γ**: ``gamma_by_active_rows``
-    built from the fixed-γ runs (at each slot count, the γ that was fastest there,
-    γ = 0, a plain step, included).
+    python scripts/benchmarks/bench_throughput.py --table 1:4,4:4,16:3,64:0   # bundled pair
+    python scripts/benchmarks/bench_throughput.py --quick                     # tiny random pair
 
-All of that at temperature 0; every output is checked equal to plain greedy
-decoding, prompt by prompt, before anything is reported. At temperature 1 it then
-compares ``DraftModel`` with its true q against ``greedy_draft=True`` and against a
-confidence threshold ``draft_confidence`` (τ), at 1 and 16 slots.
-
-    python scripts/benchmarks/bench_throughput.py                 # bundled pair, ~15 min here
-    python scripts/benchmarks/bench_throughput.py --quick         # tiny random pair, ~1 min
-
-Writes ``NAME.json`` (with the date, the commit, the command and the machine) and
-``NAME.md`` under ``--out`` (default ``scripts/benchmarks/results/throughput``; ``--name``
-defaults to ``bundled``, or ``quick`` with ``--quick``).
+Writes ``NAME.json`` (date, commit, command, machine) and ``NAME.md`` under ``--out``
+(default ``scripts/benchmarks/results/throughput``; ``--name``: ``bundled`` or ``quick``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -41,7 +28,7 @@ import jax
 import numpy as np
 
 import specjax
-from harness.machine import RESULTS, run_record
+from harness import RESULTS, first_difference, table, write_results
 from specjax.core.timing import time_fn
 from specjax.training import data
 from specjax.training import tokenizer as tokenizer_lib
@@ -53,17 +40,17 @@ def parse_args(argv=None):
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--slots", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4])
-    parser.add_argument("--drafter", choices=["block", "draft"], default="block",
-                        help="the speculative drafter of the slot sweep (default: the "
-                             "bundled block drafter)")  # fmt: skip
     parser.add_argument("--min-new", type=int, default=16)
     parser.add_argument("--max-new", type=int, default=128)
     parser.add_argument("--confidences", type=float, nargs="+", default=[0.3, 0.6])
     parser.add_argument("--sampled-slots", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--table", default=None,
-                        help="'rows:γ,...' adaptive table to use as given: skips the static "
-                             "and fixed-γ runs that otherwise choose it")  # fmt: skip
+    parser.add_argument(
+        "--table",
+        default=None,
+        help="'rows:γ,...' adaptive table to use as given: skips the static "
+        "and fixed-γ runs that otherwise choose it",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "throughput")
     parser.add_argument("--name", help="file name stem (default: bundled, or quick)")
     args = parser.parse_args(argv)
@@ -135,10 +122,8 @@ def measure(fn, repeats: int):
 def check_equal(name, outs, reference):
     got = [row for o in outs for row in o.to_lists()]
     for i, (a, b) in enumerate(zip(got, reference, strict=True)):
-        if a != b:
-            sys.exit(
-                f"FAIL: {name}: prompt {i} differs from plain greedy ({a[:8]}... vs {b[:8]}...)"
-            )
+        if (at := first_difference(b, a)) is not None:
+            sys.exit(f"FAIL: {name}: prompt {i} differs from plain greedy at new token {at}")
 
 
 def sweep_slots(args, target, block, eos, prompts, budgets):
@@ -165,8 +150,13 @@ def sweep_slots(args, target, block, eos, prompts, budgets):
 
     for slots in args.slots:
         # γ = 0 in the table is a plain step: the plain run is its measurement.
-        fixed[slots, 0] = record("plain refill", slots, lambda slots=slots: specjax.generate(
-            key, target, prompts, max_new_tokens=budgets, num_slots=slots, **kw))  # fmt: skip
+        fixed[slots, 0] = record(
+            "plain refill",
+            slots,
+            lambda slots=slots: specjax.generate(
+                key, target, prompts, max_new_tokens=budgets, num_slots=slots, **kw
+            ),
+        )
         if args.table is not None:
             continue
 
@@ -178,7 +168,7 @@ def sweep_slots(args, target, block, eos, prompts, budgets):
                     prompts[i : i + slots],
                     max_new_tokens=budgets[i : i + slots],
                     **kw,
-                )  # fmt: skip
+                )
                 for i in range(0, len(prompts), slots)
             ]
 
@@ -186,12 +176,19 @@ def sweep_slots(args, target, block, eos, prompts, budgets):
         for gamma in args.gammas:
             drafter = block.replace(num_draft=gamma)
             fixed[slots, gamma] = record(
-                f"spec γ={gamma} refill", slots,
+                f"spec γ={gamma} refill",
+                slots,
                 lambda drafter=drafter, slots=slots: specjax.speculative_generate(
-                    key, target, drafter, prompts, max_new_tokens=budgets, num_slots=slots,
+                    key,
+                    target,
+                    drafter,
+                    prompts,
+                    max_new_tokens=budgets,
+                    num_slots=slots,
                     **kw,
-                ), gamma=gamma,
-            )  # fmt: skip
+                ),
+                gamma=gamma,
+            )
     # The table: at each slot count the fastest fixed γ (0: plain), for up to that many
     # active rows.
     table = args.table or {
@@ -200,9 +197,20 @@ def sweep_slots(args, target, block, eos, prompts, budgets):
     }
     print(f"  adaptive table (max active rows: γ): {table}", flush=True)
     for slots in args.slots:
-        record("spec adaptive refill", slots, lambda slots=slots: specjax.speculative_generate(
-            key, target, block, prompts, max_new_tokens=budgets, num_slots=slots,
-            gamma_by_active_rows=table, **kw))  # fmt: skip
+        record(
+            "spec adaptive refill",
+            slots,
+            lambda slots=slots: specjax.speculative_generate(
+                key,
+                target,
+                block,
+                prompts,
+                max_new_tokens=budgets,
+                num_slots=slots,
+                gamma_by_active_rows=table,
+                **kw,
+            ),
+        )
     return rows, table
 
 
@@ -217,8 +225,14 @@ def sweep_sampled(args, target, draft, eos, prompts, budgets):
         ("draft q", specjax.DraftModel(draft, num_draft=gamma), {}),
         ("draft argmax", specjax.DraftModel(draft, num_draft=gamma, greedy_draft=True), {}),
     ]
-    variants += [(f"draft q, τ={tau}", specjax.DraftModel(draft, num_draft=gamma),
-                  dict(draft_confidence=tau)) for tau in args.confidences]  # fmt: skip
+    variants += [
+        (
+            f"draft q, τ={tau}",
+            specjax.DraftModel(draft, num_draft=gamma),
+            dict(draft_confidence=tau),
+        )
+        for tau in args.confidences
+    ]
     for slots in args.sampled_slots:
         for name, drafter, extra in variants:
             if drafter is None:
@@ -227,7 +241,8 @@ def sweep_sampled(args, target, draft, eos, prompts, budgets):
                 )  # noqa: E731
             else:
                 fn = lambda drafter=drafter, extra=extra, slots=slots: specjax.speculative_generate(  # noqa: E731
-                    key, target, drafter, prompts, num_slots=slots, **kw, **extra)  # fmt: skip
+                    key, target, drafter, prompts, num_slots=slots, **kw, **extra
+                )
             result, outs = measure(fn, args.repeats)
             result.update(system=name, slots=slots, gamma=gamma)
             rows.append(result)
@@ -240,52 +255,20 @@ def sweep_sampled(args, target, draft, eos, prompts, budgets):
     return rows
 
 
-def targets(rows, slots_list):
-    by = {(r["system"], r["slots"]): r for r in rows}
-    out = []
-    if 16 in slots_list and ("plain static batch", 16) in by:
-        out.append(dict(
-            target="idle row-steps with refill, 16 slots", required="<= 5%",
-            measured=f"{by['plain refill', 16]['idle']:.1%} (static batch of 16: "
-                     f"{by['plain static batch', 16]['idle']:.1%})",
-            met=by["plain refill", 16]["idle"] <= 0.05,
-        ))  # fmt: skip
-    tps = lambda system, s: by[system, s]["tokens_per_s"]  # noqa: E731
-    ratios = {s: tps("spec adaptive refill", s) / tps("plain refill", s) for s in slots_list}
-    out.append(dict(
-        target="adaptive speculative >= plain at every slot count", required=">= 1.00x",
-        measured=", ".join(f"{s}: {r:.2f}x" for s, r in ratios.items()),
-        met=all(r >= 1.0 for r in ratios.values()),
-    ))  # fmt: skip
-    if 16 in slots_list:
-        out.append(dict(
-            target="speculative / plain at 16 slots", required=">= 1.3x",
-            measured=f"{ratios[16]:.2f}x", met=ratios[16] >= 1.3,
-        ))  # fmt: skip
-    return out
+SLOT_COLUMNS = ["system", "slots", ("tokens_per_s", ".1f"), ("idle", ".1%")]
+SLOT_COLUMNS += [("tokens_per_call", ".2f"), ("acceptance", ".3f")]
 
 
 def markdown(results) -> str:
-    lines = ["| system | slots | tok/s | idle row-steps | tokens/call | acceptance |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    for r in results["slots"]:
-        lines.append(
-            f"| {r['system']} | {r['slots']} | {r['tokens_per_s']:.1f} | {r['idle']:.1%} | "
-            f"{r['tokens_per_call']:.2f} | {r['acceptance']:.3f} |"
-        )
-    lines += ["", f"Adaptive table (max active rows: γ): `{results['table']}`", ""]
-    lines += ["| T=1 system | slots | tok/s | tokens/call | acceptance |", "|---|---|---|---|---|"]
-    for r in results["sampled"]:
-        lines.append(
-            f"| {r['system']} | {r['slots']} | {r['tokens_per_s']:.1f} | "
-            f"{r['tokens_per_call']:.2f} | {r['acceptance']:.3f} |"
-        )
-    lines += ["", "| target | required | measured | met |", "|---|---|---|---|"]
-    for t in results["targets"]:
-        lines.append(
-            f"| {t['target']} | {t['required']} | {t['measured']} | {'yes' if t['met'] else 'no'} |"
-        )
-    return "\n".join(lines) + "\n"
+    sampled = ["system", "slots", ("tokens_per_s", ".1f"), ("tokens_per_call", ".2f")]
+    return "\n\n".join(
+        [
+            table(results["slots"], SLOT_COLUMNS),
+            f"Adaptive table (max active rows: γ): `{results['table']}`",
+            "T = 1",
+            table(results["sampled"], [*sampled, ("acceptance", ".3f")]),
+        ]
+    )
 
 
 def main(argv=None):
@@ -293,20 +276,28 @@ def main(argv=None):
     start = time.perf_counter()
     target, draft, block, eos = load(args)
     prompts, budgets = make_workload(args, target)
-    print(f"{len(prompts)} prompts, budgets {budgets.min()}..{budgets.max()}, "
-          f"{jax.devices()[0].device_kind}", flush=True)  # fmt: skip
+    print(
+        f"{len(prompts)} prompts, budgets {budgets.min()}..{budgets.max()}, "
+        f"{jax.devices()[0].device_kind}",
+        flush=True,
+    )
     slot_rows, table = sweep_slots(args, target, block, eos, prompts, budgets)
     sampled_rows = sweep_sampled(args, target, draft, eos, prompts, budgets)
     results = dict(
-        **run_record(argv),
-        config=dict(vars(args), out=str(args.out), device=jax.devices()[0].device_kind,
-                    budgets=budgets.tolist(), prompt_lengths=[len(p) for p in prompts]),
-        slots=slot_rows, table={str(k): v for k, v in table.items()}, sampled=sampled_rows,
-        targets=targets(slot_rows, args.slots), wall_s=time.perf_counter() - start,
-    )  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=2))
-    (args.out / f"{args.name}.md").write_text(markdown(results))
+        config=dict(
+            vars(args),
+            out=str(args.out),
+            device=jax.devices()[0].device_kind,
+            budgets=budgets.tolist(),
+            prompt_lengths=[len(p) for p in prompts],
+        ),
+        slots=slot_rows,
+        table={str(k): v for k, v in table.items()},
+        sampled=sampled_rows,
+        wall_s=time.perf_counter() - start,
+    )
+    write_results(args.out / f"{args.name}.json", results, argv)
+    (args.out / f"{args.name}.md").write_text(markdown(results) + "\n")
     print(markdown(results))
     print(f"wrote {args.out}/{args.name}.json and .md ({results['wall_s']:.0f} s)")
     return results

@@ -1,16 +1,13 @@
 #!/usr/bin/env python
-"""Block against token-wise verification: drafts kept per step at T = 1, same drafts' law.
+"""Block against token-wise verification: drafts kept per target call at T = 1.
 
 Both verifiers are exact; block verification keeps at least as many drafts on average.
-This measures how many more, per target call, on the bundled pair (γ = 4) and on the
-real pair (Qwen2.5-Coder 1.5B with the 0.5B drafting, int8 as its preset, γ = 2) where
-its files are in the specjax cache. Each prompt (the real pair: the first two chat and
-two code-edit prompts of ``prompts/real_prompts.json`` in its chat template; the
-bundled pair: `BUNDLED_PROMPTS`) is decoded by ``--rows`` rows with
-their own seeds at temperature 1, by both verifiers with the same key; a row's accepted
-drafts per target call is one unit, and the table gives the mean and its standard error
-over the units, with the paired difference (block - token-wise, the same prompt and
-seed) and its standard error. Only acceptance is measured, not time.
+This measures how many more on the bundled pair (γ = 4, `BUNDLED_PROMPTS`) and, where
+its files are cached, the real pair (Qwen2.5-Coder 1.5B and 0.5B, int8 as its preset,
+γ = 2, two chat and two code-edit prompts of ``prompts/real_prompts.json``). Each
+prompt is decoded by ``--rows`` seeded rows, by both verifiers with the same key; a
+row's accepted drafts per target call is one unit: mean, standard error, and the paired
+difference (block - token-wise). Acceptance only, not time.
 
     python scripts/benchmarks/bench_verification.py
     python scripts/benchmarks/bench_verification.py --quick   # the bundled pair, seconds
@@ -21,18 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-import specjax  # noqa: E402
-from harness.machine import RESULTS, run_record  # noqa: E402
+import specjax
+from harness import RESULTS, ROOT, logger, table, write_results
 
 BUNDLED_PROMPTS = [
     "def fibonacci(n):",
@@ -43,11 +36,7 @@ BUNDLED_PROMPTS = [
     "def merge_sort(items):",
 ]
 REAL = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
-START = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    print(f"[verification {time.perf_counter() - START:6.1f} s] {msg}", file=sys.stderr, flush=True)
+log = logger("bench_verification")
 
 
 def pairs(quick: bool, only=None):
@@ -122,8 +111,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "verification" / "cpu.json")
     args = p.parse_args(argv)
     rows, tokens = (4, 16) if args.quick else (args.rows, args.tokens)
-    report = {**run_record(argv), "temperature": 1.0, "rows_per_prompt": rows, "pairs": {}}
-    lines = ["| pair | γ | token-wise | block | block - token-wise |", "|---|---|---|---|---|"]
+    report = {"temperature": 1.0, "rows_per_prompt": rows, "pairs": {}}
     previous = json.loads(args.out.read_text())["pairs"] if args.out.exists() else {}
     report["pairs"] = {k: v for k, v in previous.items() if args.only and k not in args.only}
     for name, (target, drafter, prompts) in pairs(args.quick, args.only).items():
@@ -132,16 +120,20 @@ def main(argv=None) -> int:
         entry["difference"] = summary(kept["block"] - kept["rejection"])
         entry["gamma"], entry["prompts"] = drafter.num_draft, len(prompts)
         report["pairs"][name] = entry
-        cell = lambda s: f"{s['mean']:.3f} ± {s['standard_error']:.3f}"  # noqa: E731
-        lines.append(
-            f"| {name} | {drafter.num_draft} | {cell(entry['rejection'])} | "
-            f"{cell(entry['block'])} | {cell(entry['difference'])} |"
-        )
-        log(lines[-1])
-    print("\n".join(lines))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1))
-    log(f"wrote {args.out}")
+        log(f"{name}: block - token-wise {entry['difference']['mean']:.3f}")
+    cell = lambda s: f"{s['mean']:.3f} ± {s['standard_error']:.3f}"  # noqa: E731
+    rows_out = [
+        {
+            "pair": n,
+            "γ": e["gamma"],
+            "token-wise": cell(e["rejection"]),
+            "block": cell(e["block"]),
+            "block - token-wise": cell(e["difference"]),
+        }
+        for n, e in report["pairs"].items()
+    ]
+    print(table(rows_out, ["pair", "γ", "token-wise", "block", "block - token-wise"]))
+    write_results(args.out, report, argv)
     return 0
 
 

@@ -4,11 +4,9 @@
     python scripts/training/train_block_drafter.py --target SmolLM2-135M-Instruct.Q4_1.gguf \
         --out specjax/assets/smollm2/block_drafter --block-size 6 --minutes 45
 
-The first reproduces the bundled drafter. With ``--target`` (a ``.gguf`` file or a
-Hugging Face folder) stage 2 also asks an instruction-tuned target (one with a chat
-template) to answer instruction-style prompts built from the corpus (explain, rewrite,
-document or test a stdlib function; write a function for a task; explain a concept),
-so that the drafter learns the target's own chat answers.
+The first reproduces the bundled drafter. With a ``--target`` that has a chat template,
+stage 2 also has it answer instruction-style prompts built from the corpus, so that the
+drafter learns the target's own chat answers.
 
 Stages (each logged with its time; the training itself shows a progress bar):
 
@@ -133,14 +131,23 @@ def main(argv=None):
         if n_chat:
             snippets = code_snippets(data.stdlib_documents("train", **corpus_kw))
             log(f"chat prompts: {len(snippets):,} corpus functions to ask about")
-            parts.append(generate_answers(
-                target, snippets, n_chat, seed=args.seed, new=args.answer_tokens,
-                minutes=None if minutes is None else minutes * args.chat_fraction, log=log,
-            ))  # fmt: skip
+            parts.append(
+                generate_answers(
+                    target,
+                    snippets,
+                    n_chat,
+                    seed=args.seed,
+                    new=args.answer_tokens,
+                    minutes=None if minutes is None else minutes * args.chat_fraction,
+                    log=log,
+                )
+            )
         left = None if minutes is None else max(0.0, minutes - (time.time() - t0) / 60)
-        parts.append(generate_continuations(
-            target, corpus, n_gen - sum(map(len, parts)), seed=args.seed, minutes=left, log=log
-        ))  # fmt: skip
+        parts.append(
+            generate_continuations(
+                target, corpus, n_gen - sum(map(len, parts)), seed=args.seed, minutes=left, log=log
+            )
+        )
         generated = np.concatenate(parts)
         np.save(gen_path, generated, allow_pickle=False)
         log(f"generated continuations: {len(generated):,} tokens in {time.time() - t0:.0f} s")
@@ -149,9 +156,13 @@ def main(argv=None):
     log(f"training stream: {len(stream):,} tokens ({reps}× the generated continuations)")
 
     drafter = BlockDrafter.random(
-        target, key=jax.random.key(args.seed), num_draft=min(7, args.block_size - 1),
-        num_layers=args.num_layers, num_features=args.num_features, block_size=args.block_size,
-    )  # fmt: skip
+        target,
+        key=jax.random.key(args.seed),
+        num_draft=min(7, args.block_size - 1),
+        num_layers=args.num_layers,
+        num_features=args.num_features,
+        block_size=args.block_size,
+    )
     n_params = sum(x.size for x in jax.tree.leaves(drafter.params))
     config = train.BlockTrainConfig(
         steps=20 if args.quick else args.steps,

@@ -6,24 +6,19 @@ Pipeline (every stage deterministic for a fixed Python version and step count):
 1. A 4096-token byte-level BPE on the standard library's ``.py`` files.
 2. ``target/``: a ~14M-parameter Llama trained on the stream (cross-entropy).
 3. ``draft_data/``: a ~0.9M-parameter Llama trained on the data (cross-entropy).
-4. ``draft/``: the distilled draft, *initialised from* ``draft_data`` and then
-   trained with forward KL(p_target || q_draft) at temperature 1 against the
-   exported target (``--distill-init scratch`` starts from random weights
-   instead). Warm-starting spends the expensive distillation steps, each of
-   which runs the target, on matching the target rather than on learning the
-   language from scratch.
+4. ``draft/``: the distilled draft, initialised from ``draft_data`` (``--distill-init
+   scratch``: random weights), trained with forward KL(p_target || q_draft) at
+   temperature 1 against the exported target: the distillation steps, each of which
+   runs the target, go to matching it rather than to learning the language.
 
 Outputs, each a Hugging Face folder in bfloat16 with ``tokenizer.json``::
 
     OUT/target/  OUT/draft/  OUT/draft_data/  OUT/tokenizer.json  OUT/report.json
 
-Float32 checkpoints with optimizer state live in ``OUT/_work/``; ``--resume``
-continues every unfinished stage from them bit-identically and skips finished
-ones (without ``--resume`` they are deleted and everything starts over). A
-resumed earlier stage does not redo later ones that have checkpoints: delete
-``OUT/_work/draft*`` for that. Each stage has a time budget; a stage that runs
-out stops cleanly with a final checkpoint (its cosine schedule is then not
-fully annealed) and continues with ``--resume`` and a new budget.
+Float32 checkpoints with optimizer state live in ``OUT/_work/``; ``--resume`` continues
+every unfinished stage from them bit-identically and skips finished ones (delete
+``OUT/_work/draft*`` to redo a later stage). A stage that runs out of its time budget
+stops with a final checkpoint and continues with ``--resume`` and a new budget.
 
 Examples::
 

@@ -106,9 +106,14 @@ def training_stream(args, target, tok, work: Path):
         t0 = time.time()
         n_gen = 1_000 if args.quick else args.generated_tokens
         generated = generate_continuations(
-            target, corpus, n_gen, seed=args.seed, batch=8 if args.quick else 32,
-            new=32 if args.quick else 96, log=log,
-        )  # fmt: skip
+            target,
+            corpus,
+            n_gen,
+            seed=args.seed,
+            batch=8 if args.quick else 32,
+            new=32 if args.quick else 96,
+            log=log,
+        )
         log(f"generated continuations: {len(generated):,} tokens in {time.time() - t0:.0f} s")
     stream, reps = mix_streams(corpus, generated, args.generated_fraction)
     what = dict(
@@ -127,9 +132,15 @@ def evaluate(target, drafters, prompts, *, gammas, new):
     report = {}
     for name, (drafter, temps, gs) in drafters.items():
         report |= evaluate_drafter(
-            target, drafter, prompts, gammas=gs if gs else gammas, temperatures=temps, new=new,
-            name=name, log=log,
-        )  # fmt: skip
+            target,
+            drafter,
+            prompts,
+            gammas=gs if gs else gammas,
+            temperatures=temps,
+            new=new,
+            name=name,
+            log=log,
+        )
     return report
 
 

@@ -35,7 +35,7 @@ W columns:
 Column j of a W-wide forward is then computed by the same kernels as column 0 of
 another, and its bits depend only on the row's own tokens: padding next to it, other
 rows' prompts or which column it sits in change nothing (measured bit for bit on
-XLA:CPU in float32, bfloat16 and both int8 modes; ``scripts/benchmarks/accelerator_check.py``
+XLA:CPU in float32, bfloat16 and both int8 modes; ``tests/test_accelerator.py``
 checks a GPU or TPU).
 
 **The guarantee.** For one target (float32, bfloat16, int8 weights, or int8 weights

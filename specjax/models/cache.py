@@ -23,7 +23,7 @@ class KVCache:
     ``(B, K)``: ``q [G·T, D] @ k [D, S]`` and ``weights [G·T, S] @ v [S, D]``.
     With slots before heads, XLA:CPU copies (transposes) every layer's keys and
     values on every forward, which costs more than the attention itself
-    (``scripts/benchmarks/profile_decode.py`` shows those copies per op).
+    (a profile of the compiled forward shows those copies per op).
 
     Attributes:
         k: ``[L, B, K, D, S]`` keys (K = kv heads, D = head dim, S = max cache length).

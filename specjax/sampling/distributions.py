@@ -19,7 +19,6 @@ which the sorted cumulative mass reaches ``top_p``). Sorting 128k entries per po
 the obvious way and the slow one; here the threshold is found exactly by bisection over
 the int32 bit pattern of the probabilities (a non-negative float32's bits order the same
 way as its value), 30 passes of compare-and-reduce per row.
-``scripts/benchmarks/bench_verify.py`` measures the difference.
 """
 
 from __future__ import annotations

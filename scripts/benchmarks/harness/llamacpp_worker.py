@@ -1,34 +1,21 @@
 """llama.cpp's side of ``bench_real_pair.py --stages peers``, in a process of its own.
 
 Run as a script (``python llamacpp_worker.py TARGET.gguf DRAFT.gguf``) by
-``bench_real_pair.py``, never imported: this file imports llama-cpp-python and numpy
-only, neither jax, specjax nor torch. llama.cpp computes in the GGUF files' own
-formats (the 1.5B target's Q4_K/Q6_K, the 0.5B draft's Q5_0/Q8_0 mix), the files
-specjax and transformers load and dequantize.
+``bench_real_pair.py``, never imported: it imports llama-cpp-python and numpy only.
+llama.cpp computes in the GGUF files' own formats (the 1.5B's Q4_K/Q6_K, the 0.5B's
+Q5_0/Q8_0 mix). It loads the models, sets the thread count to the fastest of 1 .. every
+core (`Worker.probe_threads`), prints ``{"ready": true, ...}`` (its version, build and
+probe) and answers one JSON job per stdin line (``{"system", "text", "tokens",
+"temperature"[, "seed"]}``) with one JSON line (``{"seconds", "ids", "threads",
+"target_calls", "drafted"}``); what the library prints goes to stderr.
 
-It loads the models, sets llama.cpp's thread count to the fastest of 1 .. every core
-(`Worker.probe_threads`), prints ``{"ready": true, ...}`` (with its version, the
-CPU features llama.cpp was built for and the probe's times) and then answers one JSON job
-per stdin line (``{"system", "text", "tokens", "temperature"[, "seed"]}``) with one
-JSON line (``{"seconds", "ids", "threads", "target_calls", "drafted"}``) on the stdout
-it was started with; anything the library prints goes to stderr.
-
-Systems (a job's ``system``):
-
-* ``llamacpp-plain``: the target alone; greedy at T = 0, plain sampling at T > 0
-  (temperature only: no top-k, top-p or min-p cut);
-* ``llamacpp-draft``: speculative decoding, the 0.5B GGUF proposing `DRAFT_TOKENS`
-  greedy tokens per step (`GreedyDraft`), greedy verification by
-  ``Llama.generate``;
-* ``llamacpp-lookup``: prompt lookup, llama-cpp-python's
-  ``LlamaPromptLookupDecoding`` (`LOOKUP_TOKENS` candidates from an n-gram of up to 2
-  tokens).
-
-Each job renders its text with the target's chat template (from the GGUF, as
-transformers and specjax do), tokenizes it before the timer starts, clears every KV
-cache (no prefix is reused from an earlier job) and times the whole generation,
-prompt processing included. It stops after an EOS id (`EOS_IDS`, counted as
-generated, as transformers counts it) or at ``tokens`` new tokens.
+Systems: ``llamacpp-plain`` (the target alone; greedy at T = 0, temperature-only
+sampling at T > 0), ``llamacpp-draft`` (the 0.5B proposing `DRAFT_TOKENS` greedy tokens
+a step, `GreedyDraft`, verified greedily by ``Llama.generate``) and ``llamacpp-lookup``
+(``LlamaPromptLookupDecoding``, `LOOKUP_TOKENS` candidates from an n-gram of up to 2).
+Each job renders its text with the target's chat template, tokenizes it before the
+timer starts, clears every KV cache and times the whole generation; it stops after an
+EOS id (`EOS_IDS`, counted) or at ``tokens`` new tokens.
 """
 
 from __future__ import annotations
