@@ -15,12 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import GREEDY
 
 import specjax
 from specjax.testing import tiny_model
 
 V = 64
-GREEDY = specjax.SamplingConfig.greedy()
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]  # B = 4 = γ + 1 at γ = 3
 
 

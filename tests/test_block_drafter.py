@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx, struct
-from support import group_rows, ragged_prompts
+from support import GREEDY, group_rows, ragged_prompts
 
 import specjax
 from specjax import training as train
@@ -69,7 +69,6 @@ from specjax.sampling import greedy_tokens, probs_from_logits
 from specjax.testing import chi_square_pvalue, exact_sequence_probs, sequence_counts, tiny_model
 
 V = 8
-GREEDY = specjax.SamplingConfig.greedy()
 GAMMAS = (1, 4, 8)
 MODES = ("argmax", "sample")
 BLOCK_SIZE = 9  # the largest γ + 1
@@ -145,7 +144,7 @@ def corpus(target):
     rng = np.random.default_rng(123)
     pieces = []
     for i in range(8):
-        prompts = [rng.integers(0, V, size=n).tolist() for n in rng.integers(1, 9, size=8)]
+        prompts = ragged_prompts(8, seed=rng, high=V)
         sampling = specjax.SamplingConfig(temperature=float(i % 2))
         out = specjax.generate(
             jax.random.key(100 + i), target, prompts, max_new_tokens=40, sampling=sampling

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
+from support import make_drafter, peaked_pair
 
 import specjax
 from specjax.decoding import api
@@ -177,25 +178,7 @@ def test_one_table_holds_several_automata_and_unconstrained_rows(constraints):
     assert int(table.step(jnp.asarray(0), jnp.asarray(5))) == 0
 
 
-@pytest.fixture(scope="module")
-def pair():
-    target = tiny_model(seed=11, vocab_size=V, init_scale=15.0)
-    draft = tiny_model(seed=12, vocab_size=V, init_scale=15.0)
-    return target, draft
-
-
-def _drafter(name, target, draft, mode="sample"):
-    if name == "self":
-        return specjax.DraftModel(target, num_draft=GAMMA)
-    if name == "draft_model":
-        return specjax.DraftModel(draft, num_draft=GAMMA)
-    if name == "lookup":
-        return specjax.PromptLookup(ngram=2, num_draft=GAMMA)
-    if name == "tree":  # two children at depth 1, one below each: depth 2 = γ
-        return specjax.DraftModel(draft, num_draft=GAMMA).with_tree((2, 1))
-    if name == "eagle":
-        return specjax.EagleDrafter.random(target, key=jax.random.key(4), num_draft=GAMMA)
-    return specjax.BlockDrafter.random(target, key=jax.random.key(3), num_draft=GAMMA, mode=mode)
+pair = pytest.fixture(peaked_pair, scope="module", name="pair")
 
 
 def _text(row) -> bytes:
@@ -221,7 +204,7 @@ def test_greedy_speculative_equals_plain_under_the_constraint(
     rows = per_row if form == "per_row" else [constraints["A"]] * 3
     greedy = specjax.SamplingConfig.greedy()
     key = jax.random.key(0)
-    drafter = _drafter(drafter_name, target, draft, mode="argmax")
+    drafter = make_drafter(drafter_name, target, draft, GAMMA, mode="argmax")
     # Equal token for token only at one forward width: the drafter's verify width.
     width = specjax.drafters.lookahead(drafter)
     kw = dict(max_new_tokens=12, sampling=greedy, eos_id=EOS, forward_width=width)
@@ -360,7 +343,7 @@ def _sample(pair, constraints, name, verification, num_rows, forward_width=None)
     if name == "plain":
         res = specjax.generate(key, target, prompts, **kw)
     else:
-        drafter = _drafter(name, target, draft)
+        drafter = make_drafter(name, target, draft, GAMMA)
         res = specjax.speculative_generate(
             key, target, drafter, prompts, verification=verification, **kw
         )
@@ -391,7 +374,9 @@ def mixed_samples(pair, constraints):
     # One forward width for every decoder, at least each drafter's verify width (the
     # tree's): coupled and tree output equal plain output only at the same width.
     width = max(
-        specjax.drafters.lookahead(_drafter(name, *pair)) for name, _ in DECODERS if name != "plain"
+        specjax.drafters.lookahead(make_drafter(name, *pair, GAMMA))
+        for name, _ in DECODERS
+        if name != "plain"
     )
     return {d: _sample(pair, constraints, *d, N_PER_GROUP * 3, width) for d in DECODERS}
 
@@ -487,7 +472,7 @@ def test_every_one_of_1000_sampled_rows_matches_its_regex(pair, name):
         out = specjax.generate(jax.random.key(5), target, prompts, **kw)
     else:
         out = specjax.speculative_generate(
-            jax.random.key(5), target, _drafter(name, target, draft), prompts, **kw
+            jax.random.key(5), target, make_drafter(name, target, draft, GAMMA), prompts, **kw
         )
     rows = out.to_lists()
     for row, c in zip(rows, per_row, strict=True):

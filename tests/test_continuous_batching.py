@@ -14,6 +14,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import GREEDY
 
 import specjax
 from specjax import decoding
@@ -22,7 +23,6 @@ from specjax.testing import perturbed, tiny_model
 V = 32
 NUM_PROMPTS = 40
 EOS = 7
-GREEDY = specjax.SamplingConfig.greedy()
 GAMMA = 3
 # Every drafter here verifies γ + 1 columns: the forward width of the compared runs.
 WIDTH = specjax.drafters.lookahead(specjax.PromptLookup(ngram=2, num_draft=GAMMA))

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
-from support import ragged_prompts
+from support import GREEDY, ragged_prompts
 
 import specjax
 from specjax import decoding
@@ -14,7 +14,6 @@ from specjax.testing import (
     tiny_model,
 )
 
-GREEDY = specjax.SamplingConfig.greedy()
 V = 64
 
 

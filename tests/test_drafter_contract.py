@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import struct
+from support import GREEDY
 
 import specjax
 from specjax.drafters import registry
@@ -18,7 +19,6 @@ from specjax.testing import tiny_model
 
 PROMPTS = [[1, 2, 3], [4, 5]]
 MAX_NEW = 6
-GREEDY = specjax.SamplingConfig.greedy()
 
 
 @struct.dataclass

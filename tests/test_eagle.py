@@ -59,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
-from support import group_rows, ragged_prompts
+from support import GREEDY, group_rows, ragged_prompts
 
 import specjax
 from specjax import training as train
@@ -72,7 +72,6 @@ from specjax.testing import chi_square_pvalue, exact_sequence_probs, sequence_co
 from specjax.training.eagle import eagle_ttt_loss, ttt_step_logits
 
 V = 8
-GREEDY = specjax.SamplingConfig.greedy()
 MAX_NEW = 13
 ROW_BUDGETS = np.asarray([13, 1, 7, 11, 3, 17, 19, 23], np.int32)
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "training" / "train_eagle.py"
@@ -133,7 +132,7 @@ def corpus(target):
     rng = np.random.default_rng(123)
     pieces = []
     for i in range(8):
-        prompts = [rng.integers(0, V, size=n).tolist() for n in rng.integers(1, 9, size=8)]
+        prompts = ragged_prompts(8, seed=rng, high=V)
         out = specjax.generate(
             jax.random.key(100 + i), target, prompts, max_new_tokens=40,
             sampling=specjax.SamplingConfig(temperature=float(i % 2)),

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import make_drafter, peaked_pair
 
 import specjax
 from specjax.testing import (
@@ -44,10 +45,10 @@ from specjax.testing import (
     chi_square_pvalue,
     exact_sequence_probs,
     sequence_counts,
-    tiny_model,
 )
 
 pytestmark = pytest.mark.slow
+pair = pytest.fixture(peaked_pair, scope="module", name="pair")
 
 V = 8
 PROMPT = [1, 2, 3, 1, 2]
@@ -72,21 +73,8 @@ DECODERS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    target = tiny_model(seed=11, vocab_size=V, init_scale=15.0)
-    draft = tiny_model(seed=12, vocab_size=V, init_scale=15.0)
-    return target, draft
-
-
 def _num_tokens(drafter_name):
     return 3 if drafter_name == "draft_model" else 2
-
-
-def _drafter(name, draft, gamma):
-    if name == "draft_model":
-        return specjax.DraftModel(draft, num_draft=gamma)
-    return specjax.PromptLookup(ngram=2, num_draft=gamma)
 
 
 def _mixed_config(num_rows):
@@ -124,7 +112,7 @@ def mixed_samples(pair):
             res = specjax.generate(key, target, prompts, max_new_tokens=k, sampling=sampling)
         else:
             res = specjax.speculative_generate(
-                key, target, _drafter(name, draft, 2), prompts, max_new_tokens=k,
+                key, target, make_drafter(name, target, draft, 2), prompts, max_new_tokens=k,
                 sampling=sampling, verification=verification,
             )  # fmt: skip
         assert int(jnp.min(res.lengths)) == k
@@ -208,7 +196,7 @@ def square_samples(pair):
         ("lookup", "rejection"),
         ("draft_model", "coupled"),
     ):
-        drafter = _drafter(name, draft, GAMMA)
+        drafter = make_drafter(name, target, draft, GAMMA)
         k = _num_tokens(name)
 
         def one(key, drafter=drafter, k=k, verification=verification):

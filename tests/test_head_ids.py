@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
-from support import group_rows
+from support import group_rows, peaked_pair
 
 import specjax
 from specjax.sampling.vocab import frequent_ids
@@ -50,8 +50,7 @@ GROUPS = {"t0.6": 0.6, "t1.3": 1.3}
 
 @pytest.fixture(scope="module")
 def pair():
-    target = tiny_model(seed=11, vocab_size=V, init_scale=15.0)
-    draft = tiny_model(seed=12, vocab_size=V, init_scale=15.0)
+    target, draft = peaked_pair(V)
     return target, draft, draft.with_head_ids(KEPT)
 
 

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from support import group_rows
+from support import group_rows, make_drafter, peaked_pair
 
 import specjax
 from specjax.sampling import RowSampling
@@ -79,19 +79,7 @@ DECODERS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    target = tiny_model(seed=11, vocab_size=V, init_scale=15.0)
-    draft = tiny_model(seed=12, vocab_size=V, init_scale=15.0)
-    return target, draft
-
-
-def _drafter(name, target, draft, mode="sample"):
-    if name == "draft_model":
-        return specjax.DraftModel(draft, num_draft=GAMMA)
-    if name == "lookup":
-        return specjax.PromptLookup(ngram=2, num_draft=GAMMA)
-    return specjax.BlockDrafter.random(target, key=jax.random.key(3), num_draft=GAMMA, mode=mode)
+pair = pytest.fixture(peaked_pair, scope="module", name="pair")
 
 
 def _settings(group):
@@ -322,10 +310,10 @@ def _sample(pair, name, verification, num_rows, forward_width=None):
     if name == "plain":
         res = specjax.generate(key, target, prompts, **kw)
     else:
+        drafter = make_drafter(name, target, draft, GAMMA)
         res = specjax.speculative_generate(
-            key, target, _drafter(name, target, draft), prompts, verification=verification,
-            **kw,
-        )  # fmt: skip
+            key, target, drafter, prompts, verification=verification, **kw
+        )
     assert int(jnp.min(res.lengths)) == K
     return np.asarray(res.tokens)
 
@@ -336,7 +324,9 @@ def mixed_samples(pair):
     # One forward width for every decoder, at least each drafter's verify width: coupled
     # output equals plain output only at the same width.
     width = max(
-        specjax.drafters.lookahead(_drafter(name, *pair)) for name, _ in DECODERS if name != "plain"
+        specjax.drafters.lookahead(make_drafter(name, *pair, GAMMA))
+        for name, _ in DECODERS
+        if name != "plain"
     )
     return {d: _sample(pair, *d, num_rows, width) for d in DECODERS}
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from support import GREEDY
 
 import specjax
 from specjax.sampling.stops import StopStrings, token_bytes, trim_at_stop
 from specjax.testing import tiny_model, tiny_tokenizer
 
 NEW = 40
-GREEDY = specjax.SamplingConfig.greedy()
 GAMMA = 4
 # Speculative output equals plain output token for token only at the same forward width:
 # every run compared with `bundled`'s rows, plain ones too, scores the drafters' verify

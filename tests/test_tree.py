@@ -30,14 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
+from support import GREEDY
 
 import specjax
 from specjax import decoding
 from specjax.models.cache import KVCache, TreeMask
 from specjax.testing import tiny_model
 from specjax.verification.tree import Tree, tree_verify
-
-GREEDY = specjax.SamplingConfig(temperature=0.0)
 
 
 def _noised(model, scale: float, seed: int):

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from support import group_rows
+from support import group_rows, make_drafter, peaked_pair
 
 import specjax
 from specjax.testing import (
@@ -38,7 +38,6 @@ from specjax.testing import (
     chi_square_pvalue,
     exact_sequence_probs,
     sequence_counts,
-    tiny_model,
 )
 from specjax.verification.tree import Tree, tree_verify
 
@@ -65,19 +64,12 @@ DECODERS = {
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_model(seed=11, vocab_size=V, init_scale=15.0)
-
-
-def _drafter(target, kind, branching):
-    if kind == "draft_model":
-        return specjax.DraftModel(tiny_model(seed=12, vocab_size=V, init_scale=15.0))
-    if kind == "eagle":
-        return specjax.EagleDrafter.random(target, key=jax.random.key(4), num_draft=len(branching))
-    return specjax.BlockDrafter.random(target, key=jax.random.key(3), num_draft=len(branching))
+    return peaked_pair(V)[0]
 
 
 @pytest.fixture(scope="module")
 def samples(target):
+    _, draft = peaked_pair(V)
     names = list(GROUPS)
     num_rows = N_PER_GROUP * len(names)
     fields = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
@@ -88,7 +80,7 @@ def samples(target):
     prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (num_rows, len(PROMPT)))
     out = {}
     for name, (kind, branching, verification) in DECODERS.items():
-        drafter = _drafter(target, kind, branching).with_tree(branching)
+        drafter = make_drafter(kind, target, draft, len(branching)).with_tree(branching)
         res = specjax.speculative_generate(
             jax.random.key(2027), target, drafter, prompts, max_new_tokens=K,
             sampling=sampling, verification=verification,

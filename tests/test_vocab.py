@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx, struct
+from support import GREEDY
 
 import specjax
 from specjax import decoding
@@ -59,7 +60,6 @@ PROMPT = [1, 2, 3, 1, 2]
 N = 6_000
 FALSE_ALARM = 1e-4
 GAMMA = 2
-GREEDY = specjax.SamplingConfig.greedy()
 
 
 def _with_padded_rows(model, scale: float = 6.0):
