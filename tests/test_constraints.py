@@ -120,10 +120,11 @@ def test_the_automaton_allows_what_the_reference_allows(pattern, byte_pattern, t
 
     def ref_allowed(text):
         ids = [
-            t for t in range(v)
+            t
+            for t in range(v)
             if tokens[t]
             and regex_module.fullmatch(ref.encode("latin-1"), text + tokens[t], partial=True)
-        ]  # fmt: skip
+        ]
         m = regex_module.fullmatch(ref.encode("latin-1"), text)
         return ids, m is not None and not m.partial
 
@@ -237,13 +238,16 @@ def test_the_open_loop_with_fewer_slots_gives_each_prompt_its_own_constraint(pai
     per_row = [constraints["A"], None, constraints["B"], constraints["B"], constraints["A"]]
     drafter = specjax.PromptLookup(ngram=1, num_draft=GAMMA)
     kw = dict(
-        max_new_tokens=[6, 9, 4, 8, 5], sampling=specjax.SamplingConfig.greedy(), eos_id=EOS,
-        constraint=per_row, forward_width=specjax.drafters.lookahead(drafter),
-    )  # fmt: skip
+        max_new_tokens=[6, 9, 4, 8, 5],
+        sampling=specjax.SamplingConfig.greedy(),
+        eos_id=EOS,
+        constraint=per_row,
+        forward_width=specjax.drafters.lookahead(drafter),
+    )
     want = specjax.generate(jax.random.key(0), target, prompts, **kw).to_lists()
     decoder, state = specjax.decoding.init(
-        jax.random.key(0), target, prompts, drafter=drafter, num_slots=2, **kw,
-    )  # fmt: skip
+        jax.random.key(0), target, prompts, drafter=drafter, num_slots=2, **kw
+    )
     for _ in range(50):
         state = specjax.decoding.run(decoder, state, 2)
     assert specjax.decoding.result(decoder, state).to_lists() == want
@@ -284,9 +288,12 @@ def test_bad_constraint_arguments_are_refused_by_name_before_compiling(
     target = tiny_model(seed=0, vocab_size=V)
     with pytest.raises((ValueError, TypeError), match=match):
         specjax.generate(
-            jax.random.key(0), target, [[1, 2], [3]], max_new_tokens=4,
+            jax.random.key(0),
+            target,
+            [[1, 2], [3]],
+            max_new_tokens=4,
             constraint=constraint(constraints["A"]),
-        )  # fmt: skip
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -336,9 +343,12 @@ def _sample(pair, constraints, name, verification, num_rows, forward_width=None)
     prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (num_rows, len(PROMPT)))
     per_row = [None if g is None else constraints[g] for g in GROUPS] * (num_rows // 3)
     kw = dict(
-        max_new_tokens=K, sampling=SAMPLED, eos_id=EOS, constraint=per_row,
+        max_new_tokens=K,
+        sampling=SAMPLED,
+        eos_id=EOS,
+        constraint=per_row,
         forward_width=forward_width,
-    )  # fmt: skip
+    )
     key = jax.random.key(2026)
     if name == "plain":
         res = specjax.generate(key, target, prompts, **kw)
@@ -498,9 +508,14 @@ def test_every_one_of_1000_json_rows_validates():
     c = specjax.Constraint.json_schema(schema, tokenizer, target.vocab_size, whitespace="")
     prompt = tokenizer.encode("data = ").ids
     out = specjax.speculative_generate(
-        jax.random.key(7), target, specjax.DraftModel(draft, num_draft=3), [prompt] * 1000,
-        max_new_tokens=40, sampling=SAMPLED, constraint=c,
-    )  # fmt: skip
+        jax.random.key(7),
+        target,
+        specjax.DraftModel(draft, num_draft=3),
+        [prompt] * 1000,
+        max_new_tokens=40,
+        sampling=SAMPLED,
+        constraint=c,
+    )
     assert not np.any(np.asarray(out.truncated))
     rows = out.to_lists()
     for row in rows:

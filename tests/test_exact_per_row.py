@@ -112,9 +112,14 @@ def mixed_samples(pair):
             res = specjax.generate(key, target, prompts, max_new_tokens=k, sampling=sampling)
         else:
             res = specjax.speculative_generate(
-                key, target, make_drafter(name, target, draft, 2), prompts, max_new_tokens=k,
-                sampling=sampling, verification=verification,
-            )  # fmt: skip
+                key,
+                target,
+                make_drafter(name, target, draft, 2),
+                prompts,
+                max_new_tokens=k,
+                sampling=sampling,
+                verification=verification,
+            )
         assert int(jnp.min(res.lengths)) == k
         out[name, verification] = np.asarray(res.tokens)
     return out
@@ -201,9 +206,14 @@ def square_samples(pair):
 
         def one(key, drafter=drafter, k=k, verification=verification):
             return specjax.speculative_generate(
-                key, target, drafter, prompts, max_new_tokens=k, sampling=sampling,
+                key,
+                target,
+                drafter,
+                prompts,
+                max_new_tokens=k,
+                sampling=sampling,
                 verification=verification,
-            ).tokens  # fmt: skip
+            ).tokens
 
         out[name, verification] = np.asarray(jax.jit(jax.vmap(one))(keys))  # [N, B, K]
     return out
@@ -303,9 +313,12 @@ def _assert_greedy_rows_equal_plain_greedy(target, tokens_NK):
     """The temperature-0 group (rows 0, 7, 14, ...) equals plain greedy decoding."""
     tokens = tokens_NK[0 :: len(GROUPS)]
     greedy = specjax.generate(
-        jax.random.key(0), target, [PROMPT], max_new_tokens=tokens.shape[1],
+        jax.random.key(0),
+        target,
+        [PROMPT],
+        max_new_tokens=tokens.shape[1],
         sampling=specjax.SamplingConfig.greedy(),
-    ).to_lists()[0]  # fmt: skip
+    ).to_lists()[0]
     assert (tokens == np.asarray(greedy)).all()
 
 

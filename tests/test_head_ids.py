@@ -181,9 +181,14 @@ def samples(pair):
         ("prefix-padded q", PrefixPaddedQ, "rejection"),
     ):
         res = specjax.speculative_generate(
-            jax.random.key(2026), target, cls(restricted, num_draft=2), prompts,
-            max_new_tokens=K, sampling=sampling, verification=verification,
-        )  # fmt: skip
+            jax.random.key(2026),
+            target,
+            cls(restricted, num_draft=2),
+            prompts,
+            max_new_tokens=K,
+            sampling=sampling,
+            verification=verification,
+        )
         assert int(jnp.min(res.lengths)) == K
         out[name] = np.asarray(res.tokens)
     return out

@@ -123,9 +123,17 @@ def test_sampling_config_holds_only_user_settings():
 
     fields = {f.name for f in dataclasses.fields(specjax.SamplingConfig)}
     assert fields == {
-        "temperature", "top_k", "top_p", "min_p", "vocab_limit", "repetition_penalty",
-        "presence_penalty", "frequency_penalty", "logit_bias", "forbidden_ids",
-    }  # fmt: skip
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "vocab_limit",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "forbidden_ids",
+    }
     assert {f.name for f in dataclasses.fields(RowSampling)} == fields | {"histories"}
     with pytest.raises(TypeError):
         specjax.SamplingConfig(histories=())

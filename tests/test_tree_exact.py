@@ -73,18 +73,25 @@ def samples(target):
     names = list(GROUPS)
     num_rows = N_PER_GROUP * len(names)
     fields = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
-    sampling = specjax.SamplingConfig(**{
-        f: np.asarray([GROUPS[names[i % len(names)]].get(f, d) for i in range(num_rows)])
-        for f, d in fields.items()
-    })  # fmt: skip
+    sampling = specjax.SamplingConfig(
+        **{
+            f: np.asarray([GROUPS[names[i % len(names)]].get(f, d) for i in range(num_rows)])
+            for f, d in fields.items()
+        }
+    )
     prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (num_rows, len(PROMPT)))
     out = {}
     for name, (kind, branching, verification) in DECODERS.items():
         drafter = make_drafter(kind, target, draft, len(branching)).with_tree(branching)
         res = specjax.speculative_generate(
-            jax.random.key(2027), target, drafter, prompts, max_new_tokens=K,
-            sampling=sampling, verification=verification,
-        )  # fmt: skip
+            jax.random.key(2027),
+            target,
+            drafter,
+            prompts,
+            max_new_tokens=K,
+            sampling=sampling,
+            verification=verification,
+        )
         assert int(jnp.min(res.lengths)) == K
         steps = int(jnp.sum(res.stats.row_target_calls))
         out[name] = (np.asarray(res.tokens), int(jnp.sum(res.stats.accepted)) / steps)
@@ -109,8 +116,11 @@ def test_each_group_follows_its_exact_distribution(target, samples, decoder, gro
 # Controls: a group's rows against another group's law.
 
 CONTROL_PAIRS = (
-    ("t0.6", "t1.0"), ("t1.0", "t1.3_topp0.8"), ("t1.3_topp0.8", "t1.0"), ("t0.6_topk3", "t0.6")
-)  # fmt: skip
+    ("t0.6", "t1.0"),
+    ("t1.0", "t1.3_topp0.8"),
+    ("t1.3_topp0.8", "t1.0"),
+    ("t0.6_topk3", "t0.6"),
+)
 
 
 def test_sample_size_has_power_against_every_control(target):
