@@ -321,28 +321,12 @@ def test_greedy_batch1_equals_plain(target, trained, diverse, mode, gamma):
             drafter = base.with_draft(num_draft=gamma, mode=mode)
             width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
             plain = _plain(model, prompt, MAX_NEW, forward_width=width)
-            spec = specjax.speculative_generate(
-                key,
-                model,
-                drafter,
-                prompt,
-                max_new_tokens=MAX_NEW,
-                sampling=GREEDY,
-                forward_width=width,
-            )
+            kw = dict(max_new_tokens=MAX_NEW, sampling=GREEDY, forward_width=width)
+            spec = specjax.speculative_generate(key, model, drafter, prompt, **kw)
             _assert_same_output(spec, plain)
             # EOS: the token greedy decoding emits at index 6 (a row stops at its first).
             eos = int(np.asarray(plain.tokens)[0, 6])
-            spec_eos = specjax.speculative_generate(
-                key,
-                model,
-                drafter,
-                prompt,
-                max_new_tokens=MAX_NEW,
-                sampling=GREEDY,
-                eos_id=eos,
-                forward_width=width,
-            )
+            spec_eos = specjax.speculative_generate(key, model, drafter, prompt, eos_id=eos, **kw)
             plain_eos = _plain(model, prompt, MAX_NEW, eos_id=eos, forward_width=width)
             _assert_same_output(spec_eos, plain_eos)
             assert spec_eos.to_lists()[0][-1] == eos

@@ -26,6 +26,8 @@ EOS = 7
 GAMMA = 3
 # Every drafter here verifies γ + 1 columns: the forward width of the compared runs.
 WIDTH = specjax.drafters.lookahead(specjax.PromptLookup(ngram=2, num_draft=GAMMA))
+# Greedy decoding to EOS at that width: the settings of every greedy equality here.
+GREEDY_TO_EOS = dict(sampling=GREEDY, eos_id=EOS, forward_width=WIDTH)
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +67,7 @@ def _decode(target, drafter, prompts, **kw):
 @pytest.fixture(scope="module")
 def greedy_reference(target):
     prompts, budgets = _prompts()
-    out = _decode(
-        target,
-        None,
-        prompts,
-        max_new_tokens=budgets,
-        sampling=GREEDY,
-        eos_id=EOS,
-        forward_width=WIDTH,
-    )
+    out = _decode(target, None, prompts, max_new_tokens=budgets, **GREEDY_TO_EOS)
     return prompts, budgets, out
 
 
@@ -97,16 +91,8 @@ def test_forty_ragged_prompts_through_few_slots_equal_plain_greedy(
     """40 ragged prompts with EOS and budgets 1..24 through 8 slots (4 = γ+1, and 1)."""
     prompts, budgets, ref = greedy_reference
     drafter = None if name == "plain" else drafters[name]
-    out = _decode(
-        target,
-        drafter,
-        prompts,
-        max_new_tokens=budgets,
-        sampling=GREEDY,
-        eos_id=EOS,
-        num_slots=num_slots,
-        forward_width=WIDTH,
-    )
+    kw = dict(max_new_tokens=budgets, num_slots=num_slots, **GREEDY_TO_EOS)
+    out = _decode(target, drafter, prompts, **kw)
     assert out.tokens.shape == ref.tokens.shape == (NUM_PROMPTS, budgets.max())
     assert out.to_lists() == ref.to_lists()
     np.testing.assert_array_equal(out.lengths, ref.lengths)
@@ -369,10 +355,8 @@ def test_plain_steps_in_the_table_keep_every_drafter_exact(
         drafter,
         prompts,
         max_new_tokens=budgets,
-        sampling=GREEDY,
-        eos_id=EOS,
         num_slots=8,
-        forward_width=WIDTH,
+        **GREEDY_TO_EOS,
         **PLAIN_AT_LARGE,
     )
     assert out.to_lists() == ref.to_lists()
@@ -497,16 +481,8 @@ def test_confidence_at_temperature_zero_stays_greedy(
     and fewer drafts are proposed than γ per call (the threshold acts on greedy rows)."""
     prompts, budgets, ref = greedy_reference
     drafter = drafters["draft_model_argmax" if greedy_draft else "draft_model"]
-    out = _decode(
-        target,
-        drafter,
-        prompts[:6],
-        max_new_tokens=budgets[:6],
-        sampling=GREEDY,
-        eos_id=EOS,
-        draft_confidence=0.6,
-        forward_width=WIDTH,
-    )
+    kw = dict(max_new_tokens=budgets[:6], draft_confidence=0.6, **GREEDY_TO_EOS)
+    out = _decode(target, drafter, prompts[:6], **kw)
     assert out.to_lists() == ref.to_lists()[:6]
     drafted, calls = np.sum(out.stats.drafted), np.sum(out.stats.row_target_calls)
     assert calls <= drafted < 3 * calls

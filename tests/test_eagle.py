@@ -436,6 +436,8 @@ CODE_PROMPTS = [
 # The bundled tests' one forward width, plain and speculative: the verify width of
 # γ = 4, the largest γ there (at least every drafter's verify width).
 BUNDLED_WIDTH = 5
+# The speculative side of the bundled comparisons: 48 greedy tokens at that width.
+BUNDLED = dict(max_new_tokens=48, sampling=GREEDY, forward_width=BUNDLED_WIDTH)
 
 
 @pytest.fixture(scope="module")
@@ -455,15 +457,7 @@ def test_shipped_head_is_exact_on_the_bundled_target(bundled, gamma):
     target, prompts, plain = bundled
     drafter = default_drafter("eagle", num_draft=gamma)
     assert isinstance(drafter, EagleDrafter) and drafter.num_draft == gamma
-    spec = specjax.speculative_generate(
-        jax.random.key(0),
-        target,
-        drafter,
-        prompts,
-        max_new_tokens=48,
-        sampling=GREEDY,
-        forward_width=BUNDLED_WIDTH,
-    )
+    spec = specjax.speculative_generate(jax.random.key(0), target, drafter, prompts, **BUNDLED)
     _assert_same_output(spec, plain)
 
 
@@ -477,15 +471,7 @@ def test_shipped_head_accepts_far_more_than_a_random_head(bundled):
     random = EagleDrafter.random(target, key=jax.random.key(0), num_draft=4)
     results = {}
     for name, drafter in (("shipped", shipped), ("random", random)):
-        spec = specjax.speculative_generate(
-            jax.random.key(0),
-            target,
-            drafter,
-            prompts,
-            max_new_tokens=48,
-            sampling=GREEDY,
-            forward_width=BUNDLED_WIDTH,
-        )
+        spec = specjax.speculative_generate(jax.random.key(0), target, drafter, prompts, **BUNDLED)
         _assert_same_output(spec, plain)
         results[name] = (float(spec.stats.acceptance_rate), float(spec.tokens_per_call))
     assert results["shipped"][0] > 0.3 and results["shipped"][1] > 2.0, results

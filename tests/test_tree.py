@@ -269,16 +269,8 @@ def test_draft_model_tree_greedy_equals_plain_greedy(pair, greedy_reference, bra
     drafter = specjax.DraftModel(draft).with_tree(branching)
     width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
     budgets, ref = greedy_reference(width)
-    out = specjax.speculative_generate(
-        jax.random.key(1),
-        target,
-        drafter,
-        PROMPTS,
-        max_new_tokens=budgets,
-        sampling=GREEDY,
-        eos_id=7,
-        forward_width=width,
-    )
+    kw = dict(max_new_tokens=budgets, sampling=GREEDY, eos_id=7, forward_width=width)
+    out = specjax.speculative_generate(jax.random.key(1), target, drafter, PROMPTS, **kw)
     assert out.to_lists() == ref.to_lists()
     np.testing.assert_array_equal(out.truncated, ref.truncated)
     accepted, calls = int(jnp.sum(out.stats.accepted)), int(jnp.sum(out.stats.row_target_calls))
@@ -299,16 +291,8 @@ def test_feature_drafter_tree_greedy_equals_plain_greedy(pair, greedy_reference,
     drafter = drafter.with_tree(branching)
     width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
     budgets, ref = greedy_reference(width)
-    out = specjax.speculative_generate(
-        jax.random.key(1),
-        target,
-        drafter,
-        PROMPTS,
-        max_new_tokens=budgets,
-        sampling=GREEDY,
-        eos_id=7,
-        forward_width=width,
-    )
+    kw = dict(max_new_tokens=budgets, sampling=GREEDY, eos_id=7, forward_width=width)
+    out = specjax.speculative_generate(jax.random.key(1), target, drafter, PROMPTS, **kw)
     assert out.to_lists() == ref.to_lists()
 
 
