@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from support import GREEDY
 
 import specjax
 from specjax import decoding
@@ -48,7 +49,6 @@ DRAFT = dict(
     intermediate_size=32,
     tie_word_embeddings=True,  # the tied [V, E] table, split by vocabulary
 )
-GREEDY = specjax.SamplingConfig.greedy()
 SAMPLED = specjax.SamplingConfig(temperature=1.0, top_p=0.9)
 
 
