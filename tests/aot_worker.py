@@ -36,10 +36,16 @@ PROMPT, NEW, BATCH = 16, 32, 2
 # Random weights (2 MB) and a cache of 16 rows of 8k tokens (1 GB), more than a
 # TPU's on-chip memory even split over 4 chips.
 LONG_CACHE = Model.random(
-    ModelConfig(num_layers=8, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=128,
-                max_position_embeddings=8192),
+    ModelConfig(
+        num_layers=8,
+        hidden_size=256,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=128,
+        max_position_embeddings=8192,
+    ),
     dtype=jnp.bfloat16,
-)  # fmt: skip
+)
 PRECISIONS = {"bfloat16": (jnp.bfloat16, None), "float32": (jnp.float32, None)}
 PRECISIONS["int8"] = (jnp.bfloat16, "int8")
 

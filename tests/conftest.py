@@ -99,15 +99,17 @@ def _sort_longest_modules_first(items):
 # slow tier numerics-int8, continuous_batching (about 500 s), the other numerics
 # precisions, constraints, exact_per_row, cli (about 250 s each), ...; fast tier
 # numerics (80 s), docs (40 s), features, verify; the rest below 25 s a tier.
-_LONGEST_GROUPS_FIRST = (
-    "test_numerics-int8", "test_continuous_batching", "test_numerics-float32",
-    "test_numerics-int8-weights", "test_numerics-bfloat16", "test_numerics", "test_constraints",
-    "test_exact_per_row", "test_cli", "test_bench_smoke", "test_docs", "test_hf_interop",
-    "test_notebooks", "test_penalties", "test_reproducible", "test_features", "test_decode",
-    "test_verify", "test_tree", "test_compilation_cache", "test_eagle", "test_block_drafter",
-    "test_sharding", "test_decoder_statistics", "test_bad_input", "test_models", "test_gguf",
-    "test_per_row", "test_train", "test_sampling", "test_vocab",
-)  # fmt: skip
+_LONGEST_GROUPS_FIRST = tuple(
+    """
+    test_numerics-int8 test_continuous_batching test_numerics-float32
+    test_numerics-int8-weights test_numerics-bfloat16 test_numerics test_constraints
+    test_exact_per_row test_cli test_bench_smoke test_docs test_hf_interop
+    test_notebooks test_penalties test_reproducible test_features test_decode
+    test_verify test_tree test_compilation_cache test_eagle test_block_drafter
+    test_sharding test_decoder_statistics test_bad_input test_models test_gguf
+    test_per_row test_train test_sampling test_vocab
+    """.split()
+)
 
 
 def pytest_sessionfinish(session):
@@ -130,9 +132,8 @@ def _deterministic_numpy():
 # errors), RMSNorm multiplies bfloat16 weights into float32 activations (test_models),
 # and test_quant's round-trip checks mix int8 codes with float32 scales.
 _STANDARD_PROMOTION = frozenset(
-    {"test_train", "test_block_drafter", "test_eagle", "test_bad_input", "test_models",
-     "test_quant"}
-)  # fmt: skip
+    "test_train test_block_drafter test_eagle test_bad_input test_models test_quant".split()
+)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -39,11 +39,13 @@ def chat_and_code_prompts(model) -> list[list[int]]:
     renders them."""
     spec = json.loads((Path(__file__).parents[1] / "prompts" / "real_prompts.json").read_text())
     return [
-        list(specjax.apply_chat_template(
-            model, [{"role": "user", "content": spec[kind][0]["text"]}], tokenize=True
-        ))
+        list(
+            specjax.apply_chat_template(
+                model, [{"role": "user", "content": spec[kind][0]["text"]}], tokenize=True
+            )
+        )
         for kind in ("chat", "code-edit")
-    ]  # fmt: skip
+    ]
 
 
 def main(target_path: str, draft_path: str, out_path: str) -> int:
@@ -55,9 +57,8 @@ def main(target_path: str, draft_path: str, out_path: str) -> int:
     kw = dict(max_new_tokens=NEW_TOKENS, sampling=specjax.SamplingConfig.greedy())
     key = jax.random.key(0)
     spec = specjax.speculative_generate(
-        key, target, specjax.DraftModel(draft, num_draft=GAMMA), prompts,
-        forward_width=WIDTH, **kw,
-    )  # fmt: skip
+        key, target, specjax.DraftModel(draft, num_draft=GAMMA), prompts, forward_width=WIDTH, **kw
+    )
     plain_w = specjax.generate(key, target, prompts, forward_width=WIDTH, **kw)
     plain_1 = specjax.generate(key, target, prompts, **kw)
     report = {

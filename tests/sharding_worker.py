@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from support import GREEDY
 
 import specjax
 from specjax import decoding
@@ -41,10 +42,13 @@ BATCH, PROMPT_LEN, NEW_TOKENS, CACHE_LEN, GAMMA = 8, 5, 10, 32, 3
 # the error and then the documented replication fallback.
 TARGET = dict(vocab_size=V, num_heads=8, num_kv_heads=4, hidden_size=32, intermediate_size=64)
 DRAFT = dict(
-    vocab_size=V, num_heads=4, num_kv_heads=2, hidden_size=16, intermediate_size=32,
+    vocab_size=V,
+    num_heads=4,
+    num_kv_heads=2,
+    hidden_size=16,
+    intermediate_size=32,
     tie_word_embeddings=True,  # the tied [V, E] table, split by vocabulary
-)  # fmt: skip
-GREEDY = specjax.SamplingConfig.greedy()
+)
 SAMPLED = specjax.SamplingConfig(temperature=1.0, top_p=0.9)
 
 

@@ -8,9 +8,16 @@ arguments, so a module that moved its own copy here draws exactly the same input
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import jax
 import numpy as np
 
-from specjax.testing import chi_square_pvalue
+import specjax
+from specjax.testing import chi_square_pvalue, tiny_model
+
+# Argmax decoding, the reference that every drafter's greedy output equals.
+GREEDY = specjax.SamplingConfig.greedy()
 
 
 def samples_chi2_pvalue(samples, probs) -> float:
@@ -40,14 +47,71 @@ def samples_chi2_pvalue(samples, probs) -> float:
     return chi_square_pvalue(counts, probs)
 
 
-def ragged_prompts(batch: int, seed: int, high: int, repeat: int = 1) -> list[list[int]]:
-    """``batch`` prompts of 1 to 8 random tokens from ``[0, high)``, each repeated
-    ``repeat`` times (``repeat=2`` makes them repetitive, so prompt lookup finds
-    matches). Lengths are drawn first, then each prompt's tokens, from
-    ``np.random.default_rng(seed)``."""
+def ragged_prompts(
+    batch: int,
+    seed: int | np.random.Generator,
+    high: int,
+    repeat: int = 1,
+    lengths: tuple[int, int] = (1, 8),
+) -> list[list[int]]:
+    """``batch`` prompts of ``lengths[0]`` to ``lengths[1]`` random tokens from
+    ``[0, high)``, each repeated ``repeat`` times (``repeat=2`` makes them repetitive, so
+    prompt lookup finds matches). Lengths are drawn first, then each prompt's tokens,
+    from ``np.random.default_rng(seed)``: a ``Generator`` passed as ``seed`` is drawn
+    from in place, so successive calls give successive batches."""
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 9, size=batch)
-    return [rng.integers(0, high, size=n).tolist() * repeat for n in lengths]
+    sizes = rng.integers(lengths[0], lengths[1] + 1, size=batch)
+    return [rng.integers(0, high, size=n).tolist() * repeat for n in sizes]
+
+
+def peaked_pair(vocab_size: int = 8):
+    """``(target, draft)``: two unrelated tiny models (seeds 11 and 12) at init scale 15,
+    so that their next-token laws are peaked and far apart: a drafter that proposes from
+    the draft is often rejected, and a wrong verification's law is far from the
+    target's. A module's fixture: ``pair = pytest.fixture(peaked_pair, scope="module",
+    name="pair")``."""
+    target = tiny_model(seed=11, vocab_size=vocab_size, init_scale=15.0)
+    draft = tiny_model(seed=12, vocab_size=vocab_size, init_scale=15.0)
+    return target, draft
+
+
+def make_drafter(name: str, target, draft, num_draft: int, *, mode: str = "sample"):
+    """The drafter a parametrized test names, drafting ``num_draft`` tokens a step.
+
+    ``"plain"``: ``None`` (no drafter); ``"self"``: the target drafts for itself;
+    ``"draft_model"``: ``draft`` drafts; ``"lookup"``: prompt lookup on bigrams;
+    ``"tree"``: ``draft`` drafts a tree of two children at depth 1 and one below each
+    (depth 2, which becomes its ``num_draft``); ``"eagle"`` and ``"block"``: a random
+    EAGLE head (key 4) or block drafter (key 3, ``mode``) on ``target``.
+    """
+    if name == "plain":
+        return None
+    if name == "self":
+        return specjax.DraftModel(target, num_draft=num_draft)
+    if name == "draft_model":
+        return specjax.DraftModel(draft, num_draft=num_draft)
+    if name == "lookup":
+        return specjax.PromptLookup(ngram=2, num_draft=num_draft)
+    if name == "tree":
+        return specjax.DraftModel(draft, num_draft=num_draft).with_tree((2, 1))
+    if name == "eagle":
+        return specjax.EagleDrafter.random(target, key=jax.random.key(4), num_draft=num_draft)
+    if name == "block":
+        return specjax.BlockDrafter.random(
+            target, key=jax.random.key(3), num_draft=num_draft, mode=mode
+        )
+    raise ValueError(f"make_drafter: unknown name {name!r}")
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """What `specjax.decoding.cost_model.Tuned.learn` and ``review`` read of a run's
+    `GenerationStats`, written out by a test: per draft position, the acceptance rate,
+    how many drafts were judged there, and (for ``learn``) how many were kept."""
+
+    acceptance_by_position: np.ndarray
+    position_reached: np.ndarray
+    position_accepted: np.ndarray | None = None
 
 
 def group_rows(tokens, groups, group, shape: tuple[int, ...]) -> np.ndarray:
@@ -65,10 +129,8 @@ def peaked_model(seed: int, dtype=None, vocab_size: int = 8, precision: str | No
     prefix-dependent next-token laws, so that a wrong decoder's law is far from the
     target's. ``dtype`` (default float32) is its parameters'; ``precision="int8"``
     quantizes it."""
-    import jax
     import jax.numpy as jnp
 
-    import specjax
     from specjax.models.quant import quantize
     from specjax.testing import tiny_config
 
@@ -87,8 +149,6 @@ def patched_runs(owner, name: str, bug, decode, *, m: int, n: int, vocab_size: i
     Returns:
         ``(estimated law [V] * K, tokens int[n, K])``.
     """
-    import jax
-
     from specjax.testing import sequence_counts
 
     real = getattr(owner, name)

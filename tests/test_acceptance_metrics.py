@@ -15,12 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import GREEDY
 
 import specjax
 from specjax.testing import tiny_model
 
 V = 64
-GREEDY = specjax.SamplingConfig.greedy()
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]  # B = 4 = γ + 1 at γ = 3
 
 
@@ -70,13 +70,14 @@ def _from_hist(hist):
 
 def _positions(stats):
     return tuple(
-        np.asarray(x) for x in (stats.position_drafted, stats.position_reached,
-                                stats.position_accepted)
-    )  # fmt: skip
+        np.asarray(x)
+        for x in (stats.position_drafted, stats.position_reached, stats.position_accepted)
+    )
 
 
-@pytest.mark.parametrize("sampling", [GREEDY, specjax.SamplingConfig(temperature=1.0)],
-                         ids=["greedy", "t1"])  # fmt: skip
+@pytest.mark.parametrize(
+    "sampling", [GREEDY, specjax.SamplingConfig(temperature=1.0)], ids=["greedy", "t1"]
+)
 # Fast tier: greedy (the contract: positions agree with the histogram); T = 1 is slow.
 @pytest.mark.first_case_fast
 def test_positions_agree_with_the_histogram_and_the_row_totals(target, sampling):
@@ -86,8 +87,9 @@ def test_positions_agree_with_the_histogram_and_the_row_totals(target, sampling)
     )
     drafted, reached, accepted = _positions(out.stats)
     assert drafted.shape == reached.shape == accepted.shape == (3,)
-    for mine, want in zip((drafted, reached, accepted), _from_hist(out.stats.accepted_hist),
-                          strict=True):  # fmt: skip
+    for mine, want in zip(
+        (drafted, reached, accepted), _from_hist(out.stats.accepted_hist), strict=True
+    ):
         np.testing.assert_array_equal(mine, want)
     assert accepted.sum() == np.asarray(out.stats.accepted).sum()
     assert drafted.sum() == np.asarray(out.stats.drafted).sum()
@@ -104,9 +106,13 @@ def test_positions_agree_with_the_histogram_and_the_row_totals(target, sampling)
 @pytest.mark.slow  # one more decode program (about 5 s)
 def test_the_target_drafting_for_itself_is_accepted_at_every_position(target):
     out = specjax.speculative_generate(
-        jax.random.key(0), target, specjax.DraftModel(target, num_draft=3), PROMPTS,
-        max_new_tokens=12, sampling=GREEDY,
-    )  # fmt: skip
+        jax.random.key(0),
+        target,
+        specjax.DraftModel(target, num_draft=3),
+        PROMPTS,
+        max_new_tokens=12,
+        sampling=GREEDY,
+    )
     drafted, reached, accepted = _positions(out.stats)
     assert drafted[0] > 0
     np.testing.assert_array_equal(reached, drafted)
@@ -138,8 +144,9 @@ def test_a_tree_counts_its_depths(target):
     )
     drafted, reached, accepted = _positions(out.stats)
     assert drafted.shape == (3,)
-    for mine, want in zip((drafted, reached, accepted), _from_hist(out.stats.accepted_hist),
-                          strict=True):  # fmt: skip
+    for mine, want in zip(
+        (drafted, reached, accepted), _from_hist(out.stats.accepted_hist), strict=True
+    ):
         np.testing.assert_array_equal(mine, want)
 
 
@@ -148,9 +155,14 @@ def test_adaptive_gamma_proposes_fewer_positions_in_its_smaller_steps(target):
     """γ = 1 while 2 to 4 rows are active, γ = 3 for the last row alone."""
     drafter = specjax.DraftModel(target, num_draft=3)
     out = specjax.speculative_generate(
-        jax.random.key(0), target, drafter, PROMPTS, max_new_tokens=[2, 4, 8, 16],
-        sampling=GREEDY, gamma_by_active_rows={1: 3, 4: 1},
-    )  # fmt: skip
+        jax.random.key(0),
+        target,
+        drafter,
+        PROMPTS,
+        max_new_tokens=[2, 4, 8, 16],
+        sampling=GREEDY,
+        gamma_by_active_rows={1: 3, 4: 1},
+    )
     drafted, reached, accepted = _positions(out.stats)
     assert drafted[0] > drafted[1] > 0  # the γ = 1 steps proposed position 0 only
     assert drafted[1] == drafted[2]

@@ -226,9 +226,16 @@ def test_non_positive_sizes_in_config_json_are_named(tmp_path, llama, field, val
 
 @pytest.mark.parametrize(
     "field, value",
-    [("num_heads", 0), ("num_kv_heads", 0), ("vocab_size", 0), ("head_dim", -2),
-     ("max_position_embeddings", 0), ("rms_norm_eps", 0.0), ("rope_theta", math.nan)],
-)  # fmt: skip
+    [
+        ("num_heads", 0),
+        ("num_kv_heads", 0),
+        ("vocab_size", 0),
+        ("head_dim", -2),
+        ("max_position_embeddings", 0),
+        ("rms_norm_eps", 0.0),
+        ("rope_theta", math.nan),
+    ],
+)
 def test_model_config_names_a_bad_size(field, value):
     with pytest.raises(ValueError, match=field):
         tiny_config(**{field: value})
@@ -377,8 +384,10 @@ def test_failed_checkpoint_resave_keeps_the_old_one(tmp_path, monkeypatch, llama
 
 # --- CLI ---
 
-CLI_SMALL = ["--steps", "2", "--batch-size", "2", "--seq-len", str(SEQ), "--vocab-size", "280",
-             "--size", "tiny", "--checkpoint-every", "0"]  # fmt: skip
+CLI_SMALL = [
+    *"--steps 2 --batch-size 2 --vocab-size 280 --size tiny --checkpoint-every 0".split(),
+    *("--seq-len", str(SEQ)),
+]
 
 
 def run_cli(capsys, *args) -> tuple[int, list[str]]:
@@ -469,8 +478,12 @@ def test_cli_overwrite_replaces_the_model_whole(capsys, tmp_path, corpus, traine
     (out / "README.md").write_text("stale")
     rc, _ = run_cli(capsys, "train", corpus, "--out", out, *CLI_SMALL, "--seed", "1", "--overwrite")
     assert rc == 0
-    assert sorted(os.listdir(out)) == ["checkpoints", "config.json", "model.safetensors",
-                                       "tokenizer.json"]  # fmt: skip
+    assert sorted(os.listdir(out)) == [
+        "checkpoints",
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
     assert not np.array_equal(logits_of(load_pretrained(out)), logits_of(old))
     assert leftovers(tmp_path, ["model"]) == []
 
@@ -507,10 +520,8 @@ def test_cli_distill_from_a_teacher_with_another_vocabulary(capsys, tmp_path, co
     tok = load_pretrained(trained).tokenizer
     teacher = tiny_model(vocab_size=tok.get_vocab_size() - 7).replace(tokenizer=tok)
     save_pretrained(teacher, tmp_path / "teacher")
-    rc, lines = run_cli(
-        capsys, "distill", corpus, "--model", tmp_path / "teacher", "--out", tmp_path / "d",
-        *CLI_SMALL,
-    )  # fmt: skip
+    folder, out = tmp_path / "teacher", tmp_path / "d"
+    rc, lines = run_cli(capsys, "distill", corpus, "--model", folder, "--out", out, *CLI_SMALL)
     assert_one_line_error(rc, lines, "--model", "vocabulary")
     assert not (tmp_path / "d").exists()
 
@@ -518,10 +529,8 @@ def test_cli_distill_from_a_teacher_with_another_vocabulary(capsys, tmp_path, co
 def test_cli_bad_target_folder(capsys, tmp_path, corpus):
     (tmp_path / "teacher").mkdir()
     (tmp_path / "teacher" / "config.json").write_text("[]")
-    rc, lines = run_cli(
-        capsys, "distill", corpus, "--model", tmp_path / "teacher", "--out", tmp_path / "d",
-        *CLI_SMALL,
-    )  # fmt: skip
+    folder, out = tmp_path / "teacher", tmp_path / "d"
+    rc, lines = run_cli(capsys, "distill", corpus, "--model", folder, "--out", out, *CLI_SMALL)
     assert_one_line_error(rc, lines, "--model", "JSON object")
 
 
@@ -676,8 +685,13 @@ def test_a_forward_narrower_than_the_verify_is_refused(target, drafter, width, m
         "init": lambda **kw: decoding.init(drafter=drafter, **kw),
     }[entry]
     with pytest.raises(ValueError, match=f"forward_width={width} is narrower.*{match}"):
-        call(key=jax.random.key(0), target=target, prompts=[[1, 2]], max_new_tokens=3,
-             forward_width=width)  # fmt: skip
+        call(
+            key=jax.random.key(0),
+            target=target,
+            prompts=[[1, 2]],
+            max_new_tokens=3,
+            forward_width=width,
+        )
 
 
 def test_raw_uint32_keys_are_accepted(target):
@@ -1062,8 +1076,9 @@ def test_decoder_refuses_a_block_drafter_edited_past_its_checks(
 
 def test_block_drafter_for_another_target_is_refused_by_the_decoder(deep_target, block_drafter):
     deeper = tiny_model(seed=4, vocab_size=V, num_layers=6)
-    reads_layer_5 = BlockDrafter.random(deeper, key=jax.random.key(0), num_draft=3,
-                                        target_layers=(5,))  # fmt: skip
+    reads_layer_5 = BlockDrafter.random(
+        deeper, key=jax.random.key(0), num_draft=3, target_layers=(5,)
+    )
     with pytest.raises(ValueError, match=r"drafter.target_layers \(5,\) must be layer indices"):
         _speculative(deep_target, reads_layer_5)
     wide = tiny_model(seed=4, vocab_size=V, num_layers=4, hidden_size=48)

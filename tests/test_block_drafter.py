@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx, struct
-from support import group_rows, ragged_prompts
+from support import GREEDY, group_rows, ragged_prompts
 
 import specjax
 from specjax import training as train
@@ -69,7 +69,6 @@ from specjax.sampling import greedy_tokens, probs_from_logits
 from specjax.testing import chi_square_pvalue, exact_sequence_probs, sequence_counts, tiny_model
 
 V = 8
-GREEDY = specjax.SamplingConfig.greedy()
 GAMMAS = (1, 4, 8)
 MODES = ("argmax", "sample")
 BLOCK_SIZE = 9  # the largest γ + 1
@@ -81,9 +80,18 @@ ROW_BUDGETS = np.asarray([13, 1, 7, 11, 3, 17, 19, 23], np.int32)
 
 # Training: greedy and temperature-1 continuations of random prompts by the target.
 TRAIN_CONFIG = train.BlockTrainConfig(
-    steps=120, batch_size=8, seq_len=32, num_anchors=8, decay=4.0, learning_rate=2e-2,
-    warmup_steps=10, checkpoint_every=40, keep_checkpoints=3, seed=0, progress=False,
-)  # fmt: skip
+    steps=120,
+    batch_size=8,
+    seq_len=32,
+    num_anchors=8,
+    decay=4.0,
+    learning_rate=2e-2,
+    warmup_steps=10,
+    checkpoint_every=40,
+    keep_checkpoints=3,
+    seed=0,
+    progress=False,
+)
 
 # The statistical tests.
 PROMPT = [1, 2, 3, 1, 2]
@@ -145,7 +153,7 @@ def corpus(target):
     rng = np.random.default_rng(123)
     pieces = []
     for i in range(8):
-        prompts = [rng.integers(0, V, size=n).tolist() for n in rng.integers(1, 9, size=8)]
+        prompts = ragged_prompts(8, seed=rng, high=V)
         sampling = specjax.SamplingConfig(temperature=float(i % 2))
         out = specjax.generate(
             jax.random.key(100 + i), target, prompts, max_new_tokens=40, sampling=sampling
@@ -174,8 +182,17 @@ def trained(training):
 PROMPTS8 = ragged_prompts(8, seed=8, high=V)
 
 
-def _plain(target, prompts, max_new_tokens, *, sampling=GREEDY, seeds=None, eos_id=None,
-           key=None, forward_width=None):  # fmt: skip
+def _plain(
+    target,
+    prompts,
+    max_new_tokens,
+    *,
+    sampling=GREEDY,
+    seeds=None,
+    eos_id=None,
+    key=None,
+    forward_width=None,
+):
     """`specjax.generate` for up to 8 rows, run as a batch of 8 (padded with copies of
     row 0, budget 1) so that every call at one ``forward_width`` shares one batch-8
     program; a row's output depends on its key, seed, prompt and settings only, never on
@@ -186,10 +203,15 @@ def _plain(target, prompts, max_new_tokens, *, sampling=GREEDY, seeds=None, eos_
     sampling8 = jax.tree.map(lambda x: pad(x, np.asarray(x).reshape(-1)[0]), sampling)
     seeds8 = pad(np.arange(n) if seeds is None else seeds, 0).astype(np.int32)
     out = specjax.generate(
-        jax.random.key(0) if key is None else key, target, list(prompts) + [prompts[0]] * (8 - n),
-        max_new_tokens=pad(budgets, 1).astype(np.int32), sampling=sampling8, seeds=seeds8,
-        eos_id=eos_id, forward_width=forward_width,
-    )  # fmt: skip
+        jax.random.key(0) if key is None else key,
+        target,
+        list(prompts) + [prompts[0]] * (8 - n),
+        max_new_tokens=pad(budgets, 1).astype(np.int32),
+        sampling=sampling8,
+        seeds=seeds8,
+        eos_id=eos_id,
+        forward_width=forward_width,
+    )
     width = int(budgets.max())
     return out.replace(
         tokens=out.tokens[:n, :width], lengths=out.lengths[:n], logprobs=out.logprobs[:n, :width]
@@ -299,17 +321,12 @@ def test_greedy_batch1_equals_plain(target, trained, diverse, mode, gamma):
             drafter = base.with_draft(num_draft=gamma, mode=mode)
             width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
             plain = _plain(model, prompt, MAX_NEW, forward_width=width)
-            spec = specjax.speculative_generate(
-                key, model, drafter, prompt, max_new_tokens=MAX_NEW, sampling=GREEDY,
-                forward_width=width,
-            )  # fmt: skip
+            kw = dict(max_new_tokens=MAX_NEW, sampling=GREEDY, forward_width=width)
+            spec = specjax.speculative_generate(key, model, drafter, prompt, **kw)
             _assert_same_output(spec, plain)
             # EOS: the token greedy decoding emits at index 6 (a row stops at its first).
             eos = int(np.asarray(plain.tokens)[0, 6])
-            spec_eos = specjax.speculative_generate(
-                key, model, drafter, prompt, max_new_tokens=MAX_NEW, sampling=GREEDY,
-                eos_id=eos, forward_width=width,
-            )  # fmt: skip
+            spec_eos = specjax.speculative_generate(key, model, drafter, prompt, eos_id=eos, **kw)
             plain_eos = _plain(model, prompt, MAX_NEW, eos_id=eos, forward_width=width)
             _assert_same_output(spec_eos, plain_eos)
             assert spec_eos.to_lists()[0][-1] == eos
@@ -389,9 +406,14 @@ def stat_samples(target, trained):
     out = {}
     for name, drafter in drafters.items():
         res = specjax.speculative_generate(
-            jax.random.key(2026), target, drafter, prompts, max_new_tokens=K,
-            sampling=sampling, cache_len=16,
-        )  # fmt: skip
+            jax.random.key(2026),
+            target,
+            drafter,
+            prompts,
+            max_new_tokens=K,
+            sampling=sampling,
+            cache_len=16,
+        )
         assert int(jnp.min(res.lengths)) == K
         out[name] = (np.asarray(res.tokens), jax.device_get(res.stats))
     return out
@@ -482,10 +504,12 @@ def test_save_load_round_trip(target, trained, tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
     key = jax.random.key(0)
-    a = specjax.speculative_generate(key, target, drafter, PROMPTS8, max_new_tokens=MAX_NEW,
-                                     sampling=GREEDY)  # fmt: skip
-    b = specjax.speculative_generate(key, target, loaded, PROMPTS8, max_new_tokens=MAX_NEW,
-                                     sampling=GREEDY)  # fmt: skip
+    a = specjax.speculative_generate(
+        key, target, drafter, PROMPTS8, max_new_tokens=MAX_NEW, sampling=GREEDY
+    )
+    b = specjax.speculative_generate(
+        key, target, loaded, PROMPTS8, max_new_tokens=MAX_NEW, sampling=GREEDY
+    )
     _assert_same_output(b, a)
     np.testing.assert_array_equal(np.asarray(b.from_draft), np.asarray(a.from_draft))
 
@@ -569,9 +593,14 @@ def test_decoder_runs_no_second_target_forward(target, trained):
     # (both at one forward width, so that their outputs are equal).
     width = specjax.drafters.lookahead(drafter)
     out = specjax.speculative_generate(
-        jax.random.key(0), target, trained.with_draft(num_draft=gamma), PROMPTS8,
-        max_new_tokens=MAX_NEW, sampling=GREEDY, forward_width=width,
-    )  # fmt: skip
+        jax.random.key(0),
+        target,
+        trained.with_draft(num_draft=gamma),
+        PROMPTS8,
+        max_new_tokens=MAX_NEW,
+        sampling=GREEDY,
+        forward_width=width,
+    )
     plain = _plain(target, PROMPTS8, MAX_NEW, forward_width=width)
     _assert_same_output(out, plain)
     steps = int(out.stats.target_calls)
@@ -644,9 +673,14 @@ def test_shipped_smollm2_drafter_is_exact_on_smollm2(smollm2_path):
     )
     for gamma in (1, 4):
         spec = specjax.speculative_generate(
-            key, target, drafter.with_draft(gamma), prompts, max_new_tokens=24, sampling=greedy,
+            key,
+            target,
+            drafter.with_draft(gamma),
+            prompts,
+            max_new_tokens=24,
+            sampling=greedy,
             forward_width=width,
-        )  # fmt: skip
+        )
         assert spec.to_lists() == plain.to_lists(), gamma
         assert float(spec.tokens_per_call) > 1.0  # some of its drafts were accepted
     with pytest.raises(ValueError, match="target"):

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
+from support import make_drafter, peaked_pair
 
 import specjax
 from specjax.decoding import api
@@ -119,10 +120,11 @@ def test_the_automaton_allows_what_the_reference_allows(pattern, byte_pattern, t
 
     def ref_allowed(text):
         ids = [
-            t for t in range(v)
+            t
+            for t in range(v)
             if tokens[t]
             and regex_module.fullmatch(ref.encode("latin-1"), text + tokens[t], partial=True)
-        ]  # fmt: skip
+        ]
         m = regex_module.fullmatch(ref.encode("latin-1"), text)
         return ids, m is not None and not m.partial
 
@@ -177,25 +179,7 @@ def test_one_table_holds_several_automata_and_unconstrained_rows(constraints):
     assert int(table.step(jnp.asarray(0), jnp.asarray(5))) == 0
 
 
-@pytest.fixture(scope="module")
-def pair():
-    target = tiny_model(seed=11, vocab_size=V, init_scale=15.0)
-    draft = tiny_model(seed=12, vocab_size=V, init_scale=15.0)
-    return target, draft
-
-
-def _drafter(name, target, draft, mode="sample"):
-    if name == "self":
-        return specjax.DraftModel(target, num_draft=GAMMA)
-    if name == "draft_model":
-        return specjax.DraftModel(draft, num_draft=GAMMA)
-    if name == "lookup":
-        return specjax.PromptLookup(ngram=2, num_draft=GAMMA)
-    if name == "tree":  # two children at depth 1, one below each: depth 2 = γ
-        return specjax.DraftModel(draft, num_draft=GAMMA).with_tree((2, 1))
-    if name == "eagle":
-        return specjax.EagleDrafter.random(target, key=jax.random.key(4), num_draft=GAMMA)
-    return specjax.BlockDrafter.random(target, key=jax.random.key(3), num_draft=GAMMA, mode=mode)
+pair = pytest.fixture(peaked_pair, scope="module", name="pair")
 
 
 def _text(row) -> bytes:
@@ -221,7 +205,7 @@ def test_greedy_speculative_equals_plain_under_the_constraint(
     rows = per_row if form == "per_row" else [constraints["A"]] * 3
     greedy = specjax.SamplingConfig.greedy()
     key = jax.random.key(0)
-    drafter = _drafter(drafter_name, target, draft, mode="argmax")
+    drafter = make_drafter(drafter_name, target, draft, GAMMA, mode="argmax")
     # Equal token for token only at one forward width: the drafter's verify width.
     width = specjax.drafters.lookahead(drafter)
     kw = dict(max_new_tokens=12, sampling=greedy, eos_id=EOS, forward_width=width)
@@ -254,13 +238,16 @@ def test_the_open_loop_with_fewer_slots_gives_each_prompt_its_own_constraint(pai
     per_row = [constraints["A"], None, constraints["B"], constraints["B"], constraints["A"]]
     drafter = specjax.PromptLookup(ngram=1, num_draft=GAMMA)
     kw = dict(
-        max_new_tokens=[6, 9, 4, 8, 5], sampling=specjax.SamplingConfig.greedy(), eos_id=EOS,
-        constraint=per_row, forward_width=specjax.drafters.lookahead(drafter),
-    )  # fmt: skip
+        max_new_tokens=[6, 9, 4, 8, 5],
+        sampling=specjax.SamplingConfig.greedy(),
+        eos_id=EOS,
+        constraint=per_row,
+        forward_width=specjax.drafters.lookahead(drafter),
+    )
     want = specjax.generate(jax.random.key(0), target, prompts, **kw).to_lists()
     decoder, state = specjax.decoding.init(
-        jax.random.key(0), target, prompts, drafter=drafter, num_slots=2, **kw,
-    )  # fmt: skip
+        jax.random.key(0), target, prompts, drafter=drafter, num_slots=2, **kw
+    )
     for _ in range(50):
         state = specjax.decoding.run(decoder, state, 2)
     assert specjax.decoding.result(decoder, state).to_lists() == want
@@ -301,9 +288,12 @@ def test_bad_constraint_arguments_are_refused_by_name_before_compiling(
     target = tiny_model(seed=0, vocab_size=V)
     with pytest.raises((ValueError, TypeError), match=match):
         specjax.generate(
-            jax.random.key(0), target, [[1, 2], [3]], max_new_tokens=4,
+            jax.random.key(0),
+            target,
+            [[1, 2], [3]],
+            max_new_tokens=4,
             constraint=constraint(constraints["A"]),
-        )  # fmt: skip
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -353,14 +343,17 @@ def _sample(pair, constraints, name, verification, num_rows, forward_width=None)
     prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (num_rows, len(PROMPT)))
     per_row = [None if g is None else constraints[g] for g in GROUPS] * (num_rows // 3)
     kw = dict(
-        max_new_tokens=K, sampling=SAMPLED, eos_id=EOS, constraint=per_row,
+        max_new_tokens=K,
+        sampling=SAMPLED,
+        eos_id=EOS,
+        constraint=per_row,
         forward_width=forward_width,
-    )  # fmt: skip
+    )
     key = jax.random.key(2026)
     if name == "plain":
         res = specjax.generate(key, target, prompts, **kw)
     else:
-        drafter = _drafter(name, target, draft)
+        drafter = make_drafter(name, target, draft, GAMMA)
         res = specjax.speculative_generate(
             key, target, drafter, prompts, verification=verification, **kw
         )
@@ -391,7 +384,9 @@ def mixed_samples(pair, constraints):
     # One forward width for every decoder, at least each drafter's verify width (the
     # tree's): coupled and tree output equal plain output only at the same width.
     width = max(
-        specjax.drafters.lookahead(_drafter(name, *pair)) for name, _ in DECODERS if name != "plain"
+        specjax.drafters.lookahead(make_drafter(name, *pair, GAMMA))
+        for name, _ in DECODERS
+        if name != "plain"
     )
     return {d: _sample(pair, constraints, *d, N_PER_GROUP * 3, width) for d in DECODERS}
 
@@ -487,7 +482,7 @@ def test_every_one_of_1000_sampled_rows_matches_its_regex(pair, name):
         out = specjax.generate(jax.random.key(5), target, prompts, **kw)
     else:
         out = specjax.speculative_generate(
-            jax.random.key(5), target, _drafter(name, target, draft), prompts, **kw
+            jax.random.key(5), target, make_drafter(name, target, draft, GAMMA), prompts, **kw
         )
     rows = out.to_lists()
     for row, c in zip(rows, per_row, strict=True):
@@ -513,9 +508,14 @@ def test_every_one_of_1000_json_rows_validates():
     c = specjax.Constraint.json_schema(schema, tokenizer, target.vocab_size, whitespace="")
     prompt = tokenizer.encode("data = ").ids
     out = specjax.speculative_generate(
-        jax.random.key(7), target, specjax.DraftModel(draft, num_draft=3), [prompt] * 1000,
-        max_new_tokens=40, sampling=SAMPLED, constraint=c,
-    )  # fmt: skip
+        jax.random.key(7),
+        target,
+        specjax.DraftModel(draft, num_draft=3),
+        [prompt] * 1000,
+        max_new_tokens=40,
+        sampling=SAMPLED,
+        constraint=c,
+    )
     assert not np.any(np.asarray(out.truncated))
     rows = out.to_lists()
     for row in rows:

@@ -14,6 +14,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import GREEDY
 
 import specjax
 from specjax import decoding
@@ -22,10 +23,11 @@ from specjax.testing import perturbed, tiny_model
 V = 32
 NUM_PROMPTS = 40
 EOS = 7
-GREEDY = specjax.SamplingConfig.greedy()
 GAMMA = 3
 # Every drafter here verifies γ + 1 columns: the forward width of the compared runs.
 WIDTH = specjax.drafters.lookahead(specjax.PromptLookup(ngram=2, num_draft=GAMMA))
+# Greedy decoding to EOS at that width: the settings of every greedy equality here.
+GREEDY_TO_EOS = dict(sampling=GREEDY, eos_id=EOS, forward_width=WIDTH)
 
 
 @pytest.fixture(scope="module")
@@ -65,18 +67,22 @@ def _decode(target, drafter, prompts, **kw):
 @pytest.fixture(scope="module")
 def greedy_reference(target):
     prompts, budgets = _prompts()
-    out = _decode(
-        target, None, prompts, max_new_tokens=budgets, sampling=GREEDY, eos_id=EOS,
-        forward_width=WIDTH,
-    )  # fmt: skip
+    out = _decode(target, None, prompts, max_new_tokens=budgets, **GREEDY_TO_EOS)
     return prompts, budgets, out
 
 
 @pytest.mark.parametrize(
     "name, num_slots",
-    [("plain", 8), ("plain", 1), ("draft_model", 8), ("draft_model", 4),
-     ("draft_model_argmax", 8), ("lookup", 8), ("block", 8)],
-)  # fmt: skip
+    [
+        ("plain", 8),
+        ("plain", 1),
+        ("draft_model", 8),
+        ("draft_model", 4),
+        ("draft_model_argmax", 8),
+        ("lookup", 8),
+        ("block", 8),
+    ],
+)
 # Fast tier: the first case of each parametrize list; the others run with -m slow.
 @pytest.mark.first_case_fast
 def test_forty_ragged_prompts_through_few_slots_equal_plain_greedy(
@@ -85,10 +91,8 @@ def test_forty_ragged_prompts_through_few_slots_equal_plain_greedy(
     """40 ragged prompts with EOS and budgets 1..24 through 8 slots (4 = γ+1, and 1)."""
     prompts, budgets, ref = greedy_reference
     drafter = None if name == "plain" else drafters[name]
-    out = _decode(
-        target, drafter, prompts, max_new_tokens=budgets, sampling=GREEDY, eos_id=EOS,
-        num_slots=num_slots, forward_width=WIDTH,
-    )  # fmt: skip
+    kw = dict(max_new_tokens=budgets, num_slots=num_slots, **GREEDY_TO_EOS)
+    out = _decode(target, drafter, prompts, **kw)
     assert out.tokens.shape == ref.tokens.shape == (NUM_PROMPTS, budgets.max())
     assert out.to_lists() == ref.to_lists()
     np.testing.assert_array_equal(out.lengths, ref.lengths)
@@ -130,9 +134,8 @@ def test_settings_seeds_and_budgets_follow_the_prompt(target, drafters, form, nu
     ref = _decode(target, None, prompts, **kw)
     plain = _decode(target, None, prompts, num_slots=num_slots, **kw)
     coupled = _decode(
-        target, drafters["draft_model"], prompts, num_slots=num_slots,
-        verification="coupled", **kw,
-    )  # fmt: skip
+        target, drafters["draft_model"], prompts, num_slots=num_slots, verification="coupled", **kw
+    )
     for out in (plain, coupled):
         assert out.to_lists() == ref.to_lists()
         np.testing.assert_array_equal(out.lengths, ref.lengths)
@@ -206,10 +209,16 @@ def test_one_jitted_call_serves_all_prompts(target, drafters):
     def run(prompts_NP, budgets_N):
         # Inside a user's jit the prompts and budgets are traced.
         return specjax.speculative_generate(
-            jax.random.key(0), target, drafters["draft_model"], prompts_NP,
-            max_new_tokens=budgets_N, sampling=GREEDY, num_slots=8, cache_len=64,
+            jax.random.key(0),
+            target,
+            drafters["draft_model"],
+            prompts_NP,
+            max_new_tokens=budgets_N,
+            sampling=GREEDY,
+            num_slots=8,
+            cache_len=64,
             forward_width=WIDTH,
-        ).tokens  # fmt: skip
+        ).tokens
 
     closed = jax.make_jaxpr(run)(prompts_NP, jnp.asarray(budgets))
     # The decoder is one jitted program inside the user's: the one call that loops.
@@ -233,9 +242,14 @@ def test_one_jitted_call_serves_all_prompts(target, drafters):
     assert jitted._cache_size() == 1
     # An array of prompts holds full rows (its padding is part of each prompt).
     ref = _decode(
-        target, None, prompts_NP, max_new_tokens=budgets, sampling=GREEDY, cache_len=64,
+        target,
+        None,
+        prompts_NP,
+        max_new_tokens=budgets,
+        sampling=GREEDY,
+        cache_len=64,
         forward_width=WIDTH,
-    )  # fmt: skip
+    )
     tokens = np.asarray(first)[:, : budgets.max()]
     np.testing.assert_array_equal(tokens, np.asarray(ref.tokens))
 
@@ -281,10 +295,9 @@ PLAIN_AT_LARGE = dict(gamma_by_active_rows={3: 3, 40: 0})
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "adaptive, num_slots",
-    [(TABLE, 8), (TABLE, 4), (CONFIDENCE, None), (CONFIDENCE, 8), (BOTH, 4),
-     (PLAIN_AT_LARGE, 8)],
+    [(TABLE, 8), (TABLE, 4), (CONFIDENCE, None), (CONFIDENCE, 8), (BOTH, 4), (PLAIN_AT_LARGE, 8)],
     ids=["table-8", "table-4", "confidence-all", "confidence-8", "both-4", "gamma0-8"],
-)  # fmt: skip
+)
 def test_adaptive_gamma_stays_exact(target, drafters, greedy_reference, adaptive, num_slots):
     """Greedy output equals plain greedy; coupled sampled output equals plain sampled (at
     the same forward width, which the adaptive steps keep).
@@ -338,9 +351,14 @@ def test_plain_steps_in_the_table_keep_every_drafter_exact(
     if name.startswith("draft_model"):
         drafter = drafter.replace(model=target)
     out = _decode(
-        target, drafter, prompts, max_new_tokens=budgets, sampling=GREEDY,
-        eos_id=EOS, num_slots=8, forward_width=WIDTH, **PLAIN_AT_LARGE,
-    )  # fmt: skip
+        target,
+        drafter,
+        prompts,
+        max_new_tokens=budgets,
+        num_slots=8,
+        **GREEDY_TO_EOS,
+        **PLAIN_AT_LARGE,
+    )
     assert out.to_lists() == ref.to_lists()
     drafted, calls = np.sum(out.stats.drafted), np.sum(out.stats.row_target_calls)
     assert 0 < drafted < calls
@@ -409,9 +427,13 @@ def test_greedy_draft_proposes_the_argmax_without_q(target, drafters):
 def test_bad_continuous_batching_arguments_are_refused(target, drafters, kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         specjax.speculative_generate(
-            jax.random.key(0), target, drafters["draft_model"], [[1, 2]] * 4,
-            max_new_tokens=4, **kwargs,
-        )  # fmt: skip
+            jax.random.key(0),
+            target,
+            drafters["draft_model"],
+            [[1, 2]] * 4,
+            max_new_tokens=4,
+            **kwargs,
+        )
 
 
 # Fast tier: the sampling drafter; argmax drafting with -m slow.
@@ -430,8 +452,9 @@ def test_a_draft_model_stops_drafting_by_itself(target, drafters, greedy_draft):
     seq = jnp.zeros((4, 64), jnp.int32).at[:, : prompts_BP.shape[1]].set(prompts_BP)
     keys = jax.random.split(jax.random.key(0), 12).reshape(4, 3)
     greedy = specjax.sampling.per_row(GREEDY, 4)
-    propose = jax.jit(lambda d: d.propose(keys, d.init(prompts_BP, lengths, 64), seq, lengths,
-                                          greedy))  # fmt: skip
+    propose = jax.jit(
+        lambda d: d.propose(keys, d.init(prompts_BP, lengths, 64), seq, lengths, greedy)
+    )
     free = propose(drafter)
     assert free.num_drafted is None
     np.testing.assert_array_equal(free.state.lengths, lengths + 2)  # fed: pending, 2 drafts
@@ -451,16 +474,15 @@ def test_a_draft_model_stops_drafting_by_itself(target, drafters, greedy_draft):
 # Fast tier: the sampling drafter; argmax drafting with -m slow.
 @pytest.mark.first_case_fast
 @pytest.mark.parametrize("greedy_draft", [False, True])
-def test_confidence_at_temperature_zero_stays_greedy(target, drafters, greedy_reference,
-                                                     greedy_draft):  # fmt: skip
+def test_confidence_at_temperature_zero_stays_greedy(
+    target, drafters, greedy_reference, greedy_draft
+):
     """draft_confidence at T = 0: output equals plain greedy at the same forward width,
     and fewer drafts are proposed than γ per call (the threshold acts on greedy rows)."""
     prompts, budgets, ref = greedy_reference
     drafter = drafters["draft_model_argmax" if greedy_draft else "draft_model"]
-    out = _decode(
-        target, drafter, prompts[:6], max_new_tokens=budgets[:6], sampling=GREEDY,
-        eos_id=EOS, draft_confidence=0.6, forward_width=WIDTH,
-    )  # fmt: skip
+    kw = dict(max_new_tokens=budgets[:6], draft_confidence=0.6, **GREEDY_TO_EOS)
+    out = _decode(target, drafter, prompts[:6], **kw)
     assert out.to_lists() == ref.to_lists()[:6]
     drafted, calls = np.sum(out.stats.drafted), np.sum(out.stats.row_target_calls)
     assert calls <= drafted < 3 * calls
@@ -470,9 +492,13 @@ def test_confidence_at_temperature_zero_stays_greedy(target, drafters, greedy_re
 def test_confidence_needs_a_drafter_with_q(target, drafters, name):
     with pytest.raises(ValueError, match="draft_confidence needs a drafter that returns its q"):
         specjax.speculative_generate(
-            jax.random.key(0), target, drafters[name], [[1, 2]], max_new_tokens=4,
+            jax.random.key(0),
+            target,
+            drafters[name],
+            [[1, 2]],
+            max_new_tokens=4,
             draft_confidence=0.5,
-        )  # fmt: skip
+        )
 
 
 def test_generate_refuses_too_many_slots(target):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
-from support import ragged_prompts
+from support import GREEDY, ragged_prompts
 
 import specjax
 from specjax import decoding
@@ -14,7 +14,6 @@ from specjax.testing import (
     tiny_model,
 )
 
-GREEDY = specjax.SamplingConfig.greedy()
 V = 64
 
 
@@ -91,9 +90,14 @@ def test_tokens_per_call_of_a_drafter_always_accepted(target):
     test_greedy_speculative_equals_plain's fast case, so that it reuses its program.)"""
     drafter = specjax.DraftModel(target, num_draft=4)
     out = specjax.speculative_generate(
-        jax.random.key(0), target, drafter, ragged_prompts(1, seed=1, high=8, repeat=2),
-        max_new_tokens=15, sampling=GREEDY, forward_width=specjax.drafters.lookahead(drafter),
-    )  # fmt: skip
+        jax.random.key(0),
+        target,
+        drafter,
+        ragged_prompts(1, seed=1, high=8, repeat=2),
+        max_new_tokens=15,
+        sampling=GREEDY,
+        forward_width=specjax.drafters.lookahead(drafter),
+    )
     assert np.asarray(out.lengths).tolist() == [15]
     assert np.asarray(out.stats.row_target_calls).tolist() == [3]
     assert float(out.tokens_per_call) == 5.0

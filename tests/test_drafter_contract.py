@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import struct
+from support import GREEDY
 
 import specjax
 from specjax.drafters import registry
@@ -18,7 +19,6 @@ from specjax.testing import tiny_model
 
 PROMPTS = [[1, 2, 3], [4, 5]]
 MAX_NEW = 6
-GREEDY = specjax.SamplingConfig.greedy()
 
 
 @struct.dataclass
@@ -136,9 +136,13 @@ def test_memory_check_counts_its_state_bytes(registered, target, monkeypatch):
     for drafter in (specjax.drafters.NoDraft(), registered.cls()):
         with pytest.raises(_MemoryChecked):
             specjax.speculative_generate(
-                jax.random.key(0), target, drafter, PROMPTS, max_new_tokens=MAX_NEW,
+                jax.random.key(0),
+                target,
+                drafter,
+                PROMPTS,
+                max_new_tokens=MAX_NEW,
                 cache_len=cache_len,
-            )  # fmt: skip
+            )
     # The statistics add int32 counters per draft position, three [γ] and a [γ + 1]
     # histogram (one column for NoDraft), for every slot and for every prompt's output.
     counters = 2 * len(PROMPTS) * 16 * drafter.num_draft

@@ -59,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
-from support import group_rows, ragged_prompts
+from support import GREEDY, group_rows, ragged_prompts
 
 import specjax
 from specjax import training as train
@@ -72,15 +72,22 @@ from specjax.testing import chi_square_pvalue, exact_sequence_probs, sequence_co
 from specjax.training.eagle import eagle_ttt_loss, ttt_step_logits
 
 V = 8
-GREEDY = specjax.SamplingConfig.greedy()
 MAX_NEW = 13
 ROW_BUDGETS = np.asarray([13, 1, 7, 11, 3, 17, 19, 23], np.int32)
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "training" / "train_eagle.py"
 
 TRAIN_CONFIG = train.EagleTrainConfig(
-    steps=60, batch_size=8, seq_len=32, ttt_steps=4, learning_rate=1e-2, warmup_steps=6,
-    checkpoint_every=20, keep_checkpoints=3, seed=0, progress=False,
-)  # fmt: skip
+    steps=60,
+    batch_size=8,
+    seq_len=32,
+    ttt_steps=4,
+    learning_rate=1e-2,
+    warmup_steps=6,
+    checkpoint_every=20,
+    keep_checkpoints=3,
+    seed=0,
+    progress=False,
+)
 
 PROMPT = [1, 2, 3, 1, 2]
 K = 3
@@ -133,11 +140,14 @@ def corpus(target):
     rng = np.random.default_rng(123)
     pieces = []
     for i in range(8):
-        prompts = [rng.integers(0, V, size=n).tolist() for n in rng.integers(1, 9, size=8)]
+        prompts = ragged_prompts(8, seed=rng, high=V)
         out = specjax.generate(
-            jax.random.key(100 + i), target, prompts, max_new_tokens=40,
+            jax.random.key(100 + i),
+            target,
+            prompts,
+            max_new_tokens=40,
             sampling=specjax.SamplingConfig(temperature=float(i % 2)),
-        )  # fmt: skip
+        )
         for prompt, row in zip(prompts, out.to_lists(), strict=True):
             pieces += prompt + row
     return np.asarray(pieces, np.int32)
@@ -191,9 +201,12 @@ def _check_drafts_are_ttt_chains(drafter, proposal, seq, lengths):
         want = _ttt_probs(drafter, full, gamma)
         for i in range(gamma):
             np.testing.assert_allclose(
-                np.asarray(proposal.probs[b, i]), want[i, length - 1 + i], rtol=1e-5, atol=1e-6,
+                np.asarray(proposal.probs[b, i]),
+                want[i, length - 1 + i],
+                rtol=1e-5,
+                atol=1e-6,
                 err_msg=f"row {b} draft {i}",
-            )  # fmt: skip
+            )
 
 
 # Slow tier: 13 s.
@@ -209,8 +222,9 @@ def test_drafts_are_the_training_time_test_chains(target, trained):
     rows = [[1, 2, 3, 4, 5, 6], [3, 1, 4], [5]]
     lengths = np.asarray([len(r) for r in rows], np.int32)
     prompts = jnp.asarray([r + [0] * (6 - len(r)) for r in rows], jnp.int32)
-    tcache, features = _prefill(target, prompts, jnp.asarray(lengths), cache_len,
-                                   head.target_layers)  # fmt: skip
+    tcache, features = _prefill(
+        target, prompts, jnp.asarray(lengths), cache_len, head.target_layers
+    )
     state = _init(head, prompts, jnp.asarray(lengths), cache_len, features)
     seq = [list(r) for r in rows]
 
@@ -244,8 +258,9 @@ def test_drafts_are_the_training_time_test_chains(target, trained):
     state, tcache, lengths = verify(head, state, tcache, proposal, lengths, [2, 0, 3], [1, 6, 4])
     empty = _propose(head0, keys(2), state, seq_buf(), jnp.asarray(lengths), sampling)
     assert empty.tokens.shape == (3, 0) and empty.probs is None
-    state, tcache, lengths = verify(head0, state, tcache, empty, lengths, [0, 0, 0], [3, 5, 0],
-                                    emit=[True, False, True])  # fmt: skip
+    state, tcache, lengths = verify(
+        head0, state, tcache, empty, lengths, [0, 0, 0], [3, 5, 0], emit=[True, False, True]
+    )
     proposal = _propose(head, keys(3), state, seq_buf(), jnp.asarray(lengths), sampling)
     _check_drafts_are_ttt_chains(head, proposal, seq, lengths)
 
@@ -256,9 +271,13 @@ def test_drafts_are_the_training_time_test_chains(target, trained):
 
 def _plain(target, prompts, max_new_tokens, forward_width=None):
     return specjax.generate(
-        jax.random.key(0), target, prompts, max_new_tokens=max_new_tokens, sampling=GREEDY,
+        jax.random.key(0),
+        target,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        sampling=GREEDY,
         forward_width=forward_width,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("gamma", [1, 4])
@@ -298,9 +317,15 @@ def test_greedy_with_gamma_zero_steps_equals_plain(target, trained):
     width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
     plain = _plain(target, PROMPTS8, ROW_BUDGETS, forward_width=width)
     spec = specjax.speculative_generate(
-        jax.random.key(0), target, drafter, PROMPTS8, max_new_tokens=ROW_BUDGETS,
-        sampling=GREEDY, gamma_by_active_rows={3: 4, 8: 0}, forward_width=width,
-    )  # fmt: skip
+        jax.random.key(0),
+        target,
+        drafter,
+        PROMPTS8,
+        max_new_tokens=ROW_BUDGETS,
+        sampling=GREEDY,
+        gamma_by_active_rows={3: 4, 8: 0},
+        forward_width=width,
+    )
     _assert_same_output(spec, plain)
     assert int(np.sum(spec.stats.drafted)) > 0
     assert float(spec.stats.acceptance_rate) > 0.3
@@ -342,9 +367,14 @@ def stat_samples(target, trained):
     out = {}
     for name, drafter in (("sample", sample_head), ("mislabelled", MislabelledHead(**fields))):
         res = specjax.speculative_generate(
-            jax.random.key(2026), target, drafter, prompts, max_new_tokens=K,
-            sampling=sampling, cache_len=16,
-        )  # fmt: skip
+            jax.random.key(2026),
+            target,
+            drafter,
+            prompts,
+            max_new_tokens=K,
+            sampling=sampling,
+            cache_len=16,
+        )
         assert int(jnp.min(res.lengths)) == K
         out[name] = (np.asarray(res.tokens), jax.device_get(res.stats))
     return out
@@ -406,6 +436,8 @@ CODE_PROMPTS = [
 # The bundled tests' one forward width, plain and speculative: the verify width of
 # γ = 4, the largest γ there (at least every drafter's verify width).
 BUNDLED_WIDTH = 5
+# The speculative side of the bundled comparisons: 48 greedy tokens at that width.
+BUNDLED = dict(max_new_tokens=48, sampling=GREEDY, forward_width=BUNDLED_WIDTH)
 
 
 @pytest.fixture(scope="module")
@@ -425,10 +457,7 @@ def test_shipped_head_is_exact_on_the_bundled_target(bundled, gamma):
     target, prompts, plain = bundled
     drafter = default_drafter("eagle", num_draft=gamma)
     assert isinstance(drafter, EagleDrafter) and drafter.num_draft == gamma
-    spec = specjax.speculative_generate(
-        jax.random.key(0), target, drafter, prompts, max_new_tokens=48, sampling=GREEDY,
-        forward_width=BUNDLED_WIDTH,
-    )  # fmt: skip
+    spec = specjax.speculative_generate(jax.random.key(0), target, drafter, prompts, **BUNDLED)
     _assert_same_output(spec, plain)
 
 
@@ -442,10 +471,7 @@ def test_shipped_head_accepts_far_more_than_a_random_head(bundled):
     random = EagleDrafter.random(target, key=jax.random.key(0), num_draft=4)
     results = {}
     for name, drafter in (("shipped", shipped), ("random", random)):
-        spec = specjax.speculative_generate(
-            jax.random.key(0), target, drafter, prompts, max_new_tokens=48, sampling=GREEDY,
-            forward_width=BUNDLED_WIDTH,
-        )  # fmt: skip
+        spec = specjax.speculative_generate(jax.random.key(0), target, drafter, prompts, **BUNDLED)
         _assert_same_output(spec, plain)
         results[name] = (float(spec.stats.acceptance_rate), float(spec.tokens_per_call))
     assert results["shipped"][0] > 0.3 and results["shipped"][1] > 2.0, results
@@ -515,8 +541,9 @@ def test_loss_is_the_weighted_soft_cross_entropy_of_decode_chains(trained, corpu
     means = np.asarray([np.mean(c) for c in ce])
     weights = step_weight ** np.arange(k)
     want = np.sum(weights * means) / np.sum(weights)
-    loss, metrics = eagle_ttt_loss(trained.params, trained, tokens, num_steps=k,
-                                   step_weight=step_weight)  # fmt: skip
+    loss, metrics = eagle_ttt_loss(
+        trained.params, trained, tokens, num_steps=k, step_weight=step_weight
+    )
     np.testing.assert_allclose(np.asarray(metrics["step_losses"]), means, rtol=1e-5)
     np.testing.assert_allclose(float(loss), want, rtol=1e-5)
     assert len(ce[2]) == b * (t - 2)  # step i averages over the T - i positions j >= i
@@ -542,8 +569,9 @@ def test_resume_is_bit_identical(random_head, corpus, training, tmp_path):
         random_head, corpus, TRAIN_CONFIG, checkpoint_dir=copy, resume=True
     )
     assert resumed.start_step == 40 and resumed.losses == reference.losses
-    for x, y in zip(jax.tree.leaves(reference.model.params), jax.tree.leaves(resumed.model.params),
-                    strict=True):  # fmt: skip
+    for x, y in zip(
+        jax.tree.leaves(reference.model.params), jax.tree.leaves(resumed.model.params), strict=True
+    ):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
@@ -613,10 +641,13 @@ def test_quick_script_runs_end_to_end(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     out = tmp_path / "head"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--no-progress", "--out", str(out),
-         "--work", str(tmp_path / "work")],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+        [sys.executable, str(SCRIPT), "--quick", "--no-progress", "--out", str(out)]
+        + ["--work", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads((out / "train_report.json").read_text())
     assert report["steps"] == 12 and len(report["loss_curve"]["mean_loss"]) == 12
@@ -647,9 +678,8 @@ def test_memory_check_counts_the_heads_cache(target, random_head, monkeypatch):
     for drafter in (specjax.drafters.NoDraft(), random_head):
         with pytest.raises(_MemoryChecked):
             specjax.speculative_generate(
-                jax.random.key(0), target, drafter, prompts, max_new_tokens=8,
-                cache_len=cache_len,
-            )  # fmt: skip
+                jax.random.key(0), target, drafter, prompts, max_new_tokens=8, cache_len=cache_len
+            )
     c = random_head.config
     itemsize = np.dtype(target.dtype).itemsize
     head_cache = 2 * 1 * len(prompts) * c.num_kv_heads * c.head_dim * cache_len * itemsize

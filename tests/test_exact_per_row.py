@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import make_drafter, peaked_pair
 
 import specjax
 from specjax.testing import (
@@ -44,10 +45,10 @@ from specjax.testing import (
     chi_square_pvalue,
     exact_sequence_probs,
     sequence_counts,
-    tiny_model,
 )
 
 pytestmark = pytest.mark.slow
+pair = pytest.fixture(peaked_pair, scope="module", name="pair")
 
 V = 8
 PROMPT = [1, 2, 3, 1, 2]
@@ -72,21 +73,8 @@ DECODERS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    target = tiny_model(seed=11, vocab_size=V, init_scale=15.0)
-    draft = tiny_model(seed=12, vocab_size=V, init_scale=15.0)
-    return target, draft
-
-
 def _num_tokens(drafter_name):
     return 3 if drafter_name == "draft_model" else 2
-
-
-def _drafter(name, draft, gamma):
-    if name == "draft_model":
-        return specjax.DraftModel(draft, num_draft=gamma)
-    return specjax.PromptLookup(ngram=2, num_draft=gamma)
 
 
 def _mixed_config(num_rows):
@@ -124,9 +112,14 @@ def mixed_samples(pair):
             res = specjax.generate(key, target, prompts, max_new_tokens=k, sampling=sampling)
         else:
             res = specjax.speculative_generate(
-                key, target, _drafter(name, draft, 2), prompts, max_new_tokens=k,
-                sampling=sampling, verification=verification,
-            )  # fmt: skip
+                key,
+                target,
+                make_drafter(name, target, draft, 2),
+                prompts,
+                max_new_tokens=k,
+                sampling=sampling,
+                verification=verification,
+            )
         assert int(jnp.min(res.lengths)) == k
         out[name, verification] = np.asarray(res.tokens)
     return out
@@ -208,14 +201,19 @@ def square_samples(pair):
         ("lookup", "rejection"),
         ("draft_model", "coupled"),
     ):
-        drafter = _drafter(name, draft, GAMMA)
+        drafter = make_drafter(name, target, draft, GAMMA)
         k = _num_tokens(name)
 
         def one(key, drafter=drafter, k=k, verification=verification):
             return specjax.speculative_generate(
-                key, target, drafter, prompts, max_new_tokens=k, sampling=sampling,
+                key,
+                target,
+                drafter,
+                prompts,
+                max_new_tokens=k,
+                sampling=sampling,
                 verification=verification,
-            ).tokens  # fmt: skip
+            ).tokens
 
         out[name, verification] = np.asarray(jax.jit(jax.vmap(one))(keys))  # [N, B, K]
     return out
@@ -315,9 +313,12 @@ def _assert_greedy_rows_equal_plain_greedy(target, tokens_NK):
     """The temperature-0 group (rows 0, 7, 14, ...) equals plain greedy decoding."""
     tokens = tokens_NK[0 :: len(GROUPS)]
     greedy = specjax.generate(
-        jax.random.key(0), target, [PROMPT], max_new_tokens=tokens.shape[1],
+        jax.random.key(0),
+        target,
+        [PROMPT],
+        max_new_tokens=tokens.shape[1],
         sampling=specjax.SamplingConfig.greedy(),
-    ).to_lists()[0]  # fmt: skip
+    ).to_lists()[0]
     assert (tokens == np.asarray(greedy)).all()
 
 

@@ -11,13 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
+from support import GREEDY
 
 import specjax
 from specjax.decoding.features import RowFeature
 from specjax.sampling.history import RowHistory
 from specjax.testing import tiny_model
 
-GREEDY = specjax.SamplingConfig.greedy()
 SAMPLED = specjax.SamplingConfig(temperature=1.0)
 PROMPTS = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [11, 12]]
 

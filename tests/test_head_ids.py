@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
-from support import group_rows
+from support import group_rows, peaked_pair
 
 import specjax
 from specjax.sampling.vocab import frequent_ids
@@ -50,8 +50,7 @@ GROUPS = {"t0.6": 0.6, "t1.3": 1.3}
 
 @pytest.fixture(scope="module")
 def pair():
-    target = tiny_model(seed=11, vocab_size=V, init_scale=15.0)
-    draft = tiny_model(seed=12, vocab_size=V, init_scale=15.0)
+    target, draft = peaked_pair(V)
     return target, draft, draft.with_head_ids(KEPT)
 
 
@@ -182,9 +181,14 @@ def samples(pair):
         ("prefix-padded q", PrefixPaddedQ, "rejection"),
     ):
         res = specjax.speculative_generate(
-            jax.random.key(2026), target, cls(restricted, num_draft=2), prompts,
-            max_new_tokens=K, sampling=sampling, verification=verification,
-        )  # fmt: skip
+            jax.random.key(2026),
+            target,
+            cls(restricted, num_draft=2),
+            prompts,
+            max_new_tokens=K,
+            sampling=sampling,
+            verification=verification,
+        )
         assert int(jnp.min(res.lengths)) == K
         out[name] = np.asarray(res.tokens)
     return out

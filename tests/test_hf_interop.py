@@ -76,8 +76,12 @@ CASES = {
     "gemma2": (
         "Gemma2Config",
         dict(
-            num_hidden_layers=3, head_dim=16, sliding_window=6, query_pre_attn_scalar=24,
-            attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+            num_hidden_layers=3,
+            head_dim=16,
+            sliding_window=6,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
         ),
     ),
     # Gemma 3: q/k norms, sliding and full layers with their own RoPE (local base
@@ -85,7 +89,10 @@ CASES = {
     "gemma3": (
         "Gemma3TextConfig",
         dict(
-            num_hidden_layers=4, head_dim=16, sliding_window=6, query_pre_attn_scalar=24,
+            num_hidden_layers=4,
+            head_dim=16,
+            sliding_window=6,
+            query_pre_attn_scalar=24,
             sliding_window_pattern=2,
             rope_parameters={
                 "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
@@ -93,7 +100,7 @@ CASES = {
             },
         ),
     ),
-}  # fmt: skip
+}
 PROMPT_LENGTHS = (1, 5, 11, 19)
 
 
@@ -187,9 +194,12 @@ def _greedy_reference(model, prompt, max_new_tokens):
 # Adding specjax's own decoder here makes it face the same transformers oracle.
 def _specjax_generate(model, prompt, max_new_tokens):
     out = specjax.generate(
-        jax.random.key(0), model, [prompt.tolist()], max_new_tokens=max_new_tokens,
+        jax.random.key(0),
+        model,
+        [prompt.tolist()],
+        max_new_tokens=max_new_tokens,
         sampling=specjax.SamplingConfig.greedy(),
-    )  # fmt: skip
+    )
     return out.to_lists()[0]
 
 
@@ -197,9 +207,13 @@ def _specjax_speculative(model, prompt, max_new_tokens):
     # The target drafting for itself is the hardest case for cache bookkeeping:
     # every draft is accepted, so every step ends on a bonus token.
     out = specjax.speculative_generate(
-        jax.random.key(0), model, specjax.DraftModel(model, num_draft=3), [prompt.tolist()],
-        max_new_tokens=max_new_tokens, sampling=specjax.SamplingConfig.greedy(),
-    )  # fmt: skip
+        jax.random.key(0),
+        model,
+        specjax.DraftModel(model, num_draft=3),
+        [prompt.tolist()],
+        max_new_tokens=max_new_tokens,
+        sampling=specjax.SamplingConfig.greedy(),
+    )
     return out.to_lists()[0]
 
 
@@ -267,18 +281,29 @@ ROUND_TRIP = {
     "qwen2": ModelConfig(model_type="qwen2", vocab_size=97, intermediate_size=96),
     "qwen3": ModelConfig(model_type="qwen3", vocab_size=97, head_dim=8, num_kv_heads=1),
     "gemma2": ModelConfig(
-        model_type="gemma2", vocab_size=97, num_layers=2, tie_word_embeddings=True,
-        sliding_window=4, layer_types=("sliding_attention", "full_attention"),
-        query_pre_attn_scalar=20, attn_logit_softcapping=4.0, final_logit_softcapping=2.0,
+        model_type="gemma2",
+        vocab_size=97,
+        num_layers=2,
+        tie_word_embeddings=True,
+        sliding_window=4,
+        layer_types=("sliding_attention", "full_attention"),
+        query_pre_attn_scalar=20,
+        attn_logit_softcapping=4.0,
+        final_logit_softcapping=2.0,
         eos_token_ids=(1, 7),
     ),
     "gemma3": ModelConfig(
-        model_type="gemma3", vocab_size=97, num_layers=3, tie_word_embeddings=True,
-        sliding_window=4, layer_types=("sliding_attention", "sliding_attention", "full_attention"),
-        rope_theta=5000.0, local_rope_theta=50.0,
+        model_type="gemma3",
+        vocab_size=97,
+        num_layers=3,
+        tie_word_embeddings=True,
+        sliding_window=4,
+        layer_types=("sliding_attention", "sliding_attention", "full_attention"),
+        rope_theta=5000.0,
+        local_rope_theta=50.0,
         rope_scaling={"rope_type": "linear", "factor": 2.0},
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(ROUND_TRIP))
@@ -318,9 +343,12 @@ def test_scanned_layers_load_save_and_decode_like_transformers(checkpoint, tmp_p
     prompt = _prompts(model.vocab_size, lengths=(7,), seed=1)[0]
     with torch.no_grad():
         expected = hf.generate(
-            torch.tensor(prompt[None].astype(np.int64)), do_sample=False, max_new_tokens=12,
-            attention_mask=torch.ones((1, len(prompt)), dtype=torch.long), pad_token_id=0,
-        )[0, len(prompt) :].tolist()  # fmt: skip
+            torch.tensor(prompt[None].astype(np.int64)),
+            do_sample=False,
+            max_new_tokens=12,
+            attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
     assert _specjax_speculative(model, prompt, 12) == expected
     save_pretrained(model, tmp_path)
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
@@ -490,9 +518,12 @@ def test_gemma_config_defaults_and_legacy_fields_follow_transformers(tmp_path):
     required = {k: TINY[k] for k in ("vocab_size", "intermediate_size", "num_attention_heads")}
     required.update(hidden_size=64, num_hidden_layers=7)
     legacy = dict(
-        rope_theta=1e5, rope_local_base_freq=50.0, hidden_act="gelu_pytorch_tanh",
-        rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window_pattern=3,
-    )  # fmt: skip
+        rope_theta=1e5,
+        rope_local_base_freq=50.0,
+        hidden_act="gelu_pytorch_tanh",
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        sliding_window_pattern=3,
+    )
     for model_type, extra in (("gemma2", {}), ("gemma3_text", {}), ("gemma3_text", legacy)):
         hf_json = {"model_type": model_type, **required, **extra}
         (tmp_path / "config.json").write_text(json.dumps(hf_json))
@@ -505,8 +536,9 @@ def test_gemma_config_defaults_and_legacy_fields_follow_transformers(tmp_path):
             assert getattr(ours, field) == getattr(hf, field), (model_type, field)
         assert (ours.bos_token_id, ours.eos_token_id) == (hf.bos_token_id, hf.eos_token_id)
         assert (ours.num_kv_heads, ours.max_position_embeddings) == (
-            hf.num_key_value_heads, hf.max_position_embeddings,
-        )  # fmt: skip
+            hf.num_key_value_heads,
+            hf.max_position_embeddings,
+        )
         if model_type == "gemma2":
             assert ours.rope_theta == hf.rope_parameters["rope_theta"]
             assert ours.local_rope_theta is None

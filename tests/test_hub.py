@@ -49,10 +49,14 @@ def _handler(folder: Path, requests: list[str]):
             json_type = [("Content-Type", "application/json")]
             if path.startswith(f"/api/models/{REPO}/tree/"):
                 tree = [
-                    {"type": "file", "path": f, "size": (folder / f).stat().st_size,
-                     "oid": hashlib.sha1((folder / f).read_bytes()).hexdigest()}
+                    {
+                        "type": "file",
+                        "path": f,
+                        "size": (folder / f).stat().st_size,
+                        "oid": hashlib.sha1((folder / f).read_bytes()).hexdigest(),
+                    }
                     for f in files
-                ]  # fmt: skip
+                ]
                 return self._send(200, json.dumps(tree).encode(), json_type)
             if path.startswith(f"/api/models/{REPO}/revision/"):
                 info = {"id": REPO, "sha": COMMIT, "siblings": [{"rfilename": f} for f in files]}
@@ -86,12 +90,15 @@ def hub(tmp_path_factory):
 
 
 def _generate(model: str, env: dict) -> subprocess.CompletedProcess:
-    args = ["generate", "def add(a, b):", "--model", model, "--drafter", "lookup",
-            "--gamma", "2", "--max-new-tokens", "6", "--json", "--no-eos"]  # fmt: skip
+    flags = "--drafter lookup --gamma 2 --max-new-tokens 6 --json --no-eos".split()
+    args = ["generate", "def add(a, b):", "--model", model, *flags]
     return subprocess.run(
-        [sys.executable, "-m", "specjax.cli", *args], capture_output=True, text=True,
-        timeout=600, env=env,
-    )  # fmt: skip
+        [sys.executable, "-m", "specjax.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 @pytest.mark.slow

@@ -68,9 +68,14 @@ def test_a_users_feature_too_big_for_the_device_is_refused_before_compiling(targ
     huge = Buffer(width=2**43)
     with pytest.raises(ValueError, match=r"^cache_len asks for caches of 64 slots for 2 rows"):
         specjax.generate(
-            None, target, PROMPTS, max_new_tokens=4, cache_len=CACHE_LEN, num_slots=NUM_SLOTS,
+            None,
+            target,
+            PROMPTS,
+            max_new_tokens=4,
+            cache_len=CACHE_LEN,
+            num_slots=NUM_SLOTS,
             features=[huge],
-        )  # fmt: skip
+        )
 
 
 def _real_bytes(state) -> int:

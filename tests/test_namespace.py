@@ -4,6 +4,7 @@ import dataclasses
 import importlib
 import inspect
 import types
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -11,34 +12,7 @@ import pytest
 
 import specjax
 
-PUBLIC = [
-    "Sampler",
-    "ChatSampler",
-    "generate",
-    "speculative_generate",
-    "GenerationResult",
-    "SamplingConfig",
-    "Constraint",
-    "StopStrings",
-    "Drafter",
-    "Proposal",
-    "DraftModel",
-    "PromptLookup",
-    "BlockDrafter",
-    "EagleDrafter",
-    "Model",
-    "ModelConfig",
-    "ModelOutput",
-    "KVCache",
-    "check_model",
-    "ModelContractError",
-    "load_pretrained",
-    "save_pretrained",
-    "fetch",
-    "default_pair",
-    "apply_chat_template",
-    "enable_compilation_cache",
-]
+API_INDEX = Path(__file__).parents[1] / "docs" / "api" / "index.md"
 
 SUBMODULES = [
     "decoding",
@@ -77,21 +51,50 @@ def _resolve(path: str):
     return getattr(module, leaf) if hasattr(module, leaf) else importlib.import_module(path)
 
 
-def test_all_is_the_curated_list():
-    assert specjax.__all__ == PUBLIC
+def _api_page_options() -> dict[str, str]:
+    """The options of docs/api/index.md's ``::: specjax`` block (mkdocstrings), or
+    fails if the page renders no such block."""
+    lines = API_INDEX.read_text().splitlines()
+    assert "::: specjax" in lines, f"{API_INDEX} renders no `::: specjax` block"
+    options = {}
+    for line in lines[lines.index("::: specjax") + 1 :]:
+        if line.strip() and not line.startswith("    "):
+            break
+        key, _, value = line.strip().partition(":")
+        options[key] = value.strip()
+    return options
+
+
+def test_all_names_each_public_object_once():
+    assert len(set(specjax.__all__)) == len(specjax.__all__), "a name twice in __all__"
     assert isinstance(specjax.__version__, str) and specjax.__version__
 
 
-@pytest.mark.parametrize("name", PUBLIC)
-def test_each_public_name_resolves_and_is_documented(name):
+@pytest.mark.parametrize("name", specjax.__all__)
+def test_each_public_name_resolves_and_has_a_docstring(name):
     obj = getattr(specjax, name)
+    assert not isinstance(obj, types.ModuleType), f"specjax.{name} is a module"
     assert (inspect.getdoc(obj) or "").strip(), f"specjax.{name} has no docstring"
 
 
-def test_star_import_gives_exactly_the_public_names():
-    namespace = {}
-    exec("from specjax import *", namespace)  # noqa: S102
-    assert sorted(k for k in namespace if k != "__builtins__") == sorted(PUBLIC)
+def test_every_public_top_level_object_is_in_all():
+    """An object imported into ``specjax/__init__.py`` without a place in ``__all__`` is
+    public by accident: star imports and the API page leave it out."""
+    objects = {
+        name
+        for name, value in vars(specjax).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert objects <= set(specjax.__all__), sorted(objects - set(specjax.__all__))
+
+
+def test_the_api_page_renders_every_public_name():
+    """docs/api/index.md renders ``specjax`` in ``__all__``'s order with no member list
+    of its own, so that every name in ``__all__`` (and none other) gets its docstring
+    on the page."""
+    options = _api_page_options()
+    assert options.get("members_order") == "__all__", options
+    assert "members" not in options and "filters" not in options, options
 
 
 @pytest.mark.parametrize("name", SUBMODULES)
@@ -121,9 +124,17 @@ def test_sampling_config_holds_only_user_settings():
 
     fields = {f.name for f in dataclasses.fields(specjax.SamplingConfig)}
     assert fields == {
-        "temperature", "top_k", "top_p", "min_p", "vocab_limit", "repetition_penalty",
-        "presence_penalty", "frequency_penalty", "logit_bias", "forbidden_ids",
-    }  # fmt: skip
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "vocab_limit",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "forbidden_ids",
+    }
     assert {f.name for f in dataclasses.fields(RowSampling)} == fields | {"histories"}
     with pytest.raises(TypeError):
         specjax.SamplingConfig(histories=())

@@ -48,15 +48,23 @@ FAST = {
 }
 FEATURES = ("penalties", "constraint", "stop", "refill", "adaptive")
 SLOW = {
-    "float32": ("block-coupled", "eagle-coupled", "lookup-coupled", "tree-coupled",
-                "model-rejection", "lookup-rejection", "neighbours"),
-    "bfloat16": ("model-coupled", "block-coupled", "eagle-coupled", "lookup-coupled",
-                 "model-rejection", "neighbours"),
-    "int8": ("model-coupled", "block-coupled", "tree-coupled", "lookup-coupled",
-             "model-rejection", "neighbours", *FEATURES),
-    "int8-weights": ("model-coupled", "block-coupled", "eagle-coupled", "lookup-coupled",
-                     "tree-coupled", "model-rejection"),
-}  # fmt: skip
+    "float32": tuple(
+        "block-coupled eagle-coupled lookup-coupled tree-coupled model-rejection "
+        "lookup-rejection neighbours".split()
+    ),
+    "bfloat16": tuple(
+        "model-coupled block-coupled eagle-coupled lookup-coupled model-rejection "
+        "neighbours".split()
+    ),
+    "int8": (
+        *"model-coupled block-coupled tree-coupled lookup-coupled model-rejection".split(),
+        *("neighbours", *FEATURES),
+    ),
+    "int8-weights": tuple(
+        "model-coupled block-coupled eagle-coupled lookup-coupled tree-coupled "
+        "model-rejection".split()
+    ),
+}
 
 
 def _run_worker(cases: dict[str, tuple[str, ...]], tmp: Path) -> dict:

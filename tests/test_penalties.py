@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from support import group_rows
+from support import group_rows, make_drafter, peaked_pair
 
 import specjax
 from specjax.sampling import RowSampling
@@ -64,10 +64,14 @@ GROUPS = {
     "repetition": dict(temperature=1.0, repetition_penalty=2.5),
     "presence_frequency": dict(temperature=1.0, presence_penalty=1.5, frequency_penalty=1.0),
     "bias_forbidden_all": dict(
-        temperature=0.8, repetition_penalty=1.5, presence_penalty=0.5, frequency_penalty=0.5,
-        logit_bias=_BIAS, forbidden_ids=[4, 6],
+        temperature=0.8,
+        repetition_penalty=1.5,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+        logit_bias=_BIAS,
+        forbidden_ids=[4, 6],
     ),
-}  # fmt: skip
+}
 DECODERS = [
     ("plain", "rejection"),
     ("draft_model", "rejection"),
@@ -79,29 +83,20 @@ DECODERS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    target = tiny_model(seed=11, vocab_size=V, init_scale=15.0)
-    draft = tiny_model(seed=12, vocab_size=V, init_scale=15.0)
-    return target, draft
-
-
-def _drafter(name, target, draft, mode="sample"):
-    if name == "draft_model":
-        return specjax.DraftModel(draft, num_draft=GAMMA)
-    if name == "lookup":
-        return specjax.PromptLookup(ngram=2, num_draft=GAMMA)
-    return specjax.BlockDrafter.random(target, key=jax.random.key(3), num_draft=GAMMA, mode=mode)
+pair = pytest.fixture(peaked_pair, scope="module", name="pair")
 
 
 def _settings(group):
     """A group's settings with the defaults filled in, as plain Python/numpy values."""
     g = GROUPS[group]
     return dict(
-        temperature=g["temperature"], repetition=g.get("repetition_penalty", 1.0),
-        presence=g.get("presence_penalty", 0.0), frequency=g.get("frequency_penalty", 0.0),
-        bias=g.get("logit_bias", np.zeros(V, np.float32)), forbidden=g.get("forbidden_ids", []),
-    )  # fmt: skip
+        temperature=g["temperature"],
+        repetition=g.get("repetition_penalty", 1.0),
+        presence=g.get("presence_penalty", 0.0),
+        frequency=g.get("frequency_penalty", 0.0),
+        bias=g.get("logit_bias", np.zeros(V, np.float32)),
+        forbidden=g.get("forbidden_ids", []),
+    )
 
 
 def _mixed_config(num_rows):
@@ -213,15 +208,21 @@ def _greedy_config(form, b):
     """The penalised greedy settings as scalars or per-row arrays."""
     if form == "scalar":
         return specjax.SamplingConfig(
-            temperature=0.0, repetition_penalty=1.3, presence_penalty=0.7,
-            frequency_penalty=0.4, logit_bias=np.linspace(-0.5, 0.5, 64), forbidden_ids=[5, 9],
-        )  # fmt: skip
+            temperature=0.0,
+            repetition_penalty=1.3,
+            presence_penalty=0.7,
+            frequency_penalty=0.4,
+            logit_bias=np.linspace(-0.5, 0.5, 64),
+            forbidden_ids=[5, 9],
+        )
     return specjax.SamplingConfig(
-        temperature=np.zeros(b), repetition_penalty=np.linspace(1.0, 2.0, b),
-        presence_penalty=np.linspace(0.0, 1.5, b), frequency_penalty=np.linspace(1.0, 0.0, b),
+        temperature=np.zeros(b),
+        repetition_penalty=np.linspace(1.0, 2.0, b),
+        presence_penalty=np.linspace(0.0, 1.5, b),
+        frequency_penalty=np.linspace(1.0, 0.0, b),
         logit_bias=np.random.default_rng(1).normal(size=(b, 64)),
         forbidden_ids=[[5], [], [9, 11]][:b] + [[1]] * (b - 3),
-    )  # fmt: skip
+    )
 
 
 _DRAFTERS = {
@@ -258,13 +259,18 @@ def test_greedy_speculative_equals_plain_with_penalties(greedy_pair, form, draft
     # No transform, in the same structure (a zero bias, forbidden ids all padding):
     # the same compiled program as `plain`.
     bare = specjax.generate(
-        key, target, prompts, **kw,
+        key,
+        target,
+        prompts,
+        **kw,
         sampling=sampling.replace(
-            repetition_penalty=np.float32(1), presence_penalty=np.float32(0),
-            frequency_penalty=np.float32(0), logit_bias=np.zeros_like(sampling.logit_bias),
+            repetition_penalty=np.float32(1),
+            presence_penalty=np.float32(0),
+            frequency_penalty=np.float32(0),
+            logit_bias=np.zeros_like(sampling.logit_bias),
             forbidden_ids=np.full_like(sampling.forbidden_ids, -1),
         ),
-    )  # fmt: skip
+    )
     assert plain.to_lists() != bare.to_lists()
     forbidden = np.asarray(sampling.forbidden_ids)
     for r, row in enumerate(plain.to_lists()):
@@ -295,9 +301,12 @@ def test_bad_settings_are_refused_by_name_before_compiling(kwargs, match):
     target = tiny_model(seed=0, vocab_size=64)
     with pytest.raises((ValueError, TypeError), match=match):
         specjax.generate(
-            jax.random.key(0), target, [[1, 2], [3]], max_new_tokens=4,
+            jax.random.key(0),
+            target,
+            [[1, 2], [3]],
+            max_new_tokens=4,
             sampling=specjax.SamplingConfig(**kwargs),
-        )  # fmt: skip
+        )
 
 
 def test_a_tree_drafter_with_penalties_is_refused():
@@ -305,9 +314,13 @@ def test_a_tree_drafter_with_penalties_is_refused():
     drafter = specjax.DraftModel(tiny_model(seed=1, vocab_size=64)).with_tree((2, 1))
     with pytest.raises(ValueError, match="not supported with a tree drafter"):
         specjax.speculative_generate(
-            jax.random.key(0), target, drafter, [[1, 2]], max_new_tokens=4,
+            jax.random.key(0),
+            target,
+            drafter,
+            [[1, 2]],
+            max_new_tokens=4,
             sampling=specjax.SamplingConfig(presence_penalty=0.5),
-        )  # fmt: skip
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -322,10 +335,10 @@ def _sample(pair, name, verification, num_rows, forward_width=None):
     if name == "plain":
         res = specjax.generate(key, target, prompts, **kw)
     else:
+        drafter = make_drafter(name, target, draft, GAMMA)
         res = specjax.speculative_generate(
-            key, target, _drafter(name, target, draft), prompts, verification=verification,
-            **kw,
-        )  # fmt: skip
+            key, target, drafter, prompts, verification=verification, **kw
+        )
     assert int(jnp.min(res.lengths)) == K
     return np.asarray(res.tokens)
 
@@ -336,7 +349,9 @@ def mixed_samples(pair):
     # One forward width for every decoder, at least each drafter's verify width: coupled
     # output equals plain output only at the same width.
     width = max(
-        specjax.drafters.lookahead(_drafter(name, *pair)) for name, _ in DECODERS if name != "plain"
+        specjax.drafters.lookahead(make_drafter(name, *pair, GAMMA))
+        for name, _ in DECODERS
+        if name != "plain"
     )
     return {d: _sample(pair, *d, num_rows, width) for d in DECODERS}
 

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import GREEDY, ragged_prompts
 
 import specjax
 from specjax.testing import tiny_model
@@ -18,7 +19,6 @@ from specjax.testing import tiny_model
 V = 64
 GAMMA = 3
 B = GAMMA + 1  # the size at which rows and positions can be confused
-GREEDY = specjax.SamplingConfig.greedy()
 # Both drafters verify γ + 1 columns; speculative output equals plain output token for
 # token only at the same forward width, so the tests that compare them both use this one.
 WIDTH = specjax.drafters.lookahead(specjax.PromptLookup(ngram=2, num_draft=GAMMA))
@@ -59,8 +59,8 @@ DECODERS_LOOKUP_SLOW = [
 
 
 def _prompts(batch, seed=0):
-    rng = np.random.default_rng(seed)
-    return [list(rng.integers(0, 8, size=int(n))) * 2 for n in rng.integers(1, 6, size=batch)]
+    """Repetitive prompts of 2 to 10 tokens (prompt lookup finds matches)."""
+    return ragged_prompts(batch, seed, high=8, repeat=2, lengths=(1, 5))
 
 
 # --------------------------------------------------------------------------------------

@@ -5,14 +5,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from support import ragged_prompts
+from support import GREEDY, ragged_prompts
 
 import specjax
 from specjax.models.quant import MODES, quantize, quantize_rows
 from specjax.testing import perturbed, tiny_model
 
 V = 64
-GREEDY = specjax.SamplingConfig.greedy()
 
 
 @pytest.fixture(scope="module")

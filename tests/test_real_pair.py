@@ -78,8 +78,11 @@ def test_int8_target_and_draft_equal_plain_at_one_forward_width(paths, tmp_path)
     worker = Path(__file__).with_name("real_pair_worker.py")
     done = subprocess.run(
         [sys.executable, str(worker), str(paths[0]), str(paths[1]), str(out)],
-        env=env, capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert done.returncode == 0, f"real pair worker failed:\n{done.stderr[-3000:]}"
     report = json.loads(out.read_text())
     spec, plain_w = report["speculative"], report["plain_at_width"]
@@ -119,8 +122,13 @@ def _oracle_file(path, prompts):
     from specjax.io.fetch import cache_root, remote
 
     key = hashlib.sha256()
-    for part in (remote(TARGET).sha256, json.dumps(prompts), NEW_TOKENS, transformers.__version__,
-                 torch.__version__):  # fmt: skip
+    for part in (
+        remote(TARGET).sha256,
+        json.dumps(prompts),
+        NEW_TOKENS,
+        transformers.__version__,
+        torch.__version__,
+    ):
         key.update(f"{part}\0".encode())
     return cache_root() / "oracle" / f"{TARGET}-{key.hexdigest()[:16]}.npz"
 
@@ -165,9 +173,12 @@ def reference(paths, prompts):
 @pytest.fixture(scope="module")
 def plain_greedy(target, prompts):
     out = specjax.generate(
-        jax.random.key(0), target, prompts, max_new_tokens=NEW_TOKENS,
+        jax.random.key(0),
+        target,
+        prompts,
+        max_new_tokens=NEW_TOKENS,
         sampling=specjax.SamplingConfig.greedy(),
-    )  # fmt: skip
+    )
     return out.to_lists()
 
 
@@ -175,9 +186,13 @@ def plain_greedy(target, prompts):
 def plain_greedy_at_5(target, prompts):
     """Plain greedy decoding at forward width 5, the verify's width at γ = 4."""
     out = specjax.generate(
-        jax.random.key(0), target, prompts, max_new_tokens=NEW_TOKENS,
-        sampling=specjax.SamplingConfig.greedy(), forward_width=5,
-    )  # fmt: skip
+        jax.random.key(0),
+        target,
+        prompts,
+        max_new_tokens=NEW_TOKENS,
+        sampling=specjax.SamplingConfig.greedy(),
+        forward_width=5,
+    )
     return out.to_lists()
 
 
@@ -202,21 +217,26 @@ def test_greedy_speculative_with_the_draft_equals_plain(
     """γ = 4, at the verify's width 5; int8: per-row int8 weights and activations."""
     model = draft if draft_precision == "float32" else quantize(draft, "int8")
     out = specjax.speculative_generate(
-        jax.random.key(0), target, specjax.DraftModel(model, num_draft=4), prompts,
-        max_new_tokens=NEW_TOKENS, sampling=specjax.SamplingConfig.greedy(), forward_width=5,
-    )  # fmt: skip
+        jax.random.key(0),
+        target,
+        specjax.DraftModel(model, num_draft=4),
+        prompts,
+        max_new_tokens=NEW_TOKENS,
+        sampling=specjax.SamplingConfig.greedy(),
+        forward_width=5,
+    )
     assert out.to_lists() == plain_greedy_at_5
     assert int(out.stats.accepted.sum()) > 0  # the draft did contribute tokens
 
 
 def test_coupled_at_t1_equals_plain_sampling_for_the_same_key(target, draft, prompts):
-    kw = dict(max_new_tokens=NEW_TOKENS, sampling=specjax.SamplingConfig(temperature=1.0),
-              forward_width=5)  # fmt: skip
+    kw = dict(
+        max_new_tokens=NEW_TOKENS, sampling=specjax.SamplingConfig(temperature=1.0), forward_width=5
+    )
     key = jax.random.key(7)
     plain = specjax.generate(key, target, prompts, **kw)
     coupled = specjax.speculative_generate(
-        key, target, specjax.DraftModel(draft, num_draft=4), prompts, verification="coupled",
-        **kw,
-    )  # fmt: skip
+        key, target, specjax.DraftModel(draft, num_draft=4), prompts, verification="coupled", **kw
+    )
     assert coupled.to_lists() == plain.to_lists()
     assert int(coupled.stats.accepted.sum()) > 0

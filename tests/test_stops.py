@@ -12,13 +12,13 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from support import GREEDY
 
 import specjax
 from specjax.sampling.stops import StopStrings, token_bytes, trim_at_stop
 from specjax.testing import tiny_model, tiny_tokenizer
 
 NEW = 40
-GREEDY = specjax.SamplingConfig.greedy()
 GAMMA = 4
 # Speculative output equals plain output token for token only at the same forward width:
 # every run compared with `bundled`'s rows, plain ones too, scores the drafters' verify
@@ -32,9 +32,8 @@ def bundled():
     texts = ["def fibonacci(n):", "import os\n", "class Config:\n    def __init__(self"]
     prompts = [tokenizer.encode(t).ids for t in texts]
     base = specjax.generate(
-        jax.random.key(0), target, prompts, max_new_tokens=NEW, sampling=GREEDY,
-        forward_width=WIDTH,
-    )  # fmt: skip
+        jax.random.key(0), target, prompts, max_new_tokens=NEW, sampling=GREEDY, forward_width=WIDTH
+    )
     return target, draft, tokenizer, prompts, base.to_lists()
 
 
@@ -131,9 +130,15 @@ def test_stops_follow_the_prompt_through_refilled_slots(bundled):
     target, _, tokenizer, prompts, rows = bundled
     stops = _stops_per_row(tokenizer, rows)
     out = specjax.generate(
-        jax.random.key(0), target, prompts, max_new_tokens=NEW, sampling=GREEDY, stop=stops,
-        num_slots=1, forward_width=WIDTH,  # as `bundled`'s rows
-    )  # fmt: skip
+        jax.random.key(0),
+        target,
+        prompts,
+        max_new_tokens=NEW,
+        sampling=GREEDY,
+        stop=stops,
+        num_slots=1,
+        forward_width=WIDTH,  # as `bundled`'s rows
+    )
     assert out.to_lists() == [_reference(tokenizer, r, s) for r, s in zip(rows, stops, strict=True)]
 
 
@@ -171,9 +176,13 @@ def test_a_stop_in_the_prompt_does_not_count(bundled):
     target, _, tokenizer, _, _ = bundled
     prompt = tokenizer.encode("x = 1\n\n").ids
     out = specjax.generate(
-        jax.random.key(0), target, [prompt, prompt, prompt], max_new_tokens=NEW,
-        sampling=GREEDY, stop=["\n\n"],
-    )  # fmt: skip
+        jax.random.key(0),
+        target,
+        [prompt, prompt, prompt],
+        max_new_tokens=NEW,
+        sampling=GREEDY,
+        stop=["\n\n"],
+    )
     full = specjax.generate(
         jax.random.key(0), target, [prompt] * 3, max_new_tokens=NEW, sampling=GREEDY
     ).to_lists()[0]

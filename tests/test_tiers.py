@@ -2,8 +2,10 @@
 
 Each rule is shown to hold on this suite's configuration and to fail a suite that
 breaks it: a fast test over its budget fails (a slow-marked one of the same length
-does not), a test that asks for a real checkpoint without the `real` mark or with
-both marks is a collection error, and every test carries its tier's time limit.
+does not) where CI is set or with ``--enforce-fast-budget``, and is only reported
+otherwise, where a hang still fails at the tier's time limit; a test that asks for a
+real checkpoint without the `real` mark or with both marks is a collection error, and
+every test carries its tier's time limit.
 """
 
 from __future__ import annotations
@@ -61,6 +63,31 @@ def test_a_fast_test_over_its_budget_fails_and_a_marked_one_does_not(suite, monk
     relaxed = suite.runpytest()
     relaxed.assert_outcomes(passed=3)
     relaxed.stdout.fnmatch_lines(["*fast tests over their budget*", "*test_unmarked took*"])
+
+
+def test_where_ci_is_set_the_budget_fails_a_test_without_the_option(suite, monkeypatch):
+    suite.makepyfile("import time\ndef test_unmarked():\n    time.sleep(0.5)\n")
+    monkeypatch.setenv("CI", "true")
+    result = suite.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*test_unmarked took 0.5 s, over the fast tier's 0.2 s*"])
+
+
+def test_a_hung_test_times_out_where_the_budget_only_reports(suite, monkeypatch):
+    """A user's run (no CI, no option) still stops a hang at the tier's limit, here cut to
+    1 s, and shows where it hung. A subprocess: the limit's alarm would replace the one
+    pytest-timeout set for this test."""
+    monkeypatch.delenv("CI", raising=False)
+    conftest = suite.path / "conftest.py"
+    conftest.write_text(
+        conftest.read_text() + "\ndef pytest_configure(config):\n"
+        "    import tiers\n"
+        "    tiers.TIMEOUT_S['fast'] = 1\n"
+    )
+    suite.makepyfile("import time\ndef test_hangs():\n    time.sleep(60)\n")
+    result = suite.runpytest_subprocess()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*time.sleep(60)", "*Timeout (>1.0s) from pytest-timeout*"])
 
 
 def test_a_failing_fast_test_keeps_its_own_failure(suite):

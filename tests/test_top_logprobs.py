@@ -98,9 +98,11 @@ def test_speculative_top_logprobs_are_plains(pair):
     key = jax.random.key(0)
     drafter = specjax.DraftModel(draft, num_draft=2)
     kw = dict(
-        max_new_tokens=8, sampling=SAMPLING, top_logprobs=K,
+        max_new_tokens=8,
+        sampling=SAMPLING,
+        top_logprobs=K,
         forward_width=specjax.drafters.lookahead(drafter),
-    )  # fmt: skip
+    )
     plain = specjax.generate(key, target, PROMPTS, **kw)
     spec = specjax.speculative_generate(key, target, drafter, PROMPTS, verification="coupled", **kw)
     assert spec.to_lists() == plain.to_lists()
@@ -119,9 +121,15 @@ def test_raw_top_logprobs_are_the_logits_log_softmax(pair, drafter):
         else specjax.DraftModel(draft, num_draft=2)
     )
     out = specjax.speculative_generate(
-        jax.random.key(1), target, made, PROMPTS, max_new_tokens=8, sampling=SAMPLING,
-        top_logprobs=K, raw_logprobs=True,
-    )  # fmt: skip
+        jax.random.key(1),
+        target,
+        made,
+        PROMPTS,
+        max_new_tokens=8,
+        sampling=SAMPLING,
+        top_logprobs=K,
+        raw_logprobs=True,
+    )
     _check(target, out, raw=True)
 
 
@@ -133,9 +141,14 @@ def test_continuous_batching_keeps_each_prompts_entries(pair):
         key, target, PROMPTS, max_new_tokens=[3, 8, 5], sampling=SAMPLING, top_logprobs=K
     )
     slots = specjax.generate(
-        key, target, PROMPTS, max_new_tokens=[3, 8, 5], sampling=SAMPLING, top_logprobs=K,
+        key,
+        target,
+        PROMPTS,
+        max_new_tokens=[3, 8, 5],
+        sampling=SAMPLING,
+        top_logprobs=K,
         num_slots=1,
-    )  # fmt: skip
+    )
     assert slots.to_lists() == alone.to_lists()
     np.testing.assert_array_equal(slots.top_ids, alone.top_ids)
     np.testing.assert_allclose(slots.top_logprobs, alone.top_logprobs, rtol=1e-5, atol=1e-6)
@@ -164,9 +177,13 @@ def test_bad_arguments_are_refused_by_name(pair, kwargs, error, match):
         specjax.generate(jax.random.key(0), target, [[1, 2]], max_new_tokens=3, **kwargs)
     with pytest.raises(error, match=match):
         specjax.speculative_generate(
-            jax.random.key(0), target, specjax.PromptLookup(ngram=2, num_draft=2), [[1, 2]],
-            max_new_tokens=3, **kwargs,
-        )  # fmt: skip
+            jax.random.key(0),
+            target,
+            specjax.PromptLookup(ngram=2, num_draft=2),
+            [[1, 2]],
+            max_new_tokens=3,
+            **kwargs,
+        )
 
 
 @pytest.mark.slow  # the open loop's two programs (about 6 s)

@@ -30,14 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import struct
+from support import GREEDY
 
 import specjax
 from specjax import decoding
 from specjax.models.cache import KVCache, TreeMask
 from specjax.testing import tiny_model
 from specjax.verification.tree import Tree, tree_verify
-
-GREEDY = specjax.SamplingConfig(temperature=0.0)
 
 
 def _noised(model, scale: float, seed: int):
@@ -80,9 +79,14 @@ def test_tables_of_a_full_tree():
 
 @pytest.mark.parametrize(
     "parents, message",
-    [((), "at least one"), ((0, 2), r"parents\[1\]"), ((0, 1, 0), "level by level"),
-     ((0, -1), r"parents\[1\]"), ((0, True), r"parents\[1\]")],
-)  # fmt: skip
+    [
+        ((), "at least one"),
+        ((0, 2), r"parents\[1\]"),
+        ((0, 1, 0), "level by level"),
+        ((0, -1), r"parents\[1\]"),
+        ((0, True), r"parents\[1\]"),
+    ],
+)
 def test_bad_parents_are_refused(parents, message):
     with pytest.raises(ValueError, match=message):
         Tree(parents)
@@ -110,9 +114,10 @@ def _tree_logits(model, prompt_BP, nodes_BN, tree, cache_len=32):
     start = jnp.full((b,), p - 1, jnp.int32)
     tokens = jnp.concatenate([prompt_BP[:, -1:], nodes_BN], axis=1)
     mask = TreeMask(
-        start=start, slots=start[:, None] + jnp.arange(tree.num_nodes + 1)[None],
+        start=start,
+        slots=start[:, None] + jnp.arange(tree.num_nodes + 1)[None],
         visible=jnp.asarray(tree.ancestors),
-    )  # fmt: skip
+    )
     positions = start[:, None] + jnp.asarray(tree.depths)[None]
     out = model(tokens, positions, cache, tree=mask)
     return (out.logits, out.cache), cache
@@ -159,8 +164,11 @@ def test_tree_forward_at_the_cache_end_writes_nothing_out_of_bounds():
 
 def test_tree_needs_a_cache():
     model = tiny_model(seed=5)
-    mask = TreeMask(start=jnp.zeros(1, jnp.int32), slots=jnp.zeros((1, 1), jnp.int32),
-                    visible=jnp.ones((1, 1), bool))  # fmt: skip
+    mask = TreeMask(
+        start=jnp.zeros(1, jnp.int32),
+        slots=jnp.zeros((1, 1), jnp.int32),
+        visible=jnp.ones((1, 1), bool),
+    )
     with pytest.raises(ValueError, match="tree= needs a cache"):
         model(jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32), None, tree=mask)
 
@@ -239,9 +247,14 @@ def greedy_reference(pair):
     def reference(width):
         if width not in outs:
             outs[width] = specjax.generate(
-                jax.random.key(1), target, PROMPTS, max_new_tokens=budgets, sampling=GREEDY,
-                eos_id=7, forward_width=width,
-            )  # fmt: skip
+                jax.random.key(1),
+                target,
+                PROMPTS,
+                max_new_tokens=budgets,
+                sampling=GREEDY,
+                eos_id=7,
+                forward_width=width,
+            )
         return budgets, outs[width]
 
     return reference
@@ -256,10 +269,8 @@ def test_draft_model_tree_greedy_equals_plain_greedy(pair, greedy_reference, bra
     drafter = specjax.DraftModel(draft).with_tree(branching)
     width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
     budgets, ref = greedy_reference(width)
-    out = specjax.speculative_generate(
-        jax.random.key(1), target, drafter, PROMPTS,
-        max_new_tokens=budgets, sampling=GREEDY, eos_id=7, forward_width=width,
-    )  # fmt: skip
+    kw = dict(max_new_tokens=budgets, sampling=GREEDY, eos_id=7, forward_width=width)
+    out = specjax.speculative_generate(jax.random.key(1), target, drafter, PROMPTS, **kw)
     assert out.to_lists() == ref.to_lists()
     np.testing.assert_array_equal(out.truncated, ref.truncated)
     accepted, calls = int(jnp.sum(out.stats.accepted)), int(jnp.sum(out.stats.row_target_calls))
@@ -280,10 +291,8 @@ def test_feature_drafter_tree_greedy_equals_plain_greedy(pair, greedy_reference,
     drafter = drafter.with_tree(branching)
     width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
     budgets, ref = greedy_reference(width)
-    out = specjax.speculative_generate(
-        jax.random.key(1), target, drafter, PROMPTS,
-        max_new_tokens=budgets, sampling=GREEDY, eos_id=7, forward_width=width,
-    )  # fmt: skip
+    kw = dict(max_new_tokens=budgets, sampling=GREEDY, eos_id=7, forward_width=width)
+    out = specjax.speculative_generate(jax.random.key(1), target, drafter, PROMPTS, **kw)
     assert out.to_lists() == ref.to_lists()
 
 
@@ -299,13 +308,23 @@ def test_tree_greedy_with_batch_of_depth_plus_one_rows_and_refill(pair):
     drafter = specjax.DraftModel(draft).with_tree((2, 2, 1))
     width = specjax.drafters.lookahead(drafter)  # plain and speculative at one width
     ref = specjax.generate(
-        jax.random.key(2), target, prompts, max_new_tokens=budgets, sampling=GREEDY,
+        jax.random.key(2),
+        target,
+        prompts,
+        max_new_tokens=budgets,
+        sampling=GREEDY,
         forward_width=width,
-    )  # fmt: skip
+    )
     out = specjax.speculative_generate(
-        jax.random.key(2), target, drafter, prompts,
-        max_new_tokens=budgets, sampling=GREEDY, num_slots=4, forward_width=width,
-    )  # fmt: skip
+        jax.random.key(2),
+        target,
+        drafter,
+        prompts,
+        max_new_tokens=budgets,
+        sampling=GREEDY,
+        num_slots=4,
+        forward_width=width,
+    )
     assert out.to_lists() == ref.to_lists()
     assert int(jnp.sum(out.stats.accepted)) > 0
 
@@ -323,12 +342,13 @@ def test_tree_greedy_with_batch_of_depth_plus_one_rows_and_refill(pair):
     [
         specjax.SamplingConfig(temperature=1.0),
         specjax.SamplingConfig(
-            temperature=np.asarray([0.0, 0.7, 1.3, 1.0]), top_k=np.asarray([0, 5, 0, 0]),
+            temperature=np.asarray([0.0, 0.7, 1.3, 1.0]),
+            top_k=np.asarray([0, 5, 0, 0]),
             top_p=np.asarray([1.0, 1.0, 0.9, 1.0]),
         ),
     ],
     ids=["scalar", "per_row"],
-)  # fmt: skip
+)
 def test_sampled_tree_decoding_reproduces_plain_decoding(pair, sampling, verification):
     """4 rows and depth 3: B == D + 1, where row and depth axes could be confused."""
     target, draft = pair
@@ -339,8 +359,8 @@ def test_sampled_tree_decoding_reproduces_plain_decoding(pair, sampling, verific
     kw = dict(max_new_tokens=budgets, sampling=sampling, seeds=seeds, forward_width=width)
     ref = specjax.generate(jax.random.key(9), target, PROMPTS, **kw)
     out = specjax.speculative_generate(
-        jax.random.key(9), target, drafter, PROMPTS, verification=verification, **kw,
-    )  # fmt: skip
+        jax.random.key(9), target, drafter, PROMPTS, verification=verification, **kw
+    )
     assert out.to_lists() == ref.to_lists()
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
     assert int(jnp.sum(out.stats.accepted)) > 0
@@ -423,9 +443,12 @@ def test_model_without_tree_support_is_refused(pair):
         )
     with pytest.raises(TypeError, match="drafter.model .*does not support tree attention"):
         specjax.speculative_generate(
-            jax.random.key(0), target, specjax.DraftModel(_NoTreeModel(draft)).with_tree((2, 1)),
-            PROMPTS, max_new_tokens=4,
-        )  # fmt: skip
+            jax.random.key(0),
+            target,
+            specjax.DraftModel(_NoTreeModel(draft)).with_tree((2, 1)),
+            PROMPTS,
+            max_new_tokens=4,
+        )
 
 
 def test_bad_tree_drafters_are_refused(pair):
@@ -450,15 +473,21 @@ def test_bad_tree_drafters_are_refused(pair):
     windowed = tiny_model(seed=3, sliding_window=2)
     with pytest.raises(ValueError, match="sliding window of 2"):
         specjax.speculative_generate(
-            jax.random.key(0), windowed, specjax.DraftModel(windowed).with_tree((2, 2)),
-            PROMPTS, max_new_tokens=4,
-        )  # fmt: skip
+            jax.random.key(0),
+            windowed,
+            specjax.DraftModel(windowed).with_tree((2, 2)),
+            PROMPTS,
+            max_new_tokens=4,
+        )
     # A target whose own cache layout has no compact_path cannot take a tree step.
     with pytest.raises(TypeError, match="compact_path"):
         specjax.speculative_generate(
-            jax.random.key(0), _OwnCacheLayout(target), specjax.DraftModel(draft).with_tree((2, 1)),
-            PROMPTS, max_new_tokens=4,
-        )  # fmt: skip
+            jax.random.key(0),
+            _OwnCacheLayout(target),
+            specjax.DraftModel(draft).with_tree((2, 1)),
+            PROMPTS,
+            max_new_tokens=4,
+        )
 
 
 @struct.dataclass

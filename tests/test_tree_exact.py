@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from support import group_rows
+from support import group_rows, make_drafter, peaked_pair
 
 import specjax
 from specjax.testing import (
@@ -38,7 +38,6 @@ from specjax.testing import (
     chi_square_pvalue,
     exact_sequence_probs,
     sequence_counts,
-    tiny_model,
 )
 from specjax.verification.tree import Tree, tree_verify
 
@@ -65,34 +64,34 @@ DECODERS = {
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_model(seed=11, vocab_size=V, init_scale=15.0)
-
-
-def _drafter(target, kind, branching):
-    if kind == "draft_model":
-        return specjax.DraftModel(tiny_model(seed=12, vocab_size=V, init_scale=15.0))
-    if kind == "eagle":
-        return specjax.EagleDrafter.random(target, key=jax.random.key(4), num_draft=len(branching))
-    return specjax.BlockDrafter.random(target, key=jax.random.key(3), num_draft=len(branching))
+    return peaked_pair(V)[0]
 
 
 @pytest.fixture(scope="module")
 def samples(target):
+    _, draft = peaked_pair(V)
     names = list(GROUPS)
     num_rows = N_PER_GROUP * len(names)
     fields = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
-    sampling = specjax.SamplingConfig(**{
-        f: np.asarray([GROUPS[names[i % len(names)]].get(f, d) for i in range(num_rows)])
-        for f, d in fields.items()
-    })  # fmt: skip
+    sampling = specjax.SamplingConfig(
+        **{
+            f: np.asarray([GROUPS[names[i % len(names)]].get(f, d) for i in range(num_rows)])
+            for f, d in fields.items()
+        }
+    )
     prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (num_rows, len(PROMPT)))
     out = {}
     for name, (kind, branching, verification) in DECODERS.items():
-        drafter = _drafter(target, kind, branching).with_tree(branching)
+        drafter = make_drafter(kind, target, draft, len(branching)).with_tree(branching)
         res = specjax.speculative_generate(
-            jax.random.key(2027), target, drafter, prompts, max_new_tokens=K,
-            sampling=sampling, verification=verification,
-        )  # fmt: skip
+            jax.random.key(2027),
+            target,
+            drafter,
+            prompts,
+            max_new_tokens=K,
+            sampling=sampling,
+            verification=verification,
+        )
         assert int(jnp.min(res.lengths)) == K
         steps = int(jnp.sum(res.stats.row_target_calls))
         out[name] = (np.asarray(res.tokens), int(jnp.sum(res.stats.accepted)) / steps)
@@ -117,8 +116,11 @@ def test_each_group_follows_its_exact_distribution(target, samples, decoder, gro
 # Controls: a group's rows against another group's law.
 
 CONTROL_PAIRS = (
-    ("t0.6", "t1.0"), ("t1.0", "t1.3_topp0.8"), ("t1.3_topp0.8", "t1.0"), ("t0.6_topk3", "t0.6")
-)  # fmt: skip
+    ("t0.6", "t1.0"),
+    ("t1.0", "t1.3_topp0.8"),
+    ("t1.3_topp0.8", "t1.0"),
+    ("t0.6_topk3", "t0.6"),
+)
 
 
 def test_sample_size_has_power_against_every_control(target):

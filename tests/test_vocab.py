@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx, struct
+from support import GREEDY
 
 import specjax
 from specjax import decoding
@@ -59,7 +60,6 @@ PROMPT = [1, 2, 3, 1, 2]
 N = 6_000
 FALSE_ALARM = 1e-4
 GAMMA = 2
-GREEDY = specjax.SamplingConfig.greedy()
 
 
 def _with_padded_rows(model, scale: float = 6.0):
@@ -182,9 +182,8 @@ def _rows(num_rows):
 
 def _speculative_tokens(target, drafter, sampling, num_rows, seed=2026):
     out = specjax.speculative_generate(
-        jax.random.key(seed), target, drafter, _rows(num_rows), max_new_tokens=2,
-        sampling=sampling,
-    )  # fmt: skip
+        jax.random.key(seed), target, drafter, _rows(num_rows), max_new_tokens=2, sampling=sampling
+    )
     assert int(jnp.min(out.lengths)) == 2
     return np.asarray(out.tokens), out
 
@@ -353,9 +352,13 @@ def test_a_limit_beyond_the_drafters_vocabulary_is_refused(target, draft):
             )
     with pytest.raises(ValueError, match="outside the drafter's vocabulary"):
         specjax.speculative_generate(
-            jax.random.key(0), target, drafter, [[1, 61]], max_new_tokens=3,
+            jax.random.key(0),
+            target,
+            drafter,
+            [[1, 61]],
+            max_new_tokens=3,
             sampling=_sampled(vocab_limit=60),
-        )  # fmt: skip
+        )
 
 
 def test_a_disagreeing_drafter_tokenizer_is_refused(target, draft):

@@ -150,14 +150,17 @@ def pytest_runtest_makereport(item, call):
             report.outcome = "failed"
             report.longrepr = message
         else:
-            _OVER_BUDGET.append(message)
+            item.config.stash.setdefault(_OVER_BUDGET, []).append(message)
 
 
-_OVER_BUDGET: list[str] = []
+# Kept on the run's config, not in this module: a run of pytest inside a test (pytester)
+# shares this module, and its slow tests are not the outer run's.
+_OVER_BUDGET = pytest.StashKey[list[str]]()
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _OVER_BUDGET:
+    over = terminalreporter.config.stash.get(_OVER_BUDGET, [])
+    if over:
         terminalreporter.section("fast tests over their budget (enforced where CI is set)")
-        for line in _OVER_BUDGET:
+        for line in over:
             terminalreporter.write_line(line)
