@@ -105,7 +105,7 @@ def make_drafter(name: str, target, draft, num_draft: int, *, mode: str = "sampl
 
 @dataclass(frozen=True)
 class RunStats:
-    """What `specjax.decoding.cost_model.Tuned.learn` and ``review`` read of a run's
+    """What `specjax.tuning.Tuned.learn` and ``review`` read of a run's
     `GenerationStats`, written out by a test: per draft position, the acceptance rate,
     how many drafts were judged there, and (for ``learn``) how many were kept."""
 

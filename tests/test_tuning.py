@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from support import RunStats
 
 import specjax
 from specjax import tuning
@@ -196,12 +197,14 @@ def test_tune_reads_the_cache_and_measures_only_on_a_miss(cache, monkeypatch):
     batch = tuning.tune(target, drafter, [[1, 2], [3, 4]], cache=cache, method="measure")
     assert batch.measured and calls == [1, 2]  # another batch size: measured for it
 
-    class Stats:  # what a run reports: only position 0 was judged, 50 drafts, none kept
-        acceptance_by_position = np.array([0.0, 0.5, 0.5])
-        position_reached = np.array([50, 0, 0])
-        position_accepted = np.array([0, 0, 0])
+    # what a run reports: only position 0 was judged, 50 drafts, none kept
+    stats = RunStats(
+        acceptance_by_position=np.array([0.0, 0.5, 0.5]),
+        position_reached=np.array([50, 0, 0]),
+        position_accepted=np.array([0, 0, 0]),
+    )
 
-    again.learn(Stats())
+    again.learn(stats)
     pooled = (0.9 * 5.0 * tuning.DECAY) / (5.0 * tuning.DECAY + 50)
     costs, alpha, judged = cache.load(first.key)
     assert costs == FLAT_WIDE and alpha == pytest.approx((pooled, 0.9, 0.9))
@@ -221,12 +224,13 @@ def test_learn_weighs_each_run_by_the_drafts_it_judged(cache, monkeypatch):
     tuned = tuning.tune(tiny_model(seed=0), drafter, [[1, 2]], cache=cache, method="measure")
 
     def run(accepted, judged):
-        class Stats:
-            acceptance_by_position = np.array([accepted / judged, 0.0, 0.0])
-            position_reached = np.array([judged, 0, 0])
-            position_accepted = np.array([accepted, 0, 0])
+        stats = RunStats(
+            acceptance_by_position=np.array([accepted / judged, 0.0, 0.0]),
+            position_reached=np.array([judged, 0, 0]),
+            position_accepted=np.array([accepted, 0, 0]),
+        )
 
-        tuned.learn(Stats())
+        tuned.learn(stats)
         return tuned.acceptance[0]
 
     # Worked by hand, with DECAY = 0.5. 4 drafts, none kept, against the stored 40
@@ -252,11 +256,10 @@ def test_review_reads_the_run_s_acceptance_where_it_judged_drafts(cache, monkeyp
     drafter = specjax.DraftModel(tiny_model(seed=1), num_draft=3)
     tuned = tuning.tune(tiny_model(seed=0), drafter, [[1, 2]], cache=cache, method="measure")
 
-    class Stats:  # a γ = 1 run: one position, judged 20 times
-        acceptance_by_position = np.array([0.25])
-        position_reached = np.array([20])
+    # a γ = 1 run: one position, judged 20 times
+    stats = RunStats(acceptance_by_position=np.array([0.25]), position_reached=np.array([20]))
 
-    review = tuned.review(Stats())
+    review = tuned.review(stats)
     assert review["acceptance_by_position"] == pytest.approx([0.25, 0.8, 0.7])
     expected = choose(FLAT_WIDE, (0.25, 0.8, 0.7), min_gain=1.0).speedups
     assert review["expected_speedup_by_gamma"] == pytest.approx(list(expected))
@@ -296,12 +299,14 @@ def test_a_probe_times_the_parts_and_starts_from_what_runs_of_the_pair_learnt(ca
     assert fresh.acceptance == (tuning.PRIOR_ACCEPTANCE,) * 2 and fresh.judged == (0.0, 0.0)
     assert any("target's forward at widths 1..3" in line for line in lines)
 
-    class Stats:  # a run: 10 drafts judged at position 0, 6 kept
-        acceptance_by_position = np.array([0.6, 0.0])
-        position_reached = np.array([10, 0])
-        position_accepted = np.array([6, 0])
+    # a run: 10 drafts judged at position 0, 6 kept
+    stats = RunStats(
+        acceptance_by_position=np.array([0.6, 0.0]),
+        position_reached=np.array([10, 0]),
+        position_accepted=np.array([6, 0]),
+    )
 
-    fresh.learn(Stats())
+    fresh.learn(stats)
     assert fresh.acceptance[0] == pytest.approx(0.6)  # the prior weighed nothing
     other = tuning.tune(
         quantize(target, "int8"),
