@@ -39,6 +39,18 @@ class KVCache:
     def zeros(cls, num_layers, batch_size, max_len, num_kv_heads, head_dim, dtype=jnp.float32):
         """An empty cache: every row of length 0.
 
+        The arrays' axes are in this order whatever the order of the arguments:
+
+        * ``k [L, B, K, D, S]``: layer, row, kv head, head width, slot. The key of the
+          token at slot (position) ``s`` of row ``b``, head ``h``, layer ``l`` is
+          ``k[l, b, h, :, s]``: keys are stored transposed, slots last.
+        * ``v [L, B, K, S, D]``: layer, row, kv head, slot, head width. Its value is
+          ``v[l, b, h, s, :]``: slots before the width.
+        * ``lengths int32[B]``: the valid slots of each row, all 0 here.
+
+        A model of its own that keeps this cache must write and read these layouts
+        (the class doc says why keys are transposed).
+
         Args:
             num_layers: L, one set of keys and values per layer.
             batch_size: B rows.
@@ -48,18 +60,7 @@ class KVCache:
             dtype: the keys' and values' dtype.
 
         Returns:
-            ``KVCache(k=zeros[L, B, K, D, S], v=zeros[L, B, K, S, D], lengths=zeros[B])``,
-            axes in that order whatever the order of the arguments:
-
-            * ``k [L, B, K, D, S]``: layer, row, kv head, head width, slot. The key of
-              the token at slot (position) ``s`` of row ``b``, head ``h``, layer ``l`` is
-              ``k[l, b, h, :, s]``: keys are stored transposed, slots last.
-            * ``v [L, B, K, S, D]``: layer, row, kv head, slot, head width. Its value
-              is ``v[l, b, h, s, :]``: slots before the width.
-            * ``lengths int32[B]``: the valid slots of each row, all 0 here.
-
-            A model of its own that keeps this cache must write and read these
-            layouts (the class doc says why keys are transposed).
+            ``KVCache(k=zeros[L, B, K, D, S], v=zeros[L, B, K, S, D], lengths=zeros[B])``.
 
         Examples:
             >>> import specjax
