@@ -1,9 +1,10 @@
 """Committing a verified step: how many tokens each row emits, writing them, ending rows.
 
-A step's verification (`specjax.decoding.loop`) decides a `Verified` block per row;
+A step's verification (`specjax.decoding.stages`) decides a `Verified` block per row;
 `commit` cuts it at EOS, the row's budget, the first position without a distribution
 and each feature's cut (stop strings, a complete constraint), writes the emitted
-tokens, lets every feature record them, and flags the rows that end.
+tokens, lets every feature record them, advances the models (`StepModels`) and flags
+the rows that end.
 """
 
 from __future__ import annotations
@@ -148,12 +149,11 @@ def commit(
         for feature, feature_state in zip(decoder.features, state.features, strict=True)
     )
     new_lengths = state.seq_lengths + num_emit
-    step = state.step + 1
-    seq = write_slots(state.seq, jnp.maximum(verified.block, 0), state.seq_lengths, num_emit)
+    block_BG = jnp.maximum(verified.block, 0)
     target_cache, drafter_state = models.advance(new_lengths)
     after = state.replace(
-        step=step,
-        seq=seq,
+        step=state.step + 1,
+        seq=write_slots(state.seq, block_BG, state.seq_lengths, num_emit),
         seq_lengths=new_lengths,
         target_cache=target_cache,
         drafter_state=drafter_state,

@@ -183,6 +183,8 @@ class StepContext:
 
     @classmethod
     def of(cls, decoder: Decoder, state: DecodeState, plan: StepPlan) -> StepContext:
+        """The context of a step from ``state``: its keys drawn in one call, each
+        feature's history read once."""
         last_B = state.seq_lengths - 1
         positions_BK = last_B[:, None] + jnp.arange(plan.num_keys)[None]
         histories = (
