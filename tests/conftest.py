@@ -106,7 +106,7 @@ _LONGEST_GROUPS_FIRST = tuple(
     test_exact_per_row test_cli test_bench_smoke test_docs test_hf_interop
     test_notebooks test_penalties test_reproducible test_features test_decode
     test_verify test_tree test_compilation_cache test_eagle test_block_drafter
-    test_sharding test_decoder_statistics test_bad_input test_models test_gguf
+    test_sharding test_decoder_exactness test_bad_input test_models test_gguf
     test_per_row test_train test_sampling test_vocab
     """.split()
 )

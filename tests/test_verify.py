@@ -23,14 +23,14 @@ from hypothesis import strategies as st
 from scipy import stats
 from support import samples_chi2_pvalue
 
-from specjax.decoding.loop import _confident_drafts
+from specjax.decoding.stages import confident_drafts
 from specjax.sampling import SamplingConfig, noise, probs_from_logits, sample
 from specjax.verification.chain import (
-    _rejection_core,
-    _sequence_keys,
+    coupled_verify,
     coupled_verify_single,
     greedy_verify,
     greedy_verify_single,
+    rejection_core,
     rejection_sample,
     rejection_sample_onehot,
     rejection_sample_onehot_single,
@@ -340,8 +340,10 @@ def _cut_drafts_rejected_with_residual(key, draft_tokens_G, draft_probs_GxV, tar
     """A wrong way to stop: keep the drafts but force their rejection, so the next token
     comes from the residual max(0, p - q) of a draft that was never proposed."""
     cut_G = jnp.arange(draft_tokens_G.shape[0]) >= CUT
-    return _rejection_core(
-        _sequence_keys("control", key, target_probs_G1xV.shape[0]),
+    return rejection_core(
+        jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+            key, jnp.arange(target_probs_G1xV.shape[0])
+        ),
         draft_tokens_G,
         target_probs_G1xV,
         draft_prob_at_G=lambda tokens_G: jnp.where(
@@ -370,14 +372,14 @@ def test_negative_control_stopping_with_the_residual_is_rejected():
     assert min(_position_pvalues(tokens, num_accepted, target_probs)) < ALPHA * 1e-3
 
 
-# The decoder's confidence rule (specjax.decoding.loop._confident_drafts), which depends on the
+# The decoder's confidence rule (specjax.decoding.stages.confident_drafts), which depends on the
 # drafts themselves: TAU is about the median of q_i(x_i) in this case, so rows stop at
 # every position.
 TAU = 0.03
 
 
 def _stop_after_unconfident(key, draft_tokens_G, draft_probs_GxV, target_probs_G1xV):
-    n = _confident_drafts(draft_tokens_G[None], draft_probs_GxV[None], TAU)[0]
+    n = confident_drafts(draft_tokens_G[None], draft_probs_GxV[None], TAU)[0]
     tokens = jnp.where(jnp.arange(draft_tokens_G.shape[0]) < n, draft_tokens_G, -1)
     return rejection_sample_single(key, tokens, draft_probs_GxV, target_probs_G1xV)
 
@@ -643,17 +645,21 @@ def test_rows_are_independent_of_the_rest_of_the_batch():
         np.testing.assert_array_equal(base[1][2], mixed[1][2])
 
 
-def test_batched_equals_vmap_of_core_with_fold_in_keys():
+def test_one_key_draws_as_the_documented_position_keys():
+    """One key means row b, position i draws with ``fold_in(fold_in(key, b), i)``: the
+    same tokens as those position keys passed explicitly, as the decoders pass them."""
     key = jax.random.key(5)
     x, q, p = _random_batch(2)
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(6))
-    _assert_same(
-        _rejection_sample(key, x, q, p), jax.jit(jax.vmap(rejection_sample_single))(keys, x, q, p)
+    batch, positions = p.shape[:2]
+    keys_BG1 = jnp.stack(
+        [
+            jnp.stack([jax.random.fold_in(jax.random.fold_in(key, b), i) for i in range(positions)])
+            for b in range(batch)
+        ]
     )
-    _assert_same(
-        _rejection_sample_onehot(key, x, p),
-        jax.jit(jax.vmap(rejection_sample_onehot_single))(keys, x, p),
-    )
+    _assert_same(_rejection_sample(key, x, q, p), _rejection_sample(keys_BG1, x, q, p))
+    _assert_same(_rejection_sample_onehot(key, x, p), _rejection_sample_onehot(keys_BG1, x, p))
+    _assert_same(coupled_verify(key, x, p), coupled_verify(keys_BG1, x, p))
 
 
 # Slow tier: 7 s: every verifier eager and jitted.

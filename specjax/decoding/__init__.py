@@ -107,8 +107,9 @@ One mechanism per module, each importing only those above it:
   before anything compiles (`prepare`, which has the `Decoder` built; the drafter's
   own checks are `specjax.drafters.checks`);
 * `~specjax.decoding.commit`: cutting a verified step and writing it;
-* `~specjax.decoding.loop`: one decode step (draft, score, verify a chain or a tree)
-  and the ``lax.while_loop`` that runs it;
+* `~specjax.decoding.stages`: the stages of one decode step (its context read once,
+  then propose, score and verify a chain or a tree);
+* `~specjax.decoding.loop`: one decode step and the ``lax.while_loop`` that runs it;
 * `~specjax.decoding.api`: the public `init`, `run`, `stream`, `generate` and
   `speculative_generate`.
 

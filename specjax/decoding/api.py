@@ -19,7 +19,7 @@ import numpy as np
 
 from specjax.core.typed_jit import typed_jit
 from specjax.core.validation import INT32_MAX, check_int, is_concrete
-from specjax.decoding.build import DecodeOptions
+from specjax.decoding.build import DecodeOptions, takes_options
 from specjax.decoding.checks import prepare
 from specjax.decoding.decoder import Decoder
 from specjax.decoding.loop import run_loop
@@ -56,27 +56,9 @@ def _decode(key, target, drafter, prompts, options: DecodeOptions) -> Generation
 # The open loop.
 
 
+@takes_options
 def init(
-    key: jax.Array | None,
-    target,
-    prompts,
-    *,
-    drafter: Drafter | None = None,
-    max_new_tokens,
-    sampling: SamplingConfig | None = None,
-    eos_id=None,
-    seeds=None,
-    cache_len: int | None = None,
-    verification: str | None = None,
-    num_slots: int | None = None,
-    gamma_by_active_rows=None,
-    draft_confidence: float | None = None,
-    top_logprobs: int = 0,
-    raw_logprobs: bool = False,
-    stop=None,
-    constraint=None,
-    forward_width: int | None = None,
-    features: Sequence = (),
+    key: jax.Array | None, target, prompts, *, drafter: Drafter | None = None, **options
 ) -> tuple[Decoder, DecodeState]:
     """Prefills the prompts: the `~specjax.decoding.Decoder` and its first `DecodeState`.
 
@@ -98,7 +80,7 @@ def init(
         >>> specjax.decoding.result(decoder, state).tokens.shape
         (1, 8)
     """
-    options = DecodeOptions.of_call(locals())
+    options = DecodeOptions.of_keywords("init", options)
     drafter = NoDraft() if drafter is None else drafter
     p = prepare(key, target, drafter, prompts, options)
     return p.decoder, _init_jit(p.decoder, p.inputs, cache_len=p.cache_len, num_slots=p.num_slots)
@@ -246,27 +228,9 @@ def generate(
     return _decode(key, model, NoDraft(), prompts, options)
 
 
+@takes_options
 def speculative_generate(
-    key: jax.Array | None,
-    target,
-    drafter: Drafter,
-    prompts,
-    *,
-    max_new_tokens,
-    sampling: SamplingConfig | None = None,
-    eos_id=None,
-    seeds=None,
-    cache_len: int | None = None,
-    verification: str | None = None,
-    num_slots: int | None = None,
-    gamma_by_active_rows=None,
-    draft_confidence: float | None = None,
-    top_logprobs: int = 0,
-    raw_logprobs: bool = False,
-    stop=None,
-    constraint=None,
-    forward_width: int | None = None,
-    features: Sequence = (),
+    key: jax.Array | None, target, drafter: Drafter, prompts, **options
 ) -> GenerationResult:
     """Speculative decoding in one jitted ``lax.while_loop``, exact in distribution.
 
@@ -310,5 +274,5 @@ def speculative_generate(
     Returns:
         :class:`GenerationResult` with ``tokens int32[N, max(max_new_tokens)]``.
     """
-    options = DecodeOptions.of_call(locals())
+    options = DecodeOptions.of_keywords("speculative_generate", options)
     return _decode(key, target, drafter, prompts, options)

@@ -11,6 +11,7 @@ of the other inputs, and `_prepare` that runs them all, are `specjax.decoding.ch
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Sequence
 
 import jax
@@ -67,6 +68,47 @@ class DecodeOptions:
         every keyword-only parameter of the public decoders is a field here)."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{name: value for name, value in arguments.items() if name in names})
+
+    @classmethod
+    def of_keywords(cls, caller: str, options: dict) -> DecodeOptions:
+        """The options a decoder declared with `takes_options` was called with.
+
+        Raises:
+            TypeError: naming ``caller``, for an option it does not take, or without
+                ``max_new_tokens``.
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            raise TypeError(
+                f"{caller}() got an unexpected keyword argument {unknown[0]!r}; its options "
+                f"are {', '.join(names)}"
+            )
+        if "max_new_tokens" not in options:
+            raise TypeError(f"{caller}() missing required keyword-only argument: 'max_new_tokens'")
+        return cls(**options)
+
+
+_MISSING = dataclasses.MISSING
+
+
+def takes_options(fn):
+    """``fn``, which takes ``**options``, declared with every `DecodeOptions` field as a
+    keyword-only parameter (what `inspect.signature` and ``help`` show); its body reads
+    them with `DecodeOptions.of_keywords`."""
+    signature = inspect.signature(fn)
+    leading = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    options = [
+        inspect.Parameter(
+            field.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=inspect.Parameter.empty if field.default is _MISSING else field.default,
+            annotation=field.type,
+        )
+        for field in dataclasses.fields(DecodeOptions)
+    ]
+    fn.__signature__ = signature.replace(parameters=leading + options)
+    return fn
 
 
 def build_decoder(

@@ -1,9 +1,10 @@
 """Committing a verified step: how many tokens each row emits, writing them, ending rows.
 
-A step's verification (`specjax.decoding.loop`) decides a `Verified` block per row;
+A step's verification (`specjax.decoding.stages`) decides a `Verified` block per row;
 `commit` cuts it at EOS, the row's budget, the first position without a distribution
 and each feature's cut (stop strings, a complete constraint), writes the emitted
-tokens, lets every feature record them, and flags the rows that end.
+tokens, lets every feature record them, advances the models (`StepModels`) and flags
+the rows that end.
 """
 
 from __future__ import annotations
@@ -19,33 +20,52 @@ from specjax.decoding.state import DecodeState
 
 @struct.dataclass
 class Verified:
-    """What one step's verification decided, before it is committed.
+    """What one step's verification decided, before it is committed: tokens and counts.
 
     Attributes:
-        drafter: the drafter as it ran this step (γ may differ from the state's).
-        drafter_state: the proposal's drafter state.
         block: ``int32[B, G]`` the chain layout: accepted drafts, the target's token, -1.
         num_accepted: ``int32[B]``.
         num_drafted: ``int32[B]`` drafts the row proposed (the statistics' count).
         probs: ``float32[B, G, V]`` the target's p that decided each emitted position.
         usable: ``bool[B, G]`` that p is a distribution (not NaN / all masked).
-        target_cache: the target's cache, slot == position for the emitted positions.
-        hidden: the target's `~specjax.models.forward.TargetHidden` at the G emitted
-            positions (for a drafter that reads them), or None.
         logits: ``[B, G, V]`` the target's raw logits at the emitted positions (read
             only for raw top log-probabilities).
+        path: ``int32[B, D]`` a tree's accepted node at each depth
+            (`specjax.verification.tree.tree_verify`), or None for a chain.
     """
 
-    drafter: object
-    drafter_state: object
     block: jax.Array
     num_accepted: jax.Array
     num_drafted: jax.Array
     probs: jax.Array
     usable: jax.Array
+    logits: jax.Array
+    path: jax.Array | None = None
+
+
+@struct.dataclass
+class StepModels:
+    """The models as one step's forwards left them, in the chain layout (slot ==
+    position for the emitted positions), before the commit advances them.
+
+    Attributes:
+        drafter: the drafter as it ran this step (γ may differ from the state's).
+        drafter_state: the proposal's drafter state.
+        target_cache: the target's cache after the step's forward.
+        hidden: the target's `~specjax.models.forward.TargetHidden` at the G emitted
+            positions (for a drafter that reads them), or None.
+    """
+
+    drafter: object
+    drafter_state: object
     target_cache: object
     hidden: object
-    logits: jax.Array
+
+    def advance(self, seq_lengths_B: jax.Array) -> tuple:
+        """``(target_cache, drafter_state)`` once each row holds ``seq_lengths_B`` tokens:
+        everything after the last committed token dropped, the drafter told of them."""
+        cache = self.target_cache.rollback(seq_lengths_B - 1)
+        return cache, self.drafter.update(self.drafter_state, seq_lengths_B, self.hidden)
 
 
 def num_leading_true(flags_BT) -> jax.Array:
@@ -108,9 +128,11 @@ def _update_status(
     )
 
 
-def commit(decoder: Decoder, state: DecodeState, verified: Verified) -> DecodeState:
+def commit(
+    decoder: Decoder, state: DecodeState, verified: Verified, models: StepModels
+) -> DecodeState:
     """Emits the verified tokens, cut at EOS, budgets and features' cuts; advances every
-    row and counts the step."""
+    row, its models (`StepModels.advance`) and counts the step."""
     num_emit, stopped, is_eos_BG, num_usable = _num_emit(decoder, state, verified)
     emission = Emission(
         block=verified.block,
@@ -128,12 +150,13 @@ def commit(decoder: Decoder, state: DecodeState, verified: Verified) -> DecodeSt
     )
     new_lengths = state.seq_lengths + num_emit
     block_BG = jnp.maximum(verified.block, 0)
+    target_cache, drafter_state = models.advance(new_lengths)
     after = state.replace(
         step=state.step + 1,
         seq=write_slots(state.seq, block_BG, state.seq_lengths, num_emit),
         seq_lengths=new_lengths,
-        target_cache=verified.target_cache.rollback(new_lengths - 1),
-        drafter_state=verified.drafter.update(verified.drafter_state, new_lengths, verified.hidden),
+        target_cache=target_cache,
+        drafter_state=drafter_state,
         features=features,
     )
     status = _update_status(decoder, after, state, num_emit, stopped, is_eos_BG, num_usable)

@@ -38,101 +38,29 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from specjax.core.validation import as_prng_keys
 from specjax.sampling.distributions import greedy_tokens, noise, sample
+from specjax.verification.checks import (
+    check_concrete_probs,
+    check_dtypes,
+    check_shapes,
+    checked_onehot_args,
+)
 
 __all__ = [
     "coupled_verify",
     "coupled_verify_single",
     "greedy_verify",
     "greedy_verify_single",
+    "rejection_core",
     "rejection_sample",
     "rejection_sample_onehot",
     "rejection_sample_onehot_single",
     "rejection_sample_single",
     "target_samples",
 ]
-
-
-# --------------------------------------------------------------------------------------
-# Trace-time argument checks: shapes and dtypes are static, so plain Python works under
-# jit and vmap (inside vmap the per-sequence shapes are checked).
-
-
-def _shape_error(fn: str, message: str, **arrays) -> ValueError:
-    shapes = ", ".join(f"{name}{list(x.shape)}" for name, x in arrays.items())
-    return ValueError(f"{fn}: {message}; got {shapes}")
-
-
-def _check_dtypes(fn: str, draft_tokens, **prob_arrays) -> None:
-    if not jnp.issubdtype(draft_tokens.dtype, jnp.integer):
-        raise TypeError(f"{fn}: draft_tokens must be an integer array, got {draft_tokens.dtype}")
-    for name, x in prob_arrays.items():
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise TypeError(f"{fn}: {name} must be a float array, got {x.dtype}")
-
-
-def _check_shapes(
-    fn: str, batch_dims: int, draft_tokens, target, target_name: str, draft_probs=None
-) -> None:
-    """Checks ``draft_tokens [*B, γ]``, ``draft_probs [*B, γ, V]``, ``target [*B, γ+1, V]``."""
-    arrays = {"draft_tokens": draft_tokens}
-    if draft_probs is not None:
-        arrays["draft_probs"] = draft_probs
-    arrays[target_name] = target
-    layout = "[B, " if batch_dims else "["
-    expected = {
-        "draft_tokens": f"{layout}γ]",
-        "draft_probs": f"{layout}γ, V]",
-        target_name: f"{layout}γ+1, V]",
-    }
-    for name, x in arrays.items():
-        rank = batch_dims + (1 if name == "draft_tokens" else 2)
-        if x.ndim != rank:
-            raise _shape_error(fn, f"{name} must have rank {rank}, {expected[name]}", **arrays)
-    if len({x.shape[:batch_dims] for x in arrays.values()}) > 1:
-        raise _shape_error(fn, "batch sizes B differ", **arrays)
-    gamma = draft_tokens.shape[-1]
-    if target.shape[-2] != gamma + 1:
-        raise _shape_error(fn, f"{target_name} must have γ+1 positions", **arrays)
-    if draft_probs is not None:
-        if draft_probs.shape[-2] != gamma:
-            raise _shape_error(fn, "draft_probs must have γ positions", **arrays)
-        if draft_probs.shape[-1] != target.shape[-1]:
-            raise _shape_error(fn, "vocabulary sizes V differ", **arrays)
-    if target.shape[-1] < 1:
-        raise _shape_error(fn, "vocabulary size V must be >= 1", **arrays)
-
-
-def _check_concrete_probs(fn: str, **arrays) -> None:
-    """Refuses NaN, negative and all-zero distributions when the values are on the host.
-
-    Traced values (under jit or vmap) cannot be checked; the decoders flag a target row
-    with no distribution instead (``GenerationResult.invalid``).
-    """
-    for name, x in arrays.items():
-        if isinstance(x, jax.core.Tracer) or x.size == 0:
-            continue
-        x = np.asarray(x, np.float32)
-        if np.isnan(x).any():
-            raise ValueError(f"{fn}: {name} holds NaN")
-        if (x < 0).any():
-            raise ValueError(f"{fn}: {name} holds negative probabilities (min {x.min():.3g})")
-        if (x.sum(-1) <= 0).any():
-            where = np.argwhere(x.sum(-1) <= 0)[0].tolist()
-            raise ValueError(f"{fn}: {name} has a row with no positive probability at {where}")
-
-
-def _checked_onehot_args(fn: str, batch_dims: int, draft_tokens, target_probs):
-    """``(draft_tokens, target_probs)`` as arrays, checked, for verifiers that need no q."""
-    draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
-    _check_dtypes(fn, draft_tokens, target_probs=target_probs)
-    _check_shapes(fn, batch_dims, draft_tokens, target_probs, "target_probs")
-    _check_concrete_probs(fn, target_probs=target_probs)
-    return draft_tokens, target_probs
 
 
 # --------------------------------------------------------------------------------------
@@ -186,11 +114,22 @@ def _batch_keys(fn: str, key, batch: int, num_positions: int) -> jax.Array:
     )
 
 
-def _rejection_core(keys_G1, draft_tokens_G, target_GxV, draft_prob_at_G, draft_row):
-    """The algorithm, given position keys, ``q_i(x_i)`` and a function ``n -> q_n [V]`` (n < γ).
+def rejection_core(keys_G1, draft_tokens_G, target_GxV, draft_prob_at_G, draft_row):
+    """Speculative rejection sampling of one sequence, given how to read its q.
 
-    Both public variants go through here, so that one-hot drafts give bit-identical
-    results to explicit one-hot ``draft_probs``.
+    `rejection_sample_single` and `rejection_sample_onehot_single` both run it, so that
+    one-hot drafts give bit-identical results to explicit one-hot ``draft_probs``.
+    Arguments are not checked.
+
+    Args:
+        keys_G1: position keys ``[γ+1]``.
+        draft_tokens_G: ``int32[γ]`` the drafts.
+        target_GxV: ``[γ+1, V]`` the target's p.
+        draft_prob_at_G: ``tokens [γ] -> q_i(tokens_i)``, ``float32[γ]``.
+        draft_row: ``(n, token) -> q_n``, ``float32[V]``, for ``n < γ``.
+
+    Returns:
+        ``(tokens int32[γ+1], num_accepted int32[])`` (see the module docstring).
     """
     gamma = draft_tokens_G.shape[0]
     vocab = target_GxV.shape[-1]
@@ -276,8 +215,8 @@ def greedy_verify_single(
     """
     fn = "greedy_verify_single"
     draft_tokens, target_logits = jnp.asarray(draft_tokens), jnp.asarray(target_logits)
-    _check_dtypes(fn, draft_tokens, target_logits=target_logits)
-    _check_shapes(fn, 0, draft_tokens, target_logits, "target_logits")
+    check_dtypes(fn, draft_tokens, target_logits=target_logits)
+    check_shapes(fn, 0, draft_tokens, target_logits, "target_logits")
     draft_tokens_G = draft_tokens.astype(jnp.int32)
     target_G1 = greedy_tokens(target_logits)
     num_accepted = _num_leading_true(draft_tokens_G == target_G1[:-1])
@@ -296,8 +235,8 @@ def greedy_verify(draft_tokens: jax.Array, target_logits: jax.Array) -> tuple[ja
     """
     fn = "greedy_verify"
     draft_tokens, target_logits = jnp.asarray(draft_tokens), jnp.asarray(target_logits)
-    _check_dtypes(fn, draft_tokens, target_logits=target_logits)
-    _check_shapes(fn, 1, draft_tokens, target_logits, "target_logits")
+    check_dtypes(fn, draft_tokens, target_logits=target_logits)
+    check_shapes(fn, 1, draft_tokens, target_logits, "target_logits")
     return jax.vmap(greedy_verify_single)(draft_tokens, target_logits)
 
 
@@ -328,9 +267,9 @@ def rejection_sample_single(
     fn = "rejection_sample_single"
     draft_tokens, draft_probs = jnp.asarray(draft_tokens), jnp.asarray(draft_probs)
     target_probs = jnp.asarray(target_probs)
-    _check_dtypes(fn, draft_tokens, draft_probs=draft_probs, target_probs=target_probs)
-    _check_shapes(fn, 0, draft_tokens, target_probs, "target_probs", draft_probs)
-    _check_concrete_probs(fn, draft_probs=draft_probs, target_probs=target_probs)
+    check_dtypes(fn, draft_tokens, draft_probs=draft_probs, target_probs=target_probs)
+    check_shapes(fn, 0, draft_tokens, target_probs, "target_probs", draft_probs)
+    check_concrete_probs(fn, draft_probs=draft_probs, target_probs=target_probs)
 
     def draft_prob_at_G(tokens_G):
         q_at_G = jnp.take_along_axis(draft_probs, tokens_G[:, None], axis=-1)[:, 0]
@@ -340,7 +279,7 @@ def rejection_sample_single(
         return lax.dynamic_index_in_dim(draft_probs, i, keepdims=False).astype(jnp.float32)
 
     keys_G1 = _sequence_keys(fn, key, target_probs.shape[0])
-    return _rejection_core(
+    return rejection_core(
         keys_G1, draft_tokens.astype(jnp.int32), target_probs, draft_prob_at_G, draft_row
     )
 
@@ -363,9 +302,9 @@ def rejection_sample(
     fn = "rejection_sample"
     draft_tokens, draft_probs = jnp.asarray(draft_tokens), jnp.asarray(draft_probs)
     target_probs = jnp.asarray(target_probs)
-    _check_dtypes(fn, draft_tokens, draft_probs=draft_probs, target_probs=target_probs)
-    _check_shapes(fn, 1, draft_tokens, target_probs, "target_probs", draft_probs)
-    _check_concrete_probs(fn, draft_probs=draft_probs, target_probs=target_probs)
+    check_dtypes(fn, draft_tokens, draft_probs=draft_probs, target_probs=target_probs)
+    check_shapes(fn, 1, draft_tokens, target_probs, "target_probs", draft_probs)
+    check_concrete_probs(fn, draft_probs=draft_probs, target_probs=target_probs)
     keys = _batch_keys(fn, key, *target_probs.shape[:2])
     return jax.vmap(rejection_sample_single)(keys, draft_tokens, draft_probs, target_probs)
 
@@ -392,14 +331,14 @@ def rejection_sample_onehot_single(
         ``(tokens int32[γ+1], num_accepted int32[])``.
     """
     fn = "rejection_sample_onehot_single"
-    draft_tokens, target_probs = _checked_onehot_args(fn, 0, draft_tokens, target_probs)
+    draft_tokens, target_probs = checked_onehot_args(fn, 0, draft_tokens, target_probs)
     vocab = target_probs.shape[-1]
 
     def one_hot_row(_, token):
         # Same values as the explicit one-hot row, so max(p - q, 0) rounds identically.
         return (jnp.arange(vocab, dtype=jnp.int32) == token).astype(jnp.float32)
 
-    return _rejection_core(
+    return rejection_core(
         _sequence_keys(fn, key, target_probs.shape[0]),
         draft_tokens.astype(jnp.int32),
         target_probs,
@@ -422,10 +361,9 @@ def rejection_sample_onehot(
     Returns:
         ``(tokens int32[B, γ+1], num_accepted int32[B])``.
     """
-    fn = "rejection_sample_onehot"
-    draft_tokens, target_probs = _checked_onehot_args(fn, 1, draft_tokens, target_probs)
-    keys = _batch_keys(fn, key, *target_probs.shape[:2])
-    return jax.vmap(rejection_sample_onehot_single)(keys, draft_tokens, target_probs)
+    return _batched_onehot(
+        "rejection_sample_onehot", rejection_sample_onehot_single, key, draft_tokens, target_probs
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -455,7 +393,7 @@ def coupled_verify_single(
         ``(tokens int32[γ+1], num_accepted int32[])`` (see the module docstring).
     """
     fn = "coupled_verify_single"
-    draft_tokens, target_probs = _checked_onehot_args(fn, 0, draft_tokens, target_probs)
+    draft_tokens, target_probs = checked_onehot_args(fn, 0, draft_tokens, target_probs)
     keys_G1 = _sequence_keys(fn, key, target_probs.shape[0])
     return _coupled_core(keys_G1, draft_tokens.astype(jnp.int32), target_probs)
 
@@ -474,7 +412,12 @@ def coupled_verify(
     Returns:
         ``(tokens int32[B, γ+1], num_accepted int32[B])``.
     """
-    fn = "coupled_verify"
-    draft_tokens, target_probs = _checked_onehot_args(fn, 1, draft_tokens, target_probs)
+    return _batched_onehot("coupled_verify", coupled_verify_single, key, draft_tokens, target_probs)
+
+
+def _batched_onehot(fn: str, single, key, draft_tokens, target_probs):
+    """``single`` (a verifier that needs no q) over the batch, its arguments checked and
+    one key folded into position keys ``[B, γ+1]``."""
+    draft_tokens, target_probs = checked_onehot_args(fn, 1, draft_tokens, target_probs)
     keys = _batch_keys(fn, key, *target_probs.shape[:2])
-    return jax.vmap(coupled_verify_single)(keys, draft_tokens, target_probs)
+    return jax.vmap(single)(keys, draft_tokens, target_probs)

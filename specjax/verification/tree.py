@@ -238,7 +238,7 @@ def expand_top_k(tree: Tree, root_logits_B1V, vocab_limit, score_level, carry):
 
 def tree_verify(
     keys_BD1, node_tokens_BN, target_BN1V, tree: Tree, sampling=None, *, every_node=False
-):  # fmt: skip
+):
     """Exact verification of a tree with deterministic children, for a batch.
 
     At each node on the path, the target's token is ``sample(stream(keys[depth],

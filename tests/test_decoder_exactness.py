@@ -23,11 +23,12 @@ below 5 pooled) rejects at p < FALSE_ALARM = 1e-4; the file runs 4 such null tes
 its family-wise false-alarm rate is below 4e-4 (Bonferroni).
 
 Negative controls. Each path's real decoder is patched into a known bug (pytest's
-monkeypatch on the names `specjax.decoding.loop` calls; `jax.clear_caches()` before
+monkeypatch on a public seam of the step: `ChainStep.draft_probs`, the verification
+functions; `jax.clear_caches()` before
 and after, so that the patched run compiles its own program and no later run reuses
 it), and the same test at the same N and FALSE_ALARM must reject its tokens:
 
-1. the verifier reads the draft's q rolled by one position along γ (`_draft_probs`):
+1. the verifier reads the draft's q rolled by one position along γ (`ChainStep.draft_probs`):
    draft 0 is judged against q_1 and draft 1 against q_0;
 2. coupled verification checks only the first draft: once it equals the target's
    sample, the later drafts are accepted unchecked (`coupled_verify`);
@@ -59,7 +60,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.decoding import loop
+from specjax.decoding.stages import ChainStep
 from specjax.testing import (
     chi_square_power,
     chi_square_pvalue,
@@ -69,6 +70,7 @@ from specjax.testing import (
     tiny_model,
 )
 from specjax.training.eagle import ttt_step_logits
+from specjax.verification import tree as tree_verification
 from specjax.verification import verifiers
 from specjax.verification.chain import target_samples
 
@@ -294,8 +296,8 @@ def test_emitted_tokens_follow_the_target_law(models, laws, path):
     assert p > FALSE_ALARM, f"{path}: chi-square p = {p:.2e}"
 
 
-def _assert_rejected(models, laws, monkeypatch, path, name, broken, alternative, module=loop):
-    """Patches ``module.<name>`` (the decode loop's by default) to ``broken``, decodes
+def _assert_rejected(models, laws, monkeypatch, path, name, broken, alternative, module):
+    """Patches ``module.<name>`` to ``broken``, decodes
     ``path``, and checks that the test has the power against the bug's law and rejects
     the patched decoder's tokens."""
     power = chi_square_power(laws["exact"], alternative, N, FALSE_ALARM)
@@ -312,11 +314,11 @@ def _assert_rejected(models, laws, monkeypatch, path, name, broken, alternative,
 
 
 def _rolled_draft_probs():
-    """`loop._draft_probs` that hands the verifier q rolled by one draft position."""
-    real = loop._draft_probs
+    """`ChainStep.draft_probs` that hands the verifier q rolled by one draft position."""
+    real = ChainStep.draft_probs
 
-    def rolled(*args, **kwargs):
-        q_BGV = real(*args, **kwargs)
+    def rolled(self, proposal):
+        q_BGV = real(self, proposal)
         return None if q_BGV is None else jnp.roll(q_BGV, 1, axis=1)
 
     return rolled
@@ -327,9 +329,8 @@ def _rolled_draft_probs():
 )
 def test_control_rejection_with_the_wrong_q_row_is_rejected(models, laws, monkeypatch, path, q):
     alternative = _rejection_law(laws["p0"], laws["p1"], laws[q], rolled=True)
-    _assert_rejected(
-        models, laws, monkeypatch, path, "_draft_probs", _rolled_draft_probs(), alternative
-    )
+    broken = _rolled_draft_probs()
+    _assert_rejected(models, laws, monkeypatch, path, "draft_probs", broken, alternative, ChainStep)
 
 
 def test_control_coupled_checking_only_the_first_draft_is_rejected(models, laws, monkeypatch):
@@ -353,7 +354,7 @@ def test_control_coupled_checking_only_the_first_draft_is_rejected(models, laws,
 
 
 def test_control_tree_walk_with_the_root_distribution_is_rejected(models, laws, monkeypatch):
-    real = loop.tree_verify
+    real = tree_verification.tree_verify
 
     def root_everywhere(keys_BD1, node_tokens_BN, target_BN1V, tree, *args, **kwargs):
         root_BN1V = jnp.broadcast_to(target_BN1V[:, :1], target_BN1V.shape)
@@ -362,5 +363,5 @@ def test_control_tree_walk_with_the_root_distribution_is_rejected(models, laws, 
     alternative = _tree_root_everywhere_law(laws["p0"], laws["p1"], laws["draft_q"])
     _assert_rejected(
         models, laws, monkeypatch, "draft_model-tree", "tree_verify", root_everywhere,
-        alternative,
+        alternative, module=tree_verification,
     )  # fmt: skip
