@@ -254,6 +254,43 @@ def test_regex_and_json_schema_shape_the_text():
         sampler.sample("x", regex=pattern, json_schema=schema)
 
 
+def test_a_json_schema_is_a_dict_its_text_or_a_file(tmp_path):
+    """As ``--json-schema FILE``: the three spellings build the same constraint."""
+    import json
+
+    from specjax.text.options import schema_text
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    assert json.loads(schema_text(schema)) == json.loads(schema_text(str(path))) == schema
+    assert schema_text(path) == schema_text(json.dumps(schema)) == json.dumps(schema)
+    with pytest.raises(ValueError, match="json_schema: cannot read"):
+        schema_text(str(tmp_path / "missing.json"))
+
+
+def test_options_object_keywords_and_gamma_zero(model):
+    """`GenerationOptions` and keywords set the same fields; ``gamma=0`` decodes plainly
+    (as ``--gamma 0``); ``eos_id=None`` still means the tokenizer's ids, with a warning."""
+    draft = specjax.DraftModel(model)
+    options = specjax.GenerationOptions(gamma=2, max_new_tokens=5)
+    by_object = Sampler(model, options, drafter=draft)
+    by_keywords = Sampler(model, drafter=draft, gamma=2, max_new_tokens=5)
+    assert by_object.drafter.num_draft == by_keywords.drafter.num_draft == 2
+    assert by_object.max_new_tokens == by_keywords.max_new_tokens == 5
+    plain = Sampler(model, options.replace(gamma=0), drafter=draft)
+    assert plain.drafter is None and not plain.auto
+    assert plain.sample(PROMPT) == Sampler(model, options, drafter=None).sample(PROMPT)
+    with pytest.warns(DeprecationWarning, match="eos_id='auto'"):
+        old = Sampler(model, drafter=None, eos_id=None)
+    assert old.eos_id == Sampler(model, drafter=None).eos_id
+    with pytest.raises(TypeError, match="unknown option"):
+        Sampler(model, gama=2)
+    with pytest.warns(DeprecationWarning, match="specjax.text.chat.ChatSampler"):
+        from specjax.text.sampler import ChatSampler as moved
+    assert moved is ChatSampler
+
+
 def test_defaults_equal_the_cli_defaults():
     """The parsed defaults of ``specjax generate`` are `GenerationOptions`' (one field at a
     time in tests/test_options.py); what they resolve to for the bundled pair."""

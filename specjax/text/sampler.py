@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
 
 import jax
 import numpy as np
@@ -22,9 +21,10 @@ from specjax.drafters.base import lookahead
 from specjax.drafters.suffix import SuffixDrafter
 from specjax.text.defaults import DEFAULTS
 from specjax.text.options import GenerationOptions, check_sampling
+from specjax.text.plan import Plan
 from specjax.text.stream import TextStream
 
-__all__ = ["Plan", "Sampler"]
+__all__ = ["Sampler"]
 
 
 def _stderr(line: str) -> None:
@@ -40,29 +40,6 @@ def _options_of(options: GenerationOptions | None, settings: dict) -> Generation
             f"{type(options).__name__} (or pass the settings as keywords)"
         )
     return options.replace(**settings)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Plan:
-    """One decode, ready to run: ``decoding.speculative_generate(key, target, drafter,
-    ids, **kwargs)`` (`specjax.generate` where ``drafter`` is None).
-
-    Attributes:
-        key: the PRNG key.
-        target: the target (at the precision asked for).
-        ids: the prompts' token ids.
-        drafter: the drafter at the γ chosen for this batch; ``None``: plain decoding.
-        kwargs: the decoders' keyword arguments (``max_new_tokens``, ``sampling``,
-            ``eos_id``, ``stop``, ``constraint``, ``forward_width``, ...).
-        tuned: with ``gamma="auto"``, the `specjax.decoding.cost_model.Tuned` choice.
-    """
-
-    key: Any
-    target: Any
-    ids: list
-    drafter: Any
-    kwargs: dict
-    tuned: Any = None
 
 
 class Sampler:
@@ -367,20 +344,11 @@ class Sampler:
         )
         if stream:
             return self._stream(plan)
-        result = self.run(plan)
+        result = plan.run()
         self.learn(plan, result)
         texts = [self._text(row) for row in result.to_lists()]
         text = texts[0] if single else texts
         return (text, result) if return_result else text
-
-    @staticmethod
-    def run(plan: Plan):
-        """The `specjax.GenerationResult` of ``plan``, decoded in one program."""
-        if plan.drafter is None:
-            return decoding.generate(plan.key, plan.target, plan.ids, **plan.kwargs)
-        return decoding.speculative_generate(
-            plan.key, plan.target, plan.drafter, plan.ids, **plan.kwargs
-        )
 
     def learn(self, plan: Plan, result) -> None:
         """Takes in a decode of ``plan``: a suffix drafter's corpus grows by its prompts and
