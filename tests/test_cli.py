@@ -532,18 +532,14 @@ def test_generate_with_the_eagle_head_chain_greedy_equals_plain():
     assert out["tokens_per_target_call"] > 1.0
 
 
-@pytest.mark.parametrize(
-    "names",
-    [("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"),
-     ("./Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf", "/m/Qwen2.5-Coder-0.5B-Instruct.gguf")],
-    ids=["by name", "the same files by path"],
-)  # fmt: skip
 def test_a_named_pair_gets_its_preset_unless_a_flag_sets_it(
-    cli_in_process, model_folders, monkeypatch, names
+    cli_in_process, model_folders, monkeypatch
 ):
-    """--model/--draft naming a pair with a `specjax.io.presets` entry (or giving the
-    paths of its files): its settings, said on stderr; a flag keeps its own value. The
-    loader is stubbed with a tiny model (no download)."""
+    """--model/--draft giving the paths of the files of a pair with a
+    `specjax.io.presets` entry (as its names do, tests/test_sampler.py): its settings,
+    said on stderr; a flag keeps its own value. The loader is stubbed with a tiny model
+    (no download)."""
+    names = ("./Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf", "/m/Qwen2.5-Coder-0.5B-Instruct.gguf")
     from specjax.io import load_pretrained
     from specjax.io.presets import find
     from specjax.text import loading

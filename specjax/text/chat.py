@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import types
-from collections.abc import Mapping, Sequence
-
-import jax
 
 from specjax.io.chat import apply_chat_template
 from specjax.text.sampler import Sampler
@@ -99,27 +96,16 @@ class ChatSampler(Sampler):
         )
         return apply_chat_template(view, messages)
 
-    def chat(
-        self,
-        message: str,
-        *,
-        max_new_tokens: int | None = None,
-        sampling=None,
-        key: jax.Array | None = None,
-        stream: bool = False,
-        stop: Sequence[str] | None = None,
-        regex: str | None = None,
-        json_schema: str | Mapping | None = None,
-        return_result: bool = False,
-    ):
+    def chat(self, message: str, *, stream: bool = False, **kwargs):
         """The model's answer to ``message``, added to `turns` with it.
 
         Args:
             message: the user's turn.
-            max_new_tokens, sampling, key, stop, regex, json_schema, return_result: as
-                in `Sampler.sample`.
             stream: return an iterator of text pieces; the turn is recorded once it
                 has been read to the end.
+            **kwargs: the other arguments of `Sampler.sample` (``max_new_tokens``,
+                ``sampling``, ``key``, ``stop``, ``regex``, ``json_schema``,
+                ``return_result``).
 
         Returns:
             the answer (``str``), ``(answer, result)`` with ``return_result``, or an
@@ -131,19 +117,9 @@ class ChatSampler(Sampler):
         """
         prompt = self.render(message)
         user = {"role": "user", "content": message}
-        answer = self.sample(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            key=key,
-            stream=stream,
-            stop=stop,
-            regex=regex,
-            json_schema=json_schema,
-            return_result=return_result,
-        )
+        answer = self.sample(prompt, stream=stream, **kwargs)
         if not stream:
-            text = answer[0] if return_result else answer
+            text = answer[0] if kwargs.get("return_result") else answer
             self._record(user, text)
             return answer
 

@@ -163,8 +163,9 @@ class GenerationOptions:
     )
     seed: int = _option(
         DEFAULTS.seed,
-        "PRNG seed of sampled rows (jax.random.key(seed); same seed, same output); greedy "
-        "rows do not depend on it",
+        "PRNG seed of sampled rows: the key jax.random.key(seed), the key argument of "
+        "specjax.generate (whose per-row seeds stay the row indices); same seed, same "
+        "output; greedy rows do not depend on it",
         type=int,
         metavar="N",
     )
@@ -341,7 +342,7 @@ class GenerationOptions:
             seed=seed,
             documents=documents,
             decode_kwargs=kw,
-        )  # noqa: E501
+        )
 
     def constraint(self, tokenizer, vocab_size: int, regex=None, json_schema=None):
         """The `specjax.Constraint` of ``regex`` or ``json_schema`` (default these
