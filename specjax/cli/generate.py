@@ -35,7 +35,13 @@ def _user_error(e: Exception) -> UserError:
     for name, flag in _LOADING_NAMES.items():
         if message.startswith(name):
             message = flag + message[len(name) :]
+    # from_pretrained's own arguments, besides the options' (`as_flags`).
+    message = re.sub(r"\b(block_drafter|gguf_file)=", lambda m: _flag(m.group(1)) + " ", message)
     return UserError(as_flags(message))
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def options_of(args):

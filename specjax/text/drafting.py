@@ -78,8 +78,8 @@ def drafter_named(
         )
     if last == "block" and not bundled and block_drafter is None:
         raise ValueError(
-            "drafter=block needs block_drafter= (a folder) with a target of your own (the "
-            "bundled block drafter only fits the bundled target)"
+            "drafter=block needs block_drafter=PATH (a block drafter folder) with a target "
+            "of your own (the bundled block drafter only fits the bundled target)"
         )
     if last == "eagle" and not bundled:
         raise ValueError("drafter=eagle: the bundled EAGLE head only fits the bundled target")

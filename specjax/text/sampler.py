@@ -452,7 +452,7 @@ class Sampler:
                     f"{where} must be a str, got {type(p).__name__}; for token ids use "
                     "specjax.generate or specjax.speculative_generate"
                 )
-            if not p.strip():
+            if not p:
                 raise ValueError(f"{where} is empty: give some text to complete")
         return prompts
 
