@@ -14,6 +14,7 @@ import specjax
 PUBLIC = [
     "Sampler",
     "ChatSampler",
+    "GenerationOptions",
     "generate",
     "speculative_generate",
     "GenerationResult",

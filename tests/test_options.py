@@ -58,6 +58,7 @@ def test_errors_read_as_flags():
     )
     assert as_flags("forward_width must be >= 1, got 0") == "--forward-width must be >= 1, got 0"
     assert as_flags("eos_id must be 'auto'") == "--no-eos must be 'auto'"
+    assert as_flags("corpus= is for drafter='suffix'") == "--corpus is for --drafter suffix"
 
 
 def _schema(tmp_path):

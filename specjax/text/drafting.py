@@ -176,7 +176,7 @@ def with_corpus(drafter, corpus, tokenizer):
     chained = isinstance(drafter, ChainDrafter) and isinstance(drafter.members[0], SuffixDrafter)
     if corpus is not None and not (isinstance(drafter, SuffixDrafter) or chained):
         raise ValueError(
-            "corpus is what a suffix drafter drafts from: pass drafter=suffix (or a "
+            "corpus= is what a suffix drafter drafts from: pass drafter='suffix' (or a "
             "specjax.drafters.SuffixDrafter) with it"
         )
     if documents and chained:

@@ -80,8 +80,11 @@ def as_flags(message: str) -> str:
         lambda m: f"{flag(m.group(1))} {m.group(3) if m.group(3) is not None else m.group(2)}",
         message,
     )
-    bare = rf"(?<![\w.-])({names})(?= must| needs| shortens|:)|(?<=no |op )({names})\b"
-    return re.sub(bare, lambda m: flag(m.group(1) or m.group(2)), message)
+    bare = (
+        rf"(?<![\w.-])({names})(?= must| needs| shortens|:)|(?<=no |op )({names})\b"
+        rf"|(?<![\w.-])({names})=(?= )"
+    )
+    return re.sub(bare, lambda m: flag(m.group(1) or m.group(2) or m.group(3)), message)
 
 
 def _fields() -> dict[str, dataclasses.Field]:
