@@ -547,8 +547,8 @@ def test_a_named_pair_gets_its_preset_unless_a_flag_sets_it(
     preset = find("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
     tiny = load_pretrained(model_folders["target"])
     monkeypatch.setattr(loading, "load_model", lambda path, argname, dtype, gguf_file=None: tiny)
-    common = ("generate", "def f(x):", "--model", names[0], "--draft", names[1],
-              "--gamma", "2", "--max-new-tokens", "3", "--json")  # fmt: skip
+    common = ("generate", "def f(x):", "--model", names[0], "--draft", names[1])
+    common += ("--gamma", "2", "--max-new-tokens", "3", "--json")
     proc = cli_in_process(*common)
     assert proc.returncode == 0, proc.stderr
     said = f"this pair's preset (specjax.io.presets), {preset.target} + {preset.draft}"

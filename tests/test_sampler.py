@@ -321,12 +321,11 @@ def test_defaults_equal_the_cli_defaults():
     assert lookup.num_draft == DEFAULTS.gamma
 
 
-@pytest.mark.parametrize(
-    "names",
-    [("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"),
-     ("./Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf", "/m/Qwen2.5-Coder-0.5B-Instruct.gguf")],
-    ids=["by name", "the same files by path"],
-)  # fmt: skip
+BY_NAME = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+BY_PATH = ("./Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf", "/m/Qwen2.5-Coder-0.5B-Instruct.gguf")
+
+
+@pytest.mark.parametrize("names", [BY_NAME, BY_PATH], ids=["by name", "the same files by path"])
 def test_a_named_pair_gets_its_preset(model, monkeypatch, capsys, names):
     """``from_pretrained`` of a pair of `specjax.io.presets`, by name or as the paths of
     the files those names fetch, decodes with the preset and says which one. The
