@@ -55,6 +55,7 @@ from specjax.sampling import SamplingConfig as SamplingConfig
 from specjax.sampling.constraints import Constraint as Constraint
 from specjax.sampling.stops import StopStrings as StopStrings
 from specjax.text import ChatSampler as ChatSampler
+from specjax.text import GenerationOptions as GenerationOptions
 from specjax.text import Sampler as Sampler
 
 __version__ = "0.6.0"
@@ -62,6 +63,7 @@ __version__ = "0.6.0"
 __all__ = [
     "Sampler",
     "ChatSampler",
+    "GenerationOptions",
     "generate",
     "speculative_generate",
     "GenerationResult",

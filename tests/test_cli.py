@@ -158,16 +158,17 @@ def test_generate_with_model_folders(model_folders):
 
 def _spy_on_models(monkeypatch) -> dict:
     """``{"target", "draft"}``: the models the CLI decodes with, after its flags."""
-    from specjax.cli import generate as cli_generate
+    from specjax.text import drafting
 
     seen = {}
-    real = cli_generate._quantized
+    real = drafting.with_draft_settings
 
-    def spy(args, target, draft):
-        seen["target"], seen["draft"] = real(args, target, draft)
-        return seen["target"], seen["draft"]
+    def spy(target, drafter, options):
+        target, drafter = real(target, drafter, options)
+        seen["target"], seen["draft"] = target, getattr(drafter, "model", None)
+        return target, drafter
 
-    monkeypatch.setattr(cli_generate, "_quantized", spy)
+    monkeypatch.setattr(drafting, "with_draft_settings", spy)
     return seen
 
 
@@ -531,35 +532,34 @@ def test_generate_with_the_eagle_head_chain_greedy_equals_plain():
     assert out["tokens_per_target_call"] > 1.0
 
 
-def test_a_named_pair_gets_its_preset_unless_a_flag_sets_it(capsys):
-    """--model/--draft naming a pair with a `specjax.io.presets` entry: its settings, said on
-    stderr; a flag keeps its own value. No model is loaded."""
-    from specjax.cli.generate import _apply_preset
-    from specjax.cli.parser import build_parser
+def test_a_named_pair_gets_its_preset_unless_a_flag_sets_it(
+    cli_in_process, model_folders, monkeypatch
+):
+    """--model/--draft giving the paths of the files of a pair with a
+    `specjax.io.presets` entry (as its names do, tests/test_sampler.py): its settings,
+    said on stderr; a flag keeps its own value. The loader is stubbed with a tiny model
+    (no download)."""
+    names = ("./Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf", "/m/Qwen2.5-Coder-0.5B-Instruct.gguf")
+    from specjax.io import load_pretrained
     from specjax.io.presets import find
+    from specjax.text import loading
 
     preset = find("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
-    parse = build_parser().parse_args
-    args = parse(["generate", "hi", "--model", preset.target, "--draft", preset.draft])
-    assert _apply_preset(args) is preset
-    assert (args.quantize, args.draft_quantize, args.draft_confidence) == (
-        preset.quantize,
-        preset.draft_quantize,
-        preset.draft_confidence,
-    )
-    assert args.gamma == "auto"  # chosen on the machine that runs it, not by the preset
-    assert "this pair's preset (specjax.io.presets)" in capsys.readouterr().err
-    args = parse(["generate", "hi", "--model", preset.target, "--draft", preset.draft,
-                  "--gamma", "5", "--quantize", "int8-weights"])  # fmt: skip
-    _apply_preset(args)
-    assert (args.gamma, args.quantize, args.draft_quantize) == (5, "int8-weights",
-                                                                 preset.draft_quantize)  # fmt: skip
-    # Not a named pair, or another drafter: nothing is applied.
-    args = parse(["generate", "hi", "--model", "/some/folder", "--draft", preset.draft])
-    assert _apply_preset(args) is None and args.quantize is None
-    args = parse(["generate", "hi", "--model", preset.target, "--draft", preset.draft,
-                  "--drafter", "lookup"])  # fmt: skip
-    assert _apply_preset(args) is None and args.gamma == "auto"
+    tiny = load_pretrained(model_folders["target"])
+    monkeypatch.setattr(loading, "load_model", lambda path, argname, dtype, gguf_file=None: tiny)
+    common = ("generate", "def f(x):", "--model", names[0], "--draft", names[1])
+    common += ("--gamma", "2", "--max-new-tokens", "3", "--json")
+    proc = cli_in_process(*common)
+    assert proc.returncode == 0, proc.stderr
+    said = f"this pair's preset (specjax.io.presets), {preset.target} + {preset.draft}"
+    assert said in proc.stderr and ": --quantize int8 --draft-quantize int8" in proc.stderr
+    assert json.loads(proc.stdout)["preset"] == preset.describe()
+    proc = cli_in_process(*common, "--quantize", "int8-weights")
+    assert said in proc.stderr and "--quantize int8 " not in proc.stderr, proc.stderr
+    assert "--draft-quantize int8" in proc.stderr
+    # Another drafter: nothing is applied.
+    proc = cli_in_process(*common, "--drafter", "lookup")
+    assert "preset" not in proc.stderr and json.loads(proc.stdout)["preset"] is None
 
 
 def test_the_command_says_its_version(cli_in_process):

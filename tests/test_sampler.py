@@ -217,7 +217,7 @@ def test_quantize_and_draft_quantize_reach_the_models(model):
     assert draft_only.drafter.model.quantization == "int8-weights"
     with pytest.raises(ValueError, match="quantize must be one of"):
         Sampler(model, quantize="int4")
-    with pytest.raises(ValueError, match="draft_quantize='int8' sets a draft model's precision"):
+    with pytest.raises(ValueError, match="draft_quantize needs a draft model"):
         Sampler(model, drafter=specjax.PromptLookup(), draft_quantize="int8")
 
 
@@ -228,9 +228,9 @@ def test_a_tree_of_drafts_equals_plain_at_its_width(model):
     width = sampler.drafter.tree.num_nodes + 1
     plain = Sampler(model, drafter=None, forward_width=width, max_new_tokens=10)
     assert sampler.sample(PROMPT) == plain.sample(PROMPT)
-    with pytest.raises(ValueError, match="tree='2,1' needs a drafter that proposes trees"):
+    with pytest.raises(ValueError, match="tree=2,1 needs a drafter that proposes trees"):
         Sampler(model, drafter=specjax.PromptLookup(), tree="2,1")
-    with pytest.raises(ValueError, match="gamma=3 and tree='2,1' disagree"):
+    with pytest.raises(ValueError, match="gamma=3 and tree=2,1 disagree"):
         Sampler(model, drafter=specjax.DraftModel(model), tree="2,1", gamma=3)
 
 
@@ -254,120 +254,110 @@ def test_regex_and_json_schema_shape_the_text():
         sampler.sample("x", regex=pattern, json_schema=schema)
 
 
-# Each argument of the Sampler (its constructor, from_pretrained, sample) and the
-# `specjax generate` flag that sets the same thing.
-SAMPLER_FLAGS = {
-    "target": "model", "drafter": "drafter", "gamma": "gamma",
-    "max_new_tokens": "max_new_tokens", "forward_width": "forward_width",
-    "verification": "verification", "draft_confidence": "draft_confidence",
-    "quantize": "quantize", "draft_quantize": "draft_quantize", "tree": "tree",
-    "seed": "seed", "path": "model", "draft": "draft", "block_drafter": "block_drafter",
-    "stop": "stop", "regex": "regex", "json_schema": "json_schema", "corpus": "corpus",
-    "gguf_file": "gguf_file",
-}  # fmt: skip
-# Arguments that are several flags, or none, in the command, and why.
-SAMPLER_WITHOUT_A_FLAG = {
-    "sampling": "--temperature, --top-k, --top-p, --min-p and the penalties, below",
-    "tokenizer": "the command reads the model's own tokenizer.json",
-    "eos_id": "the tokenizer's and config's ids, as the Sampler's default; --no-eos: ()",
-    "dtype": "the command loads float32 weights, the Sampler's default; --quantize",
-    "preset": "a named pair's preset applies unless a flag sets it, as preset=True",
-    "prompt": "PROMPT", "key": "--seed", "stream": "streams unless --no-stream",
-    "return_result": "--json", "kwargs": "the constructor's arguments",
-}  # fmt: skip
+def test_a_json_schema_is_a_dict_its_text_or_a_file(tmp_path):
+    """As ``--json-schema FILE``: the three spellings build the same constraint."""
+    import json
+
+    from specjax.text.options import schema_text
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    assert json.loads(schema_text(schema)) == json.loads(schema_text(str(path))) == schema
+    assert schema_text(path) == schema_text(json.dumps(schema)) == json.dumps(schema)
+    with pytest.raises(ValueError, match="json_schema: cannot read"):
+        schema_text(str(tmp_path / "missing.json"))
 
 
-def test_every_sampler_argument_has_a_cli_flag_with_the_same_default():
-    from specjax.cli.parser import build_parser
-
-    parser = build_parser()
-    generate = next(a for a in parser._actions if a.dest == "command").choices["generate"]
-    flags = {a.dest: a.default for a in generate._actions}
-    args = {}
-    for fn in (Sampler.__init__, Sampler.from_pretrained, Sampler.sample, ChatSampler.chat):
-        for name, p in inspect.signature(fn).parameters.items():
-            if name not in ("self", "cls", "message", "system", "multi_turn", "chat_template"):
-                args.setdefault(name, p.default)
-    assert set(args) == set(SAMPLER_FLAGS) | set(SAMPLER_WITHOUT_A_FLAG)
-    for name, dest in SAMPLER_FLAGS.items():
-        assert dest in flags, f"Sampler's {name} has no flag --{dest.replace('_', '-')}"
-        if args[name] is not inspect.Parameter.empty:
-            assert args[name] == flags[dest], (name, args[name], flags[dest])
-    # sampling: SamplingConfig()'s fields are the flags' defaults; a penalty is None
-    # (off) in the config and its neutral value on the command line.
-    config = specjax.SamplingConfig()
-    for field in ("temperature", "top_k", "top_p", "min_p", *specjax.sampling.PENALTY_OFF):
-        value = getattr(config, field)
-        value = specjax.sampling.PENALTY_OFF[field] if value is None else float(value)
-        assert value == float(flags[field]), field
+def test_options_object_keywords_and_gamma_zero(model):
+    """`GenerationOptions` and keywords set the same fields; ``gamma=0`` decodes plainly
+    (as ``--gamma 0``); ``eos_id=None`` still means the tokenizer's ids, with a warning."""
+    draft = specjax.DraftModel(model)
+    options = specjax.GenerationOptions(gamma=2, max_new_tokens=5)
+    by_object = Sampler(model, options, drafter=draft)
+    by_keywords = Sampler(model, drafter=draft, gamma=2, max_new_tokens=5)
+    assert by_object.drafter.num_draft == by_keywords.drafter.num_draft == 2
+    assert by_object.max_new_tokens == by_keywords.max_new_tokens == 5
+    plain = Sampler(model, options.replace(gamma=0), drafter=draft)
+    assert plain.drafter is None and not plain.auto
+    assert plain.sample(PROMPT) == Sampler(model, options, drafter=None).sample(PROMPT)
+    with pytest.warns(DeprecationWarning, match="eos_id='auto'"):
+        old = Sampler(model, drafter=None, eos_id=None)
+    assert old.eos_id == Sampler(model, drafter=None).eos_id
+    with pytest.raises(TypeError, match="unknown option"):
+        Sampler(model, gama=2)
+    with pytest.warns(DeprecationWarning, match="specjax.text.chat.ChatSampler"):
+        from specjax.text.sampler import ChatSampler as moved
+    assert moved is ChatSampler
 
 
 def test_defaults_equal_the_cli_defaults():
-    """The parsed defaults of ``specjax generate`` and those of the Sampler, one by one."""
-    from specjax.cli import generate as cli_generate
+    """The parsed defaults of ``specjax generate`` are `GenerationOptions`' (one field at a
+    time in tests/test_options.py); what they resolve to for the bundled pair."""
+    from specjax.cli.generate import options_of
     from specjax.cli.parser import build_parser
     from specjax.drafters.block import BlockDrafter
 
-    args = build_parser().parse_args(["generate", "def f(x):"])
-    sampler = Sampler.from_pretrained()
-    assert args.max_new_tokens == sampler.max_new_tokens == DEFAULTS.max_new_tokens
-    assert args.temperature == float(sampler.sampling.temperature) == DEFAULTS.temperature
-    assert args.verification == sampler.verification == DEFAULTS.verification
-    assert args.seed == DEFAULTS.seed
-    assert args.forward_width is None and sampler.forward_width is None
-    gamma = inspect.signature(Sampler.__init__).parameters["gamma"].default
-    assert args.gamma == gamma == "auto" and sampler.auto
-    for fn in (Sampler.__init__, Sampler.from_pretrained):
-        assert inspect.signature(fn).parameters["drafter"].default == args.drafter == "auto"
-    # The drafter "auto" picks for the bundled pair, at the same γ.
-    _, cli_drafter, _ = cli_generate._load_models(args)
-    assert type(sampler.drafter) is type(cli_drafter) is specjax.DraftModel
-    assert sampler.drafter.num_draft == cli_drafter.num_draft == DEFAULTS.gamma
-    # The block drafter's mode: the CLI's, the Sampler's and BlockDrafter's own.
+    options = options_of(build_parser().parse_args(["generate", "def f(x):"]))
+    sampler = Sampler.from_pretrained(options=options)
+    assert sampler.max_new_tokens == options.max_new_tokens == DEFAULTS.max_new_tokens
+    assert float(sampler.sampling.temperature) == DEFAULTS.temperature
+    assert sampler.verification == options.verification == DEFAULTS.verification
+    assert sampler.seed == options.seed == DEFAULTS.seed
+    assert options.forward_width is None and sampler.forward_width is None
+    assert options.gamma == "auto" and sampler.auto
+    # The drafter "auto" picks for the bundled pair, at its own γ.
+    assert type(sampler.drafter) is specjax.DraftModel
+    assert sampler.drafter.num_draft == DEFAULTS.gamma
+    # The block drafter's mode: the options', the defaults' and BlockDrafter's own.
     fields = {f.name: f.default for f in dataclasses.fields(BlockDrafter)}
     random_mode = inspect.signature(BlockDrafter.random).parameters["mode"].default
-    assert args.block_mode == DEFAULTS.draft_mode == fields["mode"] == random_mode
-    block_args = build_parser().parse_args(["generate", "x", "--drafter", "block"])
-    _, cli_block, _ = cli_generate._load_models(block_args)
+    assert options.block_mode == DEFAULTS.draft_mode == fields["mode"] == random_mode
     block = Sampler.from_pretrained(drafter="block").drafter
-    assert block.mode == cli_block.mode == args.block_mode
-    assert block.num_draft == cli_block.num_draft
-    # With a target of one's own and no draft: prompt lookup, at the CLI's n-gram.
+    assert block.mode == options.block_mode
+    # With a target of one's own and no draft: prompt lookup, at the options' n-gram.
     lookup = Sampler(sampler.target).drafter
-    assert isinstance(lookup, specjax.PromptLookup) and lookup.ngram == args.ngram
+    assert isinstance(lookup, specjax.PromptLookup) and lookup.ngram == options.ngram
     assert lookup.num_draft == DEFAULTS.gamma
 
 
-def test_a_named_pair_gets_its_preset_as_in_the_cli(model, monkeypatch):
-    """``from_pretrained(target name, draft name)`` decodes as ``specjax generate --model
-    NAME --draft NAME`` does: the pair's preset. The loader is stubbed (no download)."""
-    from specjax.cli.generate import _apply_preset
-    from specjax.cli.parser import build_parser
+BY_NAME = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+BY_PATH = ("./Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf", "/m/Qwen2.5-Coder-0.5B-Instruct.gguf")
+
+
+@pytest.mark.parametrize("names", [BY_NAME, BY_PATH], ids=["by name", "the same files by path"])
+def test_a_named_pair_gets_its_preset(model, monkeypatch, capsys, names):
+    """``from_pretrained`` of a pair of `specjax.io.presets`, by name or as the paths of
+    the files those names fetch, decodes with the preset and says which one. The
+    loader is stubbed (no download)."""
     from specjax.io.presets import find
-    from specjax.text import sampler as sampler_module
+    from specjax.text import loading
 
     preset = find("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
-    monkeypatch.setattr(
-        sampler_module, "load_model", lambda path, argname, dtype, gguf_file=None: model
-    )
-    sampler = Sampler.from_pretrained(preset.target, preset.draft)
-    args = build_parser().parse_args(
-        ["generate", "x", "--model", preset.target, "--draft", preset.draft]
-    )
-    _apply_preset(args)
+    monkeypatch.setattr(loading, "load_model", lambda path, argname, dtype, gguf_file=None: model)
+    sampler = Sampler.from_pretrained(*names)
     assert sampler.preset is preset
-    assert sampler.target.quantization == args.quantize == preset.quantize
-    assert sampler.drafter.model.quantization == args.draft_quantize
-    # γ is not the preset's: both choose it on the machine (gamma auto) up to the
+    err = capsys.readouterr().err
+    assert f"this pair's preset (specjax.io.presets), {preset.target} + {preset.draft}" in err
+    assert sampler.target.quantization == preset.quantize
+    assert sampler.drafter.model.quantization == preset.draft_quantize
+    # γ is not the preset's: it is chosen on the machine (gamma auto) up to the
     # drafter's own.
-    assert args.gamma == "auto" and sampler.auto
+    assert sampler.options.gamma == "auto" and sampler.auto
     assert sampler.drafter.num_draft == DEFAULTS.gamma
-    assert sampler.draft_confidence == args.draft_confidence
-    # Without the preset, or with an explicit γ, the settings are the caller's.
-    own = Sampler.from_pretrained(preset.target, preset.draft, preset=False)
+    assert sampler.draft_confidence == preset.draft_confidence
+    # A setting given wins; without the preset, or with an explicit γ, the settings are
+    # the caller's.
+    own = Sampler.from_pretrained(*names, quantize="int8-weights")
+    assert own.target.quantization == "int8-weights"
+    assert own.drafter.model.quantization == preset.draft_quantize
+    own = Sampler.from_pretrained(*names, preset=False)
     assert own.preset is None and own.target.quantization is None
     assert own.drafter.num_draft == DEFAULTS.gamma
-    assert Sampler.from_pretrained(preset.target, preset.draft, gamma=3).drafter.num_draft == 3
+    assert Sampler.from_pretrained(*names, gamma=3).drafter.num_draft == 3
+    # Another drafter, or another file: no preset.
+    assert Sampler.from_pretrained(*names, drafter="lookup").preset is None
+    assert Sampler.from_pretrained("/m/other.gguf", names[1]).preset is None
 
 
 @pytest.mark.slow
@@ -424,15 +414,16 @@ def _raw_model():
          r"verification must be one of \('rejection', 'coupled', 'block'\) or None"),
         (lambda m: Sampler(m), lambda s: s.sample("w1", max_new_tokens=10**6), ValueError,
          r"max_new_tokens=1000000: the longest prompt is \d+ tokens.*model's context of"),
-        (lambda m: Sampler(m, gamma=0), None, ValueError, r"gamma must be in \[1, "),
+        (lambda m: Sampler(m, gamma=-1), None, ValueError, r"gamma must be >= 0 \(0 decodes"),
         (lambda m: Sampler(m, gamma=2.0), None, TypeError, "gamma must be an integer"),
-        (lambda m: Sampler(m, gamma="fast"), None, ValueError, "gamma must be 'auto' or an int"),
+        (lambda m: Sampler(m, gamma="fast"), None, ValueError,
+         "gamma must be >= 0 .* or 'auto', got 'fast'"),
         (lambda m: Sampler(m, forward_width=0), None, ValueError,
-         r"forward_width must be in \[1, "),
+         "forward_width must be >= 1"),
         (lambda m: Sampler(m, gamma=3, forward_width=2), None, ValueError,
          r"forward_width=2 is narrower than one verify forward \(4 tokens.*forward_width=4"),
         (lambda m: Sampler(m, draft_confidence=5), None, ValueError,
-         "draft_confidence must be <= 1.0, got 5.0"),
+         r"draft_confidence must be in \[0, 1\], got 5.0"),
         (lambda m: ChatSampler(m), None, ValueError, "needs a chat template.*chat_template="),
         (lambda m: Sampler.from_pretrained(draft="x"), None, ValueError, "draft needs path"),
         (lambda m: Sampler.from_pretrained("/nonexistent/model"), None, ValueError,
@@ -442,7 +433,7 @@ def _raw_model():
     ],
     ids=["token ids", "an int", "empty list", "empty prompt", "stream a batch",
          "sampling dict", "no tokenizer", "a path", "a raw model drafter",
-         "named drafter", "zero budget", "bad verification", "past the context", "gamma 0",
+         "named drafter", "zero budget", "bad verification", "past the context", "gamma -1",
          "float gamma", "gamma a word",
          "width 0", "width under the verify", "confidence 5", "no chat template",
          "draft without path", "missing folder", "a Hub id"],

@@ -7,7 +7,8 @@ depends on the machine (what a wide target forward costs there) and on the promp
 (`specjax.tuning`). Every setting is exact: the speculative output equals
 plain decoding's at its forward width, token for token (`specjax.decoding.numerics`).
 ``specjax generate --model NAME --draft NAME`` and `specjax.Sampler.from_pretrained`
-apply it when nothing sets those, and say so; `load_pair` loads a pair with it.
+apply it when nothing sets those, whether the pair is given by name or as the paths of
+the same files (`identify`), and say which preset applied; `load_pair` loads a pair with it.
 
 Examples:
     >>> import specjax
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["PRESETS", "Preset", "find", "load_pair"]
+__all__ = ["PRESETS", "Preset", "find", "identify", "load_pair"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +70,34 @@ PRESETS = (
 )
 
 
-def find(target: str, draft: str) -> Preset | None:
-    """The preset of the pair named ``target`` and ``draft``, or None."""
-    return next((p for p in PRESETS if (p.target, p.draft) == (target, draft)), None)
+def identify(model) -> str | None:
+    """The `specjax.io.fetch` name of ``model``: the name itself, or the path of the file
+    that name fetches (matched by file name, wherever the file lies); None otherwise.
+
+    Examples:
+        >>> from specjax.io.presets import identify
+        >>> identify("./models/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf")
+        'qwen2.5-coder-1.5b'
+    """
+    from pathlib import PurePath
+
+    from specjax.io import fetch
+
+    text = str(model)
+    if text in fetch.names():
+        return text
+    file_name = PurePath(text).name.lower()
+    return next(
+        (n for n in fetch.names() if PurePath(fetch.remote(n).file).name.lower() == file_name),
+        None,
+    )
+
+
+def find(target, draft) -> Preset | None:
+    """The preset of the pair ``target`` and ``draft``, each a name or the path of the file
+    that name fetches (`identify`), or None."""
+    pair = (identify(target), identify(draft))
+    return next((p for p in PRESETS if (p.target, p.draft) == pair), None)
 
 
 def load_pair(target: str, draft: str):

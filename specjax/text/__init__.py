@@ -1,7 +1,8 @@
 """Text in, text out: `Sampler` and `ChatSampler` over the functional decoders.
 
+* `~specjax.text.options`: `GenerationOptions`, every generation setting, declared once;
 * `~specjax.text.sampler`: `Sampler` (complete text, one prompt or a batch, streamed or
-  not) and `ChatSampler` (turns in the model's chat template);
+  not); `~specjax.text.chat`: `ChatSampler` (turns in the model's chat template);
 * `~specjax.text.defaults`: `DEFAULTS`, the generation defaults the samplers and
   ``specjax generate`` share;
 * `~specjax.text.eos`: `stop_ids`, which ids end a row;
@@ -11,10 +12,11 @@
 This layer sits above `specjax.training` and below the command line (``.importlinter``).
 """
 
+from specjax.text.chat import ChatSampler as ChatSampler
 from specjax.text.defaults import DEFAULTS as DEFAULTS
 from specjax.text.eos import stop_ids as stop_ids
-from specjax.text.sampler import ChatSampler as ChatSampler
+from specjax.text.options import GenerationOptions as GenerationOptions
 from specjax.text.sampler import Sampler as Sampler
 from specjax.text.stream import TextStream as TextStream
 
-__all__ = ["DEFAULTS", "ChatSampler", "Sampler", "TextStream", "stop_ids"]
+__all__ = ["DEFAULTS", "ChatSampler", "GenerationOptions", "Sampler", "TextStream", "stop_ids"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specjax.text.defaults import DEFAULTS
 
-__all__ = ["build_drafter", "load_model", "model_path"]
+__all__ = ["build_drafter", "load_model", "load_pair", "model_path"]
 
 
 def model_path(path, argname: str, gguf_file: str | None = None) -> Path:
@@ -139,3 +139,57 @@ def build_drafter(
             except (FileNotFoundError, OSError, KeyError) as e:
                 raise ValueError(f"bundled {entry.cls.noun} {path}: {e}") from None
     return drafter if gamma is None else drafter.with_draft(gamma)
+
+
+def load_pair(
+    path, draft, options, *, block_drafter=None, dtype=None, preset=True, gguf_file=None, log
+):
+    """``(target, options, preset)`` of `specjax.Sampler.from_pretrained`: the target
+    loaded, the options with a named pair's preset applied (said on ``log``) and their
+    drafter built (a `specjax.drafters.Drafter`, or None), and the preset or None.
+
+    Raises:
+        ValueError: naming the argument: a path that holds no model, a drafter that
+            needs what was not given.
+    """
+    from specjax.io.presets import find
+    from specjax.io.pretrained import default_pair
+    from specjax.text.drafting import drafter_named
+
+    if path is None:
+        if draft is not None:
+            raise ValueError(
+                "draft needs path: the bundled draft only fits the bundled target; "
+                "pass path= (the target) with draft="
+            )
+        target, draft_model, _ = default_pair() if dtype is None else default_pair(dtype)
+    else:
+        target = load_model(path, "path", dtype, gguf_file)
+        draft_model = load_model(draft, "draft", dtype) if draft is not None else None
+    named = options.drafter if isinstance(options.drafter, str) else None
+    chosen = None
+    # A chain (suffix,model) keeps the pair's precisions for its draft model.
+    if preset and path is not None and draft is not None and named is not None:
+        chosen = find(str(path), str(draft)) if named.split(",")[-1] in ("auto", "model") else None
+    if chosen is not None:
+        changes = options.preset_changes(chosen)
+        options = options.with_preset(chosen)
+        if changes:
+            log(
+                f"{path} with {draft}: this pair's preset (specjax.io.presets), "
+                f"{chosen.target} + {chosen.draft}: {' '.join(changes)} "
+                f"({chosen.measured}); settings given override each"
+            )
+    if named is not None and options.gamma != 0:
+        options = options.replace(
+            drafter=drafter_named(
+                options.drafter,
+                target,
+                bundled=path is None,
+                options=options,
+                draft=draft_model,
+                block_drafter=block_drafter,
+                loaded=True,
+            )
+        )
+    return target, options, chosen

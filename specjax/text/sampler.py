@@ -1,94 +1,45 @@
-"""`Sampler` and `ChatSampler`: text in, text out, over the functional decoders.
+"""`Sampler`: text in, text out, over the functional decoders.
 
-They tokenize, pick the EOS ids, call `specjax.generate` or
-`specjax.speculative_generate` (or `specjax.decoding.init` and `specjax.decoding.stream`
-when streaming) and detokenize; nothing else. Their defaults are those of
-``specjax generate`` (`specjax.text.defaults.DEFAULTS`).
+It tokenizes, resolves its `specjax.text.options.GenerationOptions` against the target,
+calls `specjax.generate` or `specjax.speculative_generate` (or `specjax.decoding.init`
+and `specjax.decoding.stream` when streaming) and detokenizes; nothing else.
+``specjax generate`` decodes through it too (`Sampler.plan`), so both decode alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-import types
 from collections.abc import Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from specjax.core.validation import check_float, check_int
+from specjax.core.validation import check_int
 from specjax.decoding import api as decoding
-from specjax.decoding.state import VERIFICATIONS
-from specjax.drafters.base import Drafter, TreeDrafter, lookahead
+from specjax.drafters.base import lookahead
 from specjax.drafters.suffix import SuffixDrafter
-from specjax.io.chat import apply_chat_template
-from specjax.sampling import SamplingConfig
-from specjax.text.corpus import corpus_documents
-from specjax.text.defaults import DEFAULTS, auto_drafter
-from specjax.text.eos import stop_ids
-from specjax.text.loading import build_drafter, load_model
+from specjax.text.defaults import DEFAULTS
+from specjax.text.options import GenerationOptions, check_sampling
+from specjax.text.plan import Plan
 from specjax.text.stream import TextStream
 
-__all__ = ["ChatSampler", "Sampler"]
+__all__ = ["Sampler"]
 
 
-def _check_sampling(sampling) -> SamplingConfig:
-    if not isinstance(sampling, SamplingConfig):
+def _stderr(line: str) -> None:
+    print(f"specjax: {line}", file=sys.stderr)
+
+
+def _options_of(options: GenerationOptions | None, settings: dict) -> GenerationOptions:
+    if options is None:
+        return GenerationOptions().replace(**settings)
+    if not isinstance(options, GenerationOptions):
         raise TypeError(
-            f"sampling must be a specjax.SamplingConfig, got {type(sampling).__name__} "
-            "(e.g. sampling=specjax.SamplingConfig(temperature=0.7))"
+            "options must be a specjax.GenerationOptions, got "
+            f"{type(options).__name__} (or pass the settings as keywords)"
         )
-    return sampling
-
-
-def _quantized(target, drafter, quantize: str | None, draft_quantize: str | None):
-    """``(target, drafter)`` at the precisions asked for, as ``specjax generate``'s
-    ``--quantize`` and ``--draft-quantize`` set them."""
-    from specjax.drafters.draft_model import DraftModel
-    from specjax.models.quant import MODES
-    from specjax.models.quant import quantize as to_precision
-
-    for name, mode, allowed in (
-        ("quantize", quantize, MODES),
-        ("draft_quantize", draft_quantize, (*MODES, "none")),
-    ):
-        if mode is not None and mode not in allowed:
-            raise ValueError(f"{name} must be one of {allowed} or None, got {mode!r}")
-    from specjax.drafters.chain import ChainDrafter
-
-    if isinstance(drafter, ChainDrafter):  # its draft model is the chain's last member
-        first, last = drafter.members
-        target, last = _quantized(target, last, quantize, draft_quantize)
-        return target, drafter.replace(members=(first, last))
-    is_draft_model = isinstance(drafter, DraftModel)
-    if draft_quantize is not None and not is_draft_model:
-        raise ValueError(
-            f"draft_quantize={draft_quantize!r} sets a draft model's precision; the drafter is "
-            f"{type(drafter).__name__ if drafter is not None else None}: pass "
-            "drafter=specjax.DraftModel(draft), or drop draft_quantize"
-        )
-    draft_mode = quantize if draft_quantize is None else draft_quantize
-    if quantize is not None:
-        target = to_precision(target, quantize)
-    if is_draft_model and draft_mode not in (None, "none"):
-        drafter = drafter.replace(model=to_precision(drafter.model, draft_mode))
-    return target, drafter
-
-
-def _with_tree(drafter, tree, gamma):
-    """``(drafter, gamma)``: the drafter proposing ``tree``; γ is the tree's depth."""
-    if not isinstance(drafter, TreeDrafter):
-        name = "None" if drafter is None else type(drafter).__name__
-        raise ValueError(
-            f"tree={tree!r} needs a drafter that proposes trees (a draft model, block or "
-            f"EAGLE drafter), got drafter={name}"
-        )
-    drafter = drafter.with_tree(tree)
-    if gamma != "auto" and gamma != drafter.num_draft:
-        raise ValueError(
-            f"gamma={gamma!r} and tree={tree!r} disagree: a tree drafts its depth "
-            f"({drafter.num_draft}) per step; drop gamma"
-        )
-    return drafter, "auto"
+    return options.replace(**settings)
 
 
 class Sampler:
@@ -102,47 +53,17 @@ class Sampler:
     Args:
         target: the model that defines the output (`specjax.Model`, or any model
             following the model contract).
+        options: a `specjax.GenerationOptions` (default: its defaults).
         tokenizer: a ``tokenizers.Tokenizer``; default ``target.tokenizer``.
-        drafter: a `specjax.drafters.Drafter` sharing the target's ids; ``None`` for
-            plain decoding; or ``"auto"`` (default), ``"lookup"`` or ``"none"``: for a
-            target other than the bundled one, ``"auto"`` is prompt lookup
-            (`specjax.PromptLookup`), as for ``specjax generate --model``. Use
-            `from_pretrained` for drafters with weights by name.
-        gamma: tokens drafted per target call, or ``"auto"`` (default): for a chain of
-            drafts, the γ from 0 (plain decoding) up to the drafter's own with the most
-            expected tokens per second on this machine, from step costs measured once
-            per target, drafter and batch size (cached, `specjax.decoding.cost_model`)
-            and the acceptance of recent runs. The choice is made at a batch size's
-            first `sample` and made again after each (`tuned`), from the acceptance the
-            runs saw; another machine may choose another γ, and so other sampled
-            tokens: pass an int for output that is the same everywhere.
-        sampling: the default `specjax.SamplingConfig` of `sample`; default greedy.
-        max_new_tokens: the default budget of `sample` (EOS included).
-        forward_width: every target forward scores exactly this many tokens, so that
-            speculative output equals plain output at the same width token for token
-            (`specjax.speculative_generate`); default the verify's width.
-        verification: ``None`` (default: ``"block"`` for a chain of drafts, judged as a
-            whole, `specjax.verification.block`; ``"rejection"`` for a tree),
-            ``"block"``, ``"rejection"`` or ``"coupled"``.
-        draft_confidence: optional τ in ``[0, 1]``: a row stops drafting after its
-            first draft whose own probability is below τ (exact; pays for costly
-            draft models).
-        eos_id: the id, or ids, that end a row (as in `specjax.generate`); default
-            those of the tokenizer and the model's config (`specjax.text.eos.stop_ids`);
-            ``()`` never stops early. ``sampler.eos_id`` holds them as a tuple.
-        quantize: the target's precision, a `specjax.models.quant` mode (``"int8"``:
-            int8 weights and activations; ``"int8-weights"``); ``None`` keeps it.
-        draft_quantize: a `specjax.DraftModel` drafter's precision: a mode, ``"none"``
-            (keep it), or ``None`` (default): as ``quantize``.
-        tree: draft a tree instead of a chain: a `specjax.verification.tree.Tree`, a
-            branching tuple or ``"3,2,1"`` (a drafter that proposes trees; γ is the
-            tree's depth).
-        seed: the PRNG seed of sampled rows when `sample` gets no ``key``
-            (``jax.random.key(seed)``); greedy rows do not depend on it.
-        corpus: what a suffix drafter (``drafter="suffix"``) drafts from besides each
-            row's own text and this sampler's earlier prompts and outputs: a file or
-            folder of text or code (tokenised once, `specjax.text.corpus`), or a list
-            of strings.
+        log: where progress lines go (the preset applied, gamma auto's measuring);
+            default stderr.
+        **settings: fields of `specjax.GenerationOptions` (``drafter``, ``gamma``,
+            ``sampling``, ``max_new_tokens``, ``forward_width``, ``verification``,
+            ``draft_confidence``, ``eos_id``, ``quantize``, ``draft_quantize``,
+            ``tree``, ``seed``, ``corpus``, ...), which replace those of ``options``.
+            A loaded target takes the drafters without weights by name (``"auto"``:
+            prompt lookup, ``"lookup"``, ``"suffix"``, ``"none"``) or a
+            `specjax.drafters.Drafter`; `from_pretrained` loads the others.
 
     Raises:
         TypeError: a target that is a path, a drafter that is not a `Drafter`.
@@ -160,21 +81,11 @@ class Sampler:
     def __init__(
         self,
         target,
+        options: GenerationOptions | None = None,
         *,
         tokenizer=None,
-        drafter: Drafter | str | None = DEFAULTS.drafter,
-        gamma: int | str = "auto",
-        sampling: SamplingConfig | None = None,
-        max_new_tokens: int = DEFAULTS.max_new_tokens,
-        forward_width: int | None = None,
-        verification: str | None = DEFAULTS.verification,
-        draft_confidence: float | None = None,
-        eos_id: int | Sequence[int] | None = None,
-        quantize: str | None = None,
-        draft_quantize: str | None = None,
-        tree=None,
-        seed: int = DEFAULTS.seed,
-        corpus=None,
+        log=_stderr,
+        **settings,
     ):
         cls = type(self).__name__
         if isinstance(target, (str, bytes)) or hasattr(target, "__fspath__"):
@@ -193,98 +104,43 @@ class Sampler:
                 f"tokenizer must be a tokenizers.Tokenizer (encode and decode), got "
                 f"{type(tokenizer).__name__}"
             )
-        if isinstance(drafter, str):
-            if drafter not in ("auto", "lookup", "suffix", "none"):
-                raise ValueError(
-                    f"drafter={drafter!r}: {cls}(...) takes a Drafter, None, 'auto', 'lookup', "
-                    f"'suffix' or 'none'; for drafters with weights use "
-                    f"{cls}.from_pretrained(..., drafter={drafter!r})"
-                )
-            name = auto_drafter(bundled=False) if drafter == "auto" else drafter
-            drafter = build_drafter(name, target, bundled=False)
-        if drafter is not None and not isinstance(drafter, Drafter):
-            hint = (
-                "; wrap a draft model as specjax.DraftModel(draft)"
-                if hasattr(drafter, "config") and hasattr(drafter, "vocab_size")
-                else ""
-            )
-            raise TypeError(
-                f"drafter must be a specjax.drafters.Drafter, None or 'auto', got "
-                f"{type(drafter).__name__}{hint}"
-            )
+        self.options = _options_of(options, settings)
+        self.log = log
         # Settings are checked here, where they are given, not at the first sample.
-        target, drafter = _quantized(target, drafter, quantize, draft_quantize)
+        resolved = self.options.resolve(target, tokenizer, chat_template=self._chat_template())
+        self.target, self.tokenizer, self.drafter = resolved.target, tokenizer, resolved.drafter
+        self.auto, self.eos_id, self.seed = resolved.auto, resolved.eos_id, resolved.seed
+        self._kwargs = resolved.decode_kwargs
         # A suffix drafter drafts from the corpus and from this sampler's earlier
         # prompts and outputs, which `sample` adds as it goes.
-        self._documents = corpus_documents(corpus, tokenizer)
-        if corpus is not None and not isinstance(drafter, SuffixDrafter):
-            raise ValueError(
-                "corpus= is what a suffix drafter drafts from: pass drafter='suffix' (or a "
-                "specjax.drafters.SuffixDrafter) with it"
-            )
-        if isinstance(drafter, SuffixDrafter) and self._documents:
-            drafter = drafter.with_documents(self._documents)
-        if tree is not None:
-            drafter, gamma = _with_tree(drafter, tree, gamma)
-        self.seed = check_int("seed", seed, lo=0, hi=2**32 - 1)
-        if isinstance(gamma, str) and gamma != "auto":
-            raise ValueError(f"gamma must be 'auto' or an int >= 1, got {gamma!r}")
-        if gamma != "auto":
-            gamma = check_int("gamma", gamma, lo=1)
-            if drafter is not None:
-                drafter = drafter.with_draft(gamma)
-        # auto chooses a chain's γ; a tree drafts its shape and plain decoding nothing.
-        chain = drafter is not None and getattr(drafter, "tree", None) is None
-        self.auto = gamma == "auto" and chain
-        if verification not in (None, *VERIFICATIONS):
-            raise ValueError(
-                f"verification must be one of {VERIFICATIONS} or None, got {verification!r}"
-            )
-        if forward_width is not None:
-            forward_width = check_int("forward_width", forward_width, lo=1)
-            verify = 1 if drafter is None else lookahead(drafter)
-            if forward_width < verify and not self.auto:
-                raise ValueError(
-                    f"forward_width={forward_width} is narrower than one verify forward "
-                    f"({verify} tokens: gamma {verify - 1} drafts and the target's own "
-                    f"token); use forward_width={verify} or more, or a smaller gamma"
-                )
-        if draft_confidence is not None:
-            draft_confidence = check_float("draft_confidence", draft_confidence, lo=0.0, hi=1.0)
-        self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
-        self.sampling = (
-            SamplingConfig(temperature=DEFAULTS.temperature)
-            if sampling is None
-            else _check_sampling(sampling)
-        )
-        self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, lo=1)
-        self.forward_width = forward_width
-        self.verification = verification
-        self.draft_confidence = draft_confidence
+        self._documents = resolved.documents
         self.preset = None  # set by from_pretrained for a named pair with a preset
-        self.tuned: dict[int, object] = {}  # batch size -> cost_model.Tuned (auto's choice)
+        self.tuned: dict[int, object] = {}  # batch size -> tuning.Tuned (auto's choice)
         self._constraints: dict[tuple[str, str], object] = {}  # built automata, by source
-        if eos_id is None:
-            eos_id = self._stop_ids()
-        elif isinstance(eos_id, (int, np.integer)):
-            eos_id = (eos_id,)
-        self.eos_id = tuple(int(i) for i in eos_id)
 
-    def _stop_ids(self) -> tuple[int, ...]:
-        return stop_ids(self.target, self.tokenizer)
+    def _chat_template(self) -> str | None:
+        """The template whose end-of-turn ids end a row (a `ChatSampler`'s)."""
+        return None
+
+    sampling = property(lambda self: self._kwargs["sampling"], doc="The default sampling.")
+    max_new_tokens = property(lambda self: self.options.max_new_tokens, doc="The default budget.")
+    forward_width = property(lambda self: self.options.forward_width, doc="The fixed width.")
+    verification = property(lambda self: self.options.verification, doc="The verification.")
+    draft_confidence = property(lambda self: self.options.draft_confidence, doc="τ, or None.")
 
     @classmethod
     def from_pretrained(
         cls,
         path=None,
         draft=None,
+        options: GenerationOptions | None = None,
         *,
-        drafter: Drafter | str | None = DEFAULTS.drafter,
         block_drafter=None,
         dtype=None,
         preset: bool = True,
         gguf_file: str | None = None,
-        **kwargs,
+        log=_stderr,
+        **settings,
     ):
         """A sampler for the model at ``path``, as ``specjax generate --model --draft`` loads it.
 
@@ -295,25 +151,24 @@ class Sampler:
                 (default): the bundled code-model pair, offline.
             draft: the draft model for ``drafter="model"``, given the same ways
                 (with ``path``; the bundled pair brings its own).
-            drafter: a name (``"auto"``, ``"model"``, ``"block"``, ``"eagle"``,
-                ``"lookup"``, ``"none"``), a `~specjax.drafters.Drafter`, or ``None``.
-                ``"auto"`` (default) picks what ``specjax generate`` picks: for the
-                bundled pair the draft model; else the draft
-                model if ``draft`` is given, else the block drafter of
+            options: a `specjax.GenerationOptions`; ``**settings`` replace its fields.
+                Its ``drafter`` may name any drafter here (``"auto"``, ``"model"``,
+                ``"block"``, ``"eagle"``, ``"lookup"``, ``"suffix"``, ``"suffix,model"``,
+                ``"none"``, a block drafter folder): ``"auto"`` (default) picks what
+                ``specjax generate`` picks: for the bundled pair the draft model; else
+                the draft model if ``draft`` is given, else the block drafter of
                 ``block_drafter`` if given, else prompt lookup.
             block_drafter: a block drafter folder for ``path``'s target
                 (``specjax train-drafter``).
             dtype: the weights' dtype (default float32).
+            preset: for a target and draft that are a pair of `specjax.io.presets`
+                (by name, or the same files by path), decode with its settings where
+                none is given (`GenerationOptions.with_preset`), and say so on ``log``;
+                the preset is kept in ``sampler.preset``.
             gguf_file: for a Hub id whose repository holds GGUF files, the one to load.
-            preset: for a target and draft named as a pair of `specjax.io.presets`
-                (e.g. ``"qwen2.5-coder-1.5b"`` with ``"qwen2.5-coder-0.5b"``), decode with
-                its settings, as ``specjax generate`` does: its quantization and draft
-                confidence (``quantize=``, ``draft_quantize=`` and ``draft_confidence=``
-                given here win). The preset is kept
-                in ``sampler.preset``.
-            **kwargs: the other arguments of the constructor (``gamma``,
-                ``sampling``, ``max_new_tokens``, ``forward_width``,
-                ``verification``, ``draft_confidence``, ``eos_id``).
+            log: where progress lines go; default stderr.
+            **settings: fields of `specjax.GenerationOptions`, and the constructor's
+                other keywords (``tokenizer``; a `ChatSampler`'s ``system``, ...).
 
         Raises:
             ValueError: a path that holds no model, a drafter that needs what was not
@@ -325,45 +180,22 @@ class Sampler:
             >>> type(sampler.drafter).__name__
             'DraftModel'
         """
-        from specjax.io.pretrained import default_pair
+        from specjax.text.loading import load_pair
 
-        if path is None:
-            if draft is not None:
-                raise ValueError(
-                    "draft needs path: the bundled draft only fits the bundled target; "
-                    "pass path= (the target) with draft="
-                )
-            target, draft_model, _ = default_pair() if dtype is None else default_pair(dtype)
-        else:
-            target = load_model(path, "path", dtype, gguf_file)
-            draft_model = load_model(draft, "draft", dtype) if draft is not None else None
-        chosen = None
-        if preset and path is not None and draft is not None and drafter in ("auto", "model"):
-            from specjax.io.presets import find
-
-            chosen = find(str(path), str(draft))
-        if chosen is not None:
-            if drafter == "auto":
-                drafter = chosen.drafter
-            # The preset's precisions, where quantize= and draft_quantize= are not given.
-            kwargs.setdefault("quantize", chosen.quantize)
-            kwargs.setdefault("draft_quantize", chosen.draft_quantize or "none")
-            if chosen.draft_confidence is not None:
-                kwargs.setdefault("draft_confidence", chosen.draft_confidence)
-        if isinstance(drafter, str):
-            name = drafter
-            if name == "auto":
-                name = auto_drafter(
-                    bundled=path is None,
-                    draft=draft is not None,
-                    block_drafter=block_drafter is not None,
-                )
-            if name == "model" and draft_model is None:
-                raise ValueError("drafter='model' needs draft= (a folder, GGUF file or name)")
-            drafter = build_drafter(
-                name, target, bundled=path is None, draft=draft_model, block_drafter=block_drafter
-            )
-        sampler = cls(target, drafter=drafter, **kwargs)
+        fields = {f.name for f in dataclasses.fields(GenerationOptions)}
+        extra = {k: settings.pop(k) for k in list(settings) if k not in fields}
+        options = _options_of(options, settings)
+        target, options, chosen = load_pair(
+            path,
+            draft,
+            options,
+            block_drafter=block_drafter,
+            dtype=dtype,
+            preset=preset,
+            gguf_file=gguf_file,
+            log=log,
+        )
+        sampler = cls(target, options, log=log, **extra)
         sampler.preset = chosen
         return sampler
 
@@ -377,27 +209,45 @@ class Sampler:
                 raise ValueError(f"prompt {i} tokenizes to no ids ({prompts[i]!r}); give some text")
         return ids
 
-    def _options(self, max_new_tokens, sampling, key, stop):
-        """``(key, keyword arguments of the decoders)``, checked; no ``key``: the
-        sampler's ``seed``."""
-        sampling = self.sampling if sampling is None else _check_sampling(sampling)
-        if key is None:
-            key = jax.random.key(self.seed)
-        if max_new_tokens is None:
-            max_new_tokens = self.max_new_tokens
-        max_new_tokens = check_int("max_new_tokens", max_new_tokens, lo=1)
-        kw = dict(
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            eos_id=list(self.eos_id) or None,
-            stop=stop,
-            forward_width=self.forward_width,
-        )
-        if self.drafter is not None:
-            kw["verification"] = self.verification
-            if self.draft_confidence is not None:
-                kw["draft_confidence"] = self.draft_confidence
-        return key, kw
+    def plan(
+        self,
+        prompts: Sequence[str],
+        *,
+        max_new_tokens: int | None = None,
+        sampling=None,
+        key: jax.Array | None = None,
+        stop: Sequence[str] | None = None,
+        regex: str | None = None,
+        json_schema: str | Mapping | None = None,
+    ) -> Plan:
+        """The decode of ``prompts`` (a list of strings), checked and ready to run.
+
+        With ``gamma="auto"``, the first plan of a batch size measures this machine's
+        step costs (`specjax.tuning.tune`) and later ones read the choice.
+        The arguments are those of `sample`; ``None`` takes the options'.
+        """
+        prompts = self._check_prompts(list(prompts) if not isinstance(prompts, str) else prompts)
+        ids = self._encode(prompts)
+        sampling = self.sampling if sampling is None else check_sampling(sampling)
+        key = jax.random.key(self.seed) if key is None else key
+        budget = self.options.max_new_tokens if max_new_tokens is None else max_new_tokens
+        kw = dict(self._kwargs, sampling=sampling)
+        kw["max_new_tokens"] = check_int("max_new_tokens", budget, lo=1)
+        stop = self.options.stop if stop is None else stop
+        if stop:
+            from specjax.sampling.stops import StopStrings
+
+            try:
+                kw["stop"] = StopStrings.build(
+                    stop, self.tokenizer, self.target.vocab_size, len(ids)
+                )
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"stop: {e}") from None
+        constraint = self._constraint(regex, json_schema)
+        if constraint is not None:
+            kw["constraint"] = constraint
+        self._check_context(ids, kw["max_new_tokens"])
+        return self._drafter_for(key, ids, kw)
 
     def _check_context(self, ids: list[list[int]], max_new_tokens: int) -> None:
         """Refuses a budget that, after the longest prompt, runs past the model's context."""
@@ -427,7 +277,7 @@ class Sampler:
         prompt: str | Sequence[str],
         *,
         max_new_tokens: int | None = None,
-        sampling: SamplingConfig | None = None,
+        sampling=None,
         key: jax.Array | None = None,
         stream: bool = False,
         stop: Sequence[str] | None = None,
@@ -439,18 +289,18 @@ class Sampler:
 
         Args:
             prompt: one string, or a list of strings (a batch, decoded together).
-            max_new_tokens: the budget per prompt (EOS included); default the sampler's.
-            sampling: a `specjax.SamplingConfig`; default the sampler's (greedy).
+            max_new_tokens: the budget per prompt (EOS included); default the options'.
+            sampling: a `specjax.SamplingConfig`; default the options' (greedy).
             key: a PRNG key (``jax.random.key(n)``) for sampled rows; default
-                ``jax.random.key(seed)``, the sampler's ``seed``.
+                ``jax.random.key(seed)``, the options' ``seed``.
             stream: return an iterator of text pieces as they are generated (one
                 prompt only); they join to the text ``stream=False`` returns.
             stop: strings that end a row once its text contains one (kept in the text).
             regex: every row's text matches this regular expression, and the row ends
                 where the match is complete (`specjax.Constraint.regex`).
             json_schema: every row's text is a JSON document valid under this schema (a
-                dict, or its JSON text; `specjax.Constraint.json_schema`). Not with
-                ``regex``.
+                dict, its JSON text, or the path of a file holding it;
+                `specjax.Constraint.json_schema`). Not with ``regex``.
             return_result: also return the `specjax.GenerationResult` (token ids,
                 acceptance statistics); not with ``stream``.
 
@@ -483,25 +333,30 @@ class Sampler:
             )
         if stream and return_result:
             raise ValueError("return_result=True needs stream=False")
-        ids = self._encode(prompts)
-        key, kw = self._options(max_new_tokens, sampling, key, stop)
-        if regex is not None or json_schema is not None:
-            kw["constraint"] = self._constraint(regex, json_schema)
-        self._check_context(ids, kw["max_new_tokens"])
-        drafter, kw = self._drafter_for(ids, kw)
+        plan = self.plan(
+            prompts,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            key=key,
+            stop=stop,
+            regex=regex,
+            json_schema=json_schema,
+        )
         if stream:
-            return self._stream(key, ids, drafter, kw)
-        if drafter is None:
-            result = decoding.generate(key, self.target, ids, **kw)
-        else:
-            result = decoding.speculative_generate(key, self.target, drafter, ids, **kw)
-            if self.auto:  # the next call chooses from what this one saw too
-                self.tuned[len(ids)].learn(result.stats)
-                self.tuned[len(ids)].rechoose()
-        self._remember(ids, result.to_lists())
+            return self._stream(plan)
+        result = plan.run()
+        self.learn(plan, result)
         texts = [self._text(row) for row in result.to_lists()]
         text = texts[0] if single else texts
         return (text, result) if return_result else text
+
+    def learn(self, plan: Plan, result) -> None:
+        """Takes in a decode of ``plan``: a suffix drafter's corpus grows by its prompts and
+        outputs, and gamma auto's next choice reads its acceptance."""
+        if plan.tuned is not None and plan.drafter is not None:
+            plan.tuned.learn(result.stats)
+            plan.tuned.rechoose()
+        self._remember(plan.ids, result.to_lists())
 
     def _remember(self, ids: list[list[int]], outputs: list[list[int]]) -> None:
         """Adds a call's prompts and outputs to a suffix drafter's corpus."""
@@ -511,46 +366,56 @@ class Sampler:
         self.drafter = self.drafter.with_documents(self._documents)
 
     def _constraint(self, regex, json_schema):
-        """The `specjax.Constraint` of ``regex`` or ``json_schema``, built once each."""
-        import json
-
-        from specjax.sampling.constraints import Constraint
-
-        if regex is not None and json_schema is not None:
+        """The `specjax.Constraint` of ``regex`` or ``json_schema`` (default the
+        options'), built once each; ``None`` without either."""
+        regex = self.options.regex if regex is None else regex
+        schema = self.options.json_schema if json_schema is None else json_schema
+        if regex is None and schema is None:
+            return None
+        if regex is not None and schema is not None:
             raise ValueError("give regex= or json_schema=, not both")
-        if json_schema is not None and not isinstance(json_schema, str):
-            json_schema = json.dumps(json_schema, sort_keys=True)
-        key = ("regex", regex) if regex is not None else ("json_schema", json_schema)
+        name = "regex" if regex is not None else "json_schema"
+        source = regex if regex is not None else schema
+        key = (name, repr(sorted(source.items())) if isinstance(source, Mapping) else str(source))
         if key not in self._constraints:
-            build = Constraint.regex if regex is not None else Constraint.json_schema
-            self._constraints[key] = build(key[1], self.tokenizer, self.target.vocab_size)
+            try:
+                self._constraints[key] = self.options.constraint(
+                    self.tokenizer, self.target.vocab_size, regex=regex, json_schema=schema
+                )
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"{name}: {e}" if not str(e).startswith(name) else str(e)) from None
         return self._constraints[key]
 
-    def _drafter_for(self, ids: list[list[int]], kw: dict) -> tuple[Drafter | None, dict]:
-        """The drafter (``None``: plain) and decoder options of a batch like ``ids``:
-        with ``gamma="auto"``, the γ and width chosen for its batch size (`tuned`)."""
+    def _drafter_for(self, key, ids: list[list[int]], kw: dict) -> Plan:
+        """The plan of a batch like ``ids``: with ``gamma="auto"``, the γ and width
+        chosen for its batch size (`tuned`)."""
         if not self.auto:
-            return self.drafter, kw
-        from specjax import tuning as cost_model
+            return Plan(key, self.target, ids, self.drafter, kw)
+        from specjax import tuning
 
         tuned = self.tuned.get(len(ids))
         if tuned is None:
             # Measuring takes a while on a large target: each program it times is shown.
-            log = lambda line: print(f"specjax: gamma auto: {line}", file=sys.stderr)  # noqa: E731
-            tuned = cost_model.tune(
-                self.target, self.drafter, ids, forward_width=self.forward_width, log=log
+            tuned = tuning.tune(
+                self.target,
+                self.drafter,
+                ids,
+                forward_width=self.forward_width,
+                log=lambda line: self.log(f"gamma auto: {line}"),
             )
             self.tuned[len(ids)] = tuned
-        kw = dict(kw, forward_width=self.forward_width or tuned.forward_width)
+        kw["forward_width"] = self.forward_width or tuned.forward_width
         if tuned.gamma == 0:
             kw.pop("verification", None)
             kw.pop("draft_confidence", None)
-            return None, kw
-        return self.drafter.with_draft(tuned.gamma), kw
+            return Plan(key, self.target, ids, None, kw, tuned)
+        return Plan(key, self.target, ids, self.drafter.with_draft(tuned.gamma), kw, tuned)
 
-    def _stream(self, key, ids, drafter, kw) -> Iterator[str]:
+    def _stream(self, plan: Plan) -> Iterator[str]:
         """Text pieces of one prompt, chunk by chunk (arguments checked before the first)."""
-        decoder, state = decoding.init(key, self.target, ids, drafter=drafter, **kw)
+        decoder, state = decoding.init(
+            plan.key, plan.target, plan.ids, drafter=plan.drafter, **plan.kwargs
+        )
         text = TextStream(self.tokenizer, hide=self.eos_id)
 
         def pieces():
@@ -563,7 +428,7 @@ class Sampler:
             rest = text.flush()
             if rest:
                 yield rest
-            self._remember(ids, [generated])
+            self._remember(plan.ids, [generated])
 
         return pieces()
 
@@ -599,136 +464,17 @@ class Sampler:
         )
 
 
-class ChatSampler(Sampler):
-    """Chats with an instruct model: each `chat` call is a turn, answered in its template.
+def __getattr__(name: str):
+    if name == "ChatSampler":  # `specjax.text.chat.ChatSampler`
+        import warnings
 
-    The conversation so far (`turns`) is rendered with the model's chat template
-    (`specjax.apply_chat_template`) and the answer stops at the end of the assistant's
-    turn (`specjax.io.chat.end_of_turn_ids`) or at EOS. Each turn decodes the whole
-    conversation again; keep conversations short, or `reset` between topics.
-
-    Args:
-        target: an instruct model with a chat template (``chat_template.jinja``, the
-            ``chat_template`` of ``tokenizer_config.json``, or a GGUF's).
-        system: a system message put first in every rendering (``None``: none).
-        multi_turn: keep earlier turns in the conversation (default); ``False``
-            answers every message on its own.
-        chat_template: a Jinja template to use instead of the model's.
-        **kwargs: the arguments of `Sampler` (``tokenizer``, ``drafter``, ``sampling``,
-            ``max_new_tokens``, ...).
-
-    Raises:
-        ValueError: the model has no chat template, or a `Sampler` argument is bad.
-
-    Examples:
-        >>> import specjax
-        >>> from specjax.testing import tiny_model, tiny_tokenizer
-        >>> template = (
-        ...     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
-        ...     "{% if add_generation_prompt %}w9:{% endif %}"
-        ... )
-        >>> model = tiny_model().replace(tokenizer=tiny_tokenizer(), chat_template=template)
-        >>> chat = specjax.ChatSampler(model, drafter=None, max_new_tokens=4)
-        >>> answer = chat.chat("w1 w2")
-        >>> [turn["role"] for turn in chat.turns]
-        ['user', 'assistant']
-    """
-
-    def __init__(
-        self,
-        target,
-        *,
-        system: str | None = None,
-        multi_turn: bool = True,
-        chat_template: str | None = None,
-        **kwargs,
-    ):
-        template = chat_template or getattr(target, "chat_template", None)
-        if template is None:
-            raise ValueError(
-                "ChatSampler needs a chat template and the model has none (it is read "
-                "from chat_template.jinja, tokenizer_config.json or a GGUF file): pass "
-                "chat_template=, or use specjax.Sampler to complete text"
-            )
-        if system is not None and not isinstance(system, str):
-            raise TypeError(f"system must be a str or None, got {type(system).__name__}")
-        self.chat_template, self.system, self.multi_turn = template, system, bool(multi_turn)
-        self.turns: list[dict[str, str]] = []
-        super().__init__(target, **kwargs)
-
-    def _stop_ids(self) -> tuple[int, ...]:
-        return stop_ids(self.target, self.tokenizer, chat=True, chat_template=self.chat_template)
-
-    def _render(self, messages) -> str:
-        view = types.SimpleNamespace(
-            config=getattr(self.target, "config", None),
-            tokenizer=self.tokenizer,
-            chat_template=self.chat_template,
+        warnings.warn(
+            "specjax.text.sampler.ChatSampler is specjax.text.chat.ChatSampler (also "
+            "specjax.ChatSampler)",
+            DeprecationWarning,
+            stacklevel=2,
         )
-        return apply_chat_template(view, messages)
+        from specjax.text.chat import ChatSampler
 
-    def chat(
-        self,
-        message: str,
-        *,
-        max_new_tokens: int | None = None,
-        sampling: SamplingConfig | None = None,
-        key: jax.Array | None = None,
-        stream: bool = False,
-        stop: Sequence[str] | None = None,
-        regex: str | None = None,
-        json_schema: str | Mapping | None = None,
-        return_result: bool = False,
-    ):
-        """The model's answer to ``message``, added to `turns` with it.
-
-        Args:
-            message: the user's turn.
-            max_new_tokens, sampling, key, stop, regex, json_schema, return_result: as
-                in `Sampler.sample`.
-            stream: return an iterator of text pieces; the turn is recorded once it
-                has been read to the end.
-
-        Returns:
-            the answer (``str``), ``(answer, result)`` with ``return_result``, or an
-            iterator of its pieces with ``stream``.
-
-        Raises:
-            TypeError, ValueError: a message that is not a non-empty string, a template
-                that refuses the conversation.
-        """
-        if not isinstance(message, str):
-            raise TypeError(f"message must be a str, got {type(message).__name__}")
-        if not message.strip():
-            raise ValueError("message is empty: give the user's turn")
-        history = self.turns if self.multi_turn else []
-        user = {"role": "user", "content": message}
-        system = [{"role": "system", "content": self.system}] if self.system else []
-        prompt = self._render([*system, *history, user])
-        answer = self.sample(
-            prompt, max_new_tokens=max_new_tokens, sampling=sampling, key=key, stream=stream,
-            stop=stop, regex=regex, json_schema=json_schema, return_result=return_result,
-        )  # fmt: skip
-        if not stream:
-            text = answer[0] if return_result else answer
-            self._record(user, text)
-            return answer
-
-        def pieces():
-            parts = []
-            for piece in answer:
-                parts.append(piece)
-                yield piece
-            self._record(user, "".join(parts))
-
-        return pieces()
-
-    def _record(self, user, answer: str) -> None:
-        if self.multi_turn:
-            self.turns += [user, {"role": "assistant", "content": answer}]
-        else:
-            self.turns = [user, {"role": "assistant", "content": answer}]
-
-    def reset(self) -> None:
-        """Forgets the conversation (`turns`); the system message stays."""
-        self.turns = []
+        return ChatSampler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
