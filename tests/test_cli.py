@@ -545,12 +545,21 @@ def test_a_named_pair_gets_its_preset_unless_a_flag_sets_it(
     from specjax.text import loading
 
     preset = find("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+    from specjax.models.quant import quantize
+
     tiny = load_pretrained(model_folders["target"])
-    monkeypatch.setattr(loading, "load_model", lambda path, argname, dtype, gguf_file=None: tiny)
+    loaded_as = []
+
+    def load_model(path, argname, dtype, gguf_file=None, quantize=None, quantized=quantize):
+        loaded_as.append(quantize)  # the preset's precision is applied as the model is read
+        return tiny if quantize is None else quantized(tiny, quantize)
+
+    monkeypatch.setattr(loading, "load_model", load_model)
     common = ("generate", "def f(x):", "--model", names[0], "--draft", names[1])
     common += ("--gamma", "2", "--max-new-tokens", "3", "--json")
     proc = cli_in_process(*common)
     assert proc.returncode == 0, proc.stderr
+    assert loaded_as == ["int8", "int8"]
     said = f"this pair's preset (specjax.io.presets), {preset.target} + {preset.draft}"
     assert said in proc.stderr and ": --quantize int8 --draft-quantize int8" in proc.stderr
     assert json.loads(proc.stdout)["preset"] == preset.describe()

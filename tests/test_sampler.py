@@ -331,11 +331,19 @@ def test_a_named_pair_gets_its_preset(model, monkeypatch, capsys, names):
     the files those names fetch, decodes with the preset and says which one. The
     loader is stubbed (no download)."""
     from specjax.io.presets import find
+    from specjax.models.quant import quantize
     from specjax.text import loading
 
     preset = find("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
-    monkeypatch.setattr(loading, "load_model", lambda path, argname, dtype, gguf_file=None: model)
+    loaded_as = []
+
+    def load_model(path, argname, dtype, gguf_file=None, quantize=None, quantized=quantize):
+        loaded_as.append(quantize)  # the preset's precision is applied as the model is read
+        return model if quantize is None else quantized(model, quantize)
+
+    monkeypatch.setattr(loading, "load_model", load_model)
     sampler = Sampler.from_pretrained(*names)
+    assert loaded_as == [preset.quantize, preset.draft_quantize]
     assert sampler.preset is preset
     err = capsys.readouterr().err
     assert f"this pair's preset (specjax.io.presets), {preset.target} + {preset.draft}" in err

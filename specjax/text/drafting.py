@@ -155,10 +155,11 @@ def with_draft_settings(target, drafter, options):
                 f"draft_head must be in [1, {size}] (the draft's vocabulary), got {head}"
             )
         model = model.replace(model=model.model.with_head_ids(frequent_ids(model.model, head)))
-    if options.quantize is not None:
+    # A model loaded quantized (`specjax.load_pretrained(..., quantize=)`) is kept as is.
+    if options.quantize is not None and target.quantization != options.quantize:
         target = to_precision(target, options.quantize)
     mode = options.quantize if options.draft_quantize is None else options.draft_quantize
-    if model is not None and mode not in (None, "none"):
+    if model is not None and mode not in (None, "none") and model.model.quantization != mode:
         model = model.replace(model=to_precision(model.model, mode))
     if model is not None:
         drafter = _with_draft_model(drafter, model)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax.numpy as jnp
+
 from specjax.text.defaults import DEFAULTS
 
 __all__ = ["build_drafter", "load_model", "load_pair", "model_path"]
@@ -46,9 +48,11 @@ def model_path(path, argname: str, gguf_file: str | None = None) -> Path:
     )
 
 
-def load_model(path, argname: str, dtype=None, gguf_file: str | None = None):
+def load_model(path, argname: str, dtype=None, gguf_file: str | None = None, quantize=None):
     """The `specjax.Model` at ``path`` (a Hugging Face folder, a GGUF file, a model name or
-    a Hub id, see `model_path`), in ``dtype`` (default float32).
+    a Hub id, see `model_path`), in ``dtype`` (default float32), quantized as it is read
+    where ``quantize`` names a `specjax.models.quant` mode (a GGUF file's converted
+    weights are then kept quantized).
 
     Raises:
         ValueError: naming ``argname``, for a path that holds no loadable model.
@@ -57,7 +61,7 @@ def load_model(path, argname: str, dtype=None, gguf_file: str | None = None):
 
     path = model_path(path, argname, gguf_file)
     try:
-        return load_pretrained(path) if dtype is None else load_pretrained(path, dtype)
+        return load_pretrained(path, jnp.float32 if dtype is None else dtype, quantize=quantize)
     except (FileNotFoundError, ValueError, OSError, KeyError) as e:
         raise ValueError(f"{argname} {path}: {e}") from None
 
@@ -163,14 +167,18 @@ def load_pair(
                 "pass path= (the target) with draft="
             )
         target, draft_model, _ = default_pair() if dtype is None else default_pair(dtype)
-    else:
-        target = load_model(path, "path", dtype, gguf_file)
-        draft_model = load_model(draft, "draft", dtype) if draft is not None else None
     named = options.drafter if isinstance(options.drafter, str) else None
     chosen = None
     # A chain (suffix,model) keeps the pair's precisions for its draft model.
     if preset and path is not None and draft is not None and named is not None:
         chosen = find(str(path), str(draft)) if named.split(",")[-1] in ("auto", "model") else None
+    if path is not None:
+        settings = options.with_preset(chosen) if chosen is not None else options
+        target_mode, draft_mode = _load_precisions(settings, named, block_drafter)
+        target = load_model(path, "path", dtype, gguf_file, quantize=target_mode)
+        draft_model = None
+        if draft is not None:
+            draft_model = load_model(draft, "draft", dtype, quantize=draft_mode)
     if chosen is not None:
         changes = options.preset_changes(chosen)
         options = options.with_preset(chosen)
@@ -193,3 +201,17 @@ def load_pair(
             )
         )
     return target, options, chosen
+
+
+def _load_precisions(options, named, block_drafter) -> tuple[str | None, str | None]:
+    """The quantization the target and the draft model are loaded in: the options'
+    own, so that a quantized run never holds (or caches) float32 weights. Block and
+    EAGLE drafters are built from the float target and a ``draft_head`` from the float
+    draft, so those load in float and are quantized afterwards, as before."""
+    last = (named or "auto").rpartition(",")[2]
+    if block_drafter is not None or last not in ("auto", "model", "lookup", "suffix", "none"):
+        return None, None
+    mode = options.quantize if options.draft_quantize is None else options.draft_quantize
+    if mode == "none" or options.draft_head is not None:
+        mode = None
+    return options.quantize, mode
