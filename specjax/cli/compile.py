@@ -42,7 +42,7 @@ def _models(args, dtype):
     from specjax.io.abstract import abstract_pretrained
     from specjax.io.pretrained import default_pair
     from specjax.models.quant import quantize
-    from specjax.text.loading import build_drafter
+    from specjax.text.drafting import build_drafter
 
     draft_mode = args.quantize if args.draft_quantize is None else args.draft_quantize
     draft_mode = None if draft_mode == "none" else draft_mode

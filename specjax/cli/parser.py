@@ -10,7 +10,7 @@ from specjax.cli.compile import cmd_compile
 from specjax.cli.fetch import cmd_fetch
 from specjax.cli.generate import COMPARE_REPEATS, cmd_generate
 from specjax.cli.train import SIZES, cmd_distill, cmd_train, cmd_train_drafter
-from specjax.text.flags import parse_gamma
+from specjax.text.options import parse_gamma
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -24,7 +24,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from specjax.io.hf import _check_float_dtype, _gguf_file, _read_json
+from specjax.io.folder import read_json
+from specjax.io.hf import _check_float_dtype, _gguf_file
 from specjax.io.hf_config import config_from_hf
 from specjax.io.tensors import _abstract_model
 from specjax.models.model import Model
@@ -64,7 +65,7 @@ def abstract_pretrained(
 
         hf = gguf_hf_config(gguf_file)
     elif (folder / "config.json").is_file():
-        hf = _read_json(folder / "config.json")
+        hf = read_json(folder / "config.json")
     else:
         raise FileNotFoundError(f"{folder} has no config.json and no GGUF file")
     config = dataclasses.replace(config_from_hf(hf), scan_layers=False)

@@ -214,7 +214,7 @@ def read_quantized(folder: Path, dtype, mode: str):
         ValueError: the folder holds another mode or dtype, or a missing, extra or
             mis-shaped leaf (named).
     """
-    from specjax.io.hf import _read_tokenizer, read_chat_template
+    from specjax.io.folder import read_chat_template, read_tokenizer
     from specjax.io.hf_config import config_from_hf
     from specjax.io.tensors import abstract_quantized
 
@@ -251,7 +251,7 @@ def read_quantized(folder: Path, dtype, mode: str):
         raise ValueError(f"{path} has unexpected tensor(s) {sorted(header)}")
     return abstract.replace(
         params=nnx.from_flat_state(leaves),
-        tokenizer=_read_tokenizer(folder),
+        tokenizer=read_tokenizer(folder),
         chat_template=read_chat_template(folder),
     )
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.io import atomic, hub
+from specjax.io.folder import read_chat_template, read_json, read_tokenizer
 from specjax.io.hf_config import config_from_hf, config_to_hf
 from specjax.io.tensors import LazyTensors, host_tensors, model_from_tensors
 from specjax.models.model import Model
@@ -58,17 +59,10 @@ _CHECKPOINT_FILES = frozenset(
 )
 
 
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from e
-
-
 def _weight_files(folder: Path) -> tuple[list[str], dict[str, str] | None]:
     """The safetensors files to read and, when sharded, the index's weight map."""
     if (folder / _INDEX).is_file():
-        index = _read_json(folder / _INDEX)
+        index = read_json(folder / _INDEX)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
@@ -184,7 +178,7 @@ def load_pretrained(
         raise FileNotFoundError(
             f"{folder} has no config.json (expected a Hugging Face folder){hint}"
         )
-    hf_config = _read_json(config_path)
+    hf_config = read_json(config_path)
     if not isinstance(hf_config, dict):
         raise ValueError(
             f"{config_path} must hold a JSON object (field: value), "
@@ -226,47 +220,13 @@ def load_pretrained(
             config,
             tensors,
             dtype=dtype,
-            tokenizer=_read_tokenizer(folder),
+            tokenizer=read_tokenizer(folder),
             chat_template=read_chat_template(folder),
             quantize=quantize,
         )
     finally:
         handles.clear()
     return model
-
-
-def _read_tokenizer(folder: Path):
-    if not (folder / "tokenizer.json").is_file():
-        return None
-    from tokenizers import Tokenizer
-
-    try:
-        return Tokenizer.from_file(str(folder / "tokenizer.json"))
-    except Exception as e:  # tokenizers raises a bare Exception on bad JSON
-        raise ValueError(f"{folder / 'tokenizer.json'} cannot be read: {e}") from e
-
-
-def read_chat_template(folder: str | os.PathLike) -> str | None:
-    """The chat template of a Hugging Face folder, or ``None`` if it has none.
-
-    transformers 5 writes it to ``chat_template.jinja``; older checkpoints keep
-    it as ``chat_template`` in ``tokenizer_config.json`` (a string, or a list of
-    ``{"name", "template"}`` of which the one named ``default`` is used).
-    """
-    folder = Path(folder)
-    if (folder / "chat_template.jinja").is_file():
-        return (folder / "chat_template.jinja").read_text(encoding="utf-8")
-    config_path = folder / "tokenizer_config.json"
-    if not config_path.is_file():
-        return None
-    template = _read_json(config_path)
-    template = template.get("chat_template") if isinstance(template, dict) else None
-    if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-    if template is not None and not isinstance(template, str):
-        raise ValueError(f"{config_path} chat_template must be a string, got {template!r}")
-    return template
 
 
 def _gguf_file(path: Path) -> Path | None:

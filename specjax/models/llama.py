@@ -230,18 +230,3 @@ def unstack_layers(stacked: nnx.Module, num_layers: int) -> nnx.List:
     return nnx.List(
         [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state)) for i in range(num_layers)]
     )
-
-
-def __getattr__(name: str):
-    if name == "Model":
-        import warnings
-
-        from specjax.models.model import Model
-
-        warnings.warn(
-            "specjax.models.llama.Model is deprecated; use specjax.models.Model (or specjax.Model)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return Model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax.core.deprecation import moved
+from specjax.models import llama
 from specjax.models.cache import KVCache, TreeMask
 from specjax.models.config import ModelConfig
 from specjax.models.contract import ModelOutput
@@ -287,3 +289,6 @@ class Model:
 
 
 jax.tree_util.register_pytree_with_keys(Model, Model._flatten, Model._unflatten)
+
+
+moved(llama, "Model", Model, "specjax.models.Model (or specjax.Model)")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import types
 
+from specjax.core.deprecation import moved
 from specjax.io.chat import apply_chat_template
+from specjax.text import sampler
 from specjax.text.sampler import Sampler
 
 __all__ = ["ChatSampler"]
@@ -141,3 +143,6 @@ class ChatSampler(Sampler):
     def reset(self) -> None:
         """Forgets the conversation (`turns`); the system message stays."""
         self.turns = []
+
+
+moved(sampler, "ChatSampler", ChatSampler, "specjax.ChatSampler (specjax.text.chat.ChatSampler)")

@@ -12,22 +12,9 @@ import re
 
 from specjax.sampling import PENALTY_OFF, SamplingConfig
 from specjax.text.defaults import DEFAULTS
+from specjax.text.options import GenerationOptions
 
-__all__ = ["SAMPLING_FLAGS", "as_flags", "flag_of", "parse_gamma", "sampling_default"]
-
-
-def parse_gamma(value: str) -> int | str:
-    """``--gamma``: a whole number, or ``auto``."""
-    import argparse
-
-    if value == "auto":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a whole number or 'auto', got {value!r}"
-        ) from None
+__all__ = ["SAMPLING_FLAGS", "as_flags", "flag_of", "sampling_default"]
 
 
 SAMPLING_FLAGS = {
@@ -88,6 +75,4 @@ def as_flags(message: str) -> str:
 
 
 def _fields() -> dict[str, dataclasses.Field]:
-    from specjax.text.options import GenerationOptions
-
     return {f.name: f for f in dataclasses.fields(GenerationOptions)}

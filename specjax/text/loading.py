@@ -10,9 +10,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 
-from specjax.text.defaults import DEFAULTS
-
-__all__ = ["build_drafter", "load_model", "load_pair", "model_path"]
+__all__ = ["load_model", "load_pair", "model_path"]
 
 
 def model_path(path, argname: str, gguf_file: str | None = None) -> Path:
@@ -64,85 +62,6 @@ def load_model(path, argname: str, dtype=None, gguf_file: str | None = None, qua
         return load_pretrained(path, jnp.float32 if dtype is None else dtype, quantize=quantize)
     except (FileNotFoundError, ValueError, OSError, KeyError) as e:
         raise ValueError(f"{argname} {path}: {e}") from None
-
-
-def build_drafter(
-    name: str,
-    target,
-    *,
-    bundled: bool,
-    draft=None,
-    block_drafter=None,
-    gamma: int | None = None,
-    mode: str = DEFAULTS.draft_mode,
-    ngram: int = DEFAULTS.ngram,
-):
-    """The drafter called ``name`` for ``target``, at γ ``gamma`` (default its own).
-
-    Args:
-        name: ``"model"`` (``draft`` in a `specjax.DraftModel`), ``"suffix"``, a chain
-            ``"suffix,model"`` (`specjax.drafters.ChainDrafter`), ``"block"`` (the
-            bundled block drafter, or the folder ``block_drafter``), ``"eagle"`` (the
-            bundled EAGLE head), ``"lookup"`` (`specjax.PromptLookup`), ``"none"``
-            (returns ``None``: plain decoding), or any other name of
-            `specjax.drafters.registry`. Resolve ``"auto"`` first
-            (`specjax.text.defaults.auto_drafter`).
-        target: the target the drafter serves.
-        bundled: ``target`` is the bundled target, which the bundled weights fit.
-        draft: the draft `specjax.Model` for ``"model"``.
-        block_drafter: a block drafter folder (``specjax train-drafter``).
-        gamma: tokens drafted per target call.
-        mode: ``"sample"`` or ``"argmax"`` drafts of the block and EAGLE drafters.
-        ngram: the longest n-gram prompt lookup matches.
-
-    Raises:
-        ValueError: a drafter that needs what was not given (a draft model, a block
-            drafter folder), bundled weights for another target, or files that do not
-            fit ``target``; the message says what to pass.
-    """
-    from specjax.drafters import registry
-    from specjax.io import drafter_weights
-    from specjax.io.pretrained import default_pair_path
-    from specjax.sampling.vocab import check_drafter_vocab
-
-    if name == "none":
-        return None
-    if "," in name:  # a chain: "suffix,model"
-        from specjax.drafters.chain import ChainDrafter
-
-        first, _, last = name.partition(",")
-        kw = dict(bundled=bundled, draft=draft, block_drafter=block_drafter, mode=mode, ngram=ngram)
-        chain = ChainDrafter.of(
-            build_drafter(first, target, **kw), build_drafter(last, target, **kw)
-        )
-        return chain if gamma is None else chain.with_draft(gamma)
-    if name == "lookup":
-        drafter = registry.get("lookup").cls(ngram=ngram)
-    elif name == "model":
-        if draft is None:
-            raise ValueError("the drafter 'model' needs a draft model: pass draft=")
-        drafter = registry.get("model").cls(draft)
-        check_drafter_vocab(target, drafter)  # a smaller draft of a padded family is fine
-    elif name == "block" and block_drafter is not None:
-        entry = registry.get("block")
-        try:
-            drafter = drafter_weights.load(entry.cls, block_drafter, target, mode=mode)
-        except (FileNotFoundError, OSError, KeyError) as e:
-            raise ValueError(f"block drafter {block_drafter}: {e}") from None
-    else:
-        entry = registry.get(name)
-        if not entry.has_weights:
-            drafter = entry.cls()
-        elif not bundled:
-            hint = " (pass a block drafter folder trained for it)" if name == "block" else ""
-            raise ValueError(f"the bundled {entry.cls.noun} only fits the bundled target{hint}")
-        else:
-            path = default_pair_path() / entry.asset
-            try:
-                drafter = drafter_weights.load(entry.cls, path, target, mode=mode)
-            except (FileNotFoundError, OSError, KeyError) as e:
-                raise ValueError(f"bundled {entry.cls.noun} {path}: {e}") from None
-    return drafter if gamma is None else drafter.with_draft(gamma)
 
 
 def load_pair(

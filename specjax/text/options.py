@@ -29,12 +29,25 @@ from specjax.core.validation import check_float, check_int
 from specjax.decoding.state import VERIFICATIONS
 from specjax.sampling import SamplingConfig
 from specjax.text.defaults import DEFAULTS
-from specjax.text.flags import parse_gamma
 
-__all__ = ["GenerationOptions", "Resolved", "check_sampling", "schema_text"]
+__all__ = ["GenerationOptions", "Resolved", "check_sampling", "parse_gamma", "schema_text"]
 
 QUANT_MODES = ("int8", "int8-weights")
 """`specjax.models.quant`'s modes (checked against it in `GenerationOptions.resolve`)."""
+
+
+def parse_gamma(value: str) -> int | str:
+    """``--gamma``: a whole number, or ``auto``."""
+    import argparse
+
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number or 'auto', got {value!r}"
+        ) from None
 
 
 def _option(default, help: str, **flag):

@@ -462,19 +462,3 @@ class Sampler:
             f"{type(self).__name__}(target={type(self.target).__name__}, drafter={drafter}, "
             f"max_new_tokens={self.max_new_tokens})"
         )
-
-
-def __getattr__(name: str):
-    if name == "ChatSampler":  # `specjax.text.chat.ChatSampler`
-        import warnings
-
-        warnings.warn(
-            "specjax.text.sampler.ChatSampler is specjax.text.chat.ChatSampler (also "
-            "specjax.ChatSampler)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        from specjax.text.chat import ChatSampler
-
-        return ChatSampler
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
