@@ -347,15 +347,7 @@ class GenerationOptions:
             kw["verification"] = o.verification
             if o.draft_confidence is not None:
                 kw["draft_confidence"] = o.draft_confidence
-        return Resolved(
-            target=target,
-            drafter=drafter,
-            auto=auto,
-            eos_id=eos,
-            seed=seed,
-            documents=documents,
-            decode_kwargs=kw,
-        )
+        return Resolved(target, drafter, auto, eos, seed, documents, decode_kwargs=kw)
 
     def constraint(self, tokenizer, vocab_size: int, regex=None, json_schema=None):
         """The `specjax.Constraint` of ``regex`` or ``json_schema`` (default these

@@ -43,9 +43,9 @@ from jax import lax
 from specjax.core.validation import as_prng_keys
 from specjax.sampling.distributions import greedy_tokens, noise, sample
 from specjax.verification.checks import (
-    check_concrete_probs,
     check_dtypes,
     check_shapes,
+    checked_args,
     checked_onehot_args,
 )
 
@@ -265,11 +265,9 @@ def rejection_sample_single(
         ``(tokens int32[γ+1], num_accepted int32[])`` (see the module docstring).
     """
     fn = "rejection_sample_single"
-    draft_tokens, draft_probs = jnp.asarray(draft_tokens), jnp.asarray(draft_probs)
-    target_probs = jnp.asarray(target_probs)
-    check_dtypes(fn, draft_tokens, draft_probs=draft_probs, target_probs=target_probs)
-    check_shapes(fn, 0, draft_tokens, target_probs, "target_probs", draft_probs)
-    check_concrete_probs(fn, draft_probs=draft_probs, target_probs=target_probs)
+    draft_tokens, draft_probs, target_probs = checked_args(
+        fn, 0, draft_tokens, draft_probs, target_probs
+    )
 
     def draft_prob_at_G(tokens_G):
         q_at_G = jnp.take_along_axis(draft_probs, tokens_G[:, None], axis=-1)[:, 0]
@@ -300,11 +298,9 @@ def rejection_sample(
         ``(tokens int32[B, γ+1], num_accepted int32[B])``.
     """
     fn = "rejection_sample"
-    draft_tokens, draft_probs = jnp.asarray(draft_tokens), jnp.asarray(draft_probs)
-    target_probs = jnp.asarray(target_probs)
-    check_dtypes(fn, draft_tokens, draft_probs=draft_probs, target_probs=target_probs)
-    check_shapes(fn, 1, draft_tokens, target_probs, "target_probs", draft_probs)
-    check_concrete_probs(fn, draft_probs=draft_probs, target_probs=target_probs)
+    draft_tokens, draft_probs, target_probs = checked_args(
+        fn, 1, draft_tokens, draft_probs, target_probs
+    )
     keys = _batch_keys(fn, key, *target_probs.shape[:2])
     return jax.vmap(rejection_sample_single)(keys, draft_tokens, draft_probs, target_probs)
 
@@ -404,10 +400,7 @@ def coupled_verify(
     """Batched `coupled_verify_single`.
 
     Args:
-        key: one PRNG key for the batch (row b, position i uses
-            ``fold_in(fold_in(key, b), i)``), or position keys ``[B, γ+1]``.
-        draft_tokens: int ``[B, γ]``.
-        target_probs: float ``[B, γ+1, V]``.
+        key, draft_tokens, target_probs: as in `rejection_sample_onehot`.
 
     Returns:
         ``(tokens int32[B, γ+1], num_accepted int32[B])``.

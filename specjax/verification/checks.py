@@ -75,6 +75,17 @@ def check_concrete_probs(fn: str, **arrays) -> None:
             raise ValueError(f"{fn}: {name} has a row with no positive probability at {where}")
 
 
+def checked_args(fn: str, batch_dims: int, draft_tokens, draft_probs, target_probs):
+    """``(draft_tokens, draft_probs, target_probs)`` as arrays, checked, for verifiers
+    that read the draft distributions q."""
+    draft_tokens, draft_probs = jnp.asarray(draft_tokens), jnp.asarray(draft_probs)
+    target_probs = jnp.asarray(target_probs)
+    check_dtypes(fn, draft_tokens, draft_probs=draft_probs, target_probs=target_probs)
+    check_shapes(fn, batch_dims, draft_tokens, target_probs, "target_probs", draft_probs)
+    check_concrete_probs(fn, draft_probs=draft_probs, target_probs=target_probs)
+    return draft_tokens, draft_probs, target_probs
+
+
 def checked_onehot_args(fn: str, batch_dims: int, draft_tokens, target_probs):
     """``(draft_tokens, target_probs)`` as arrays, checked, for verifiers that need no q."""
     draft_tokens, target_probs = jnp.asarray(draft_tokens), jnp.asarray(target_probs)
