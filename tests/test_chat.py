@@ -31,6 +31,7 @@ import specjax
 from specjax import cli
 from specjax.io.chat import END_OF_TURN_TOKENS, apply_chat_template, end_of_turn_ids
 from specjax.models import Model, ModelConfig
+from specjax.testing import tiny_config
 from specjax.training.tokenizer import train_tokenizer
 
 CHATML = (
@@ -103,11 +104,11 @@ TEMPLATES = {
     "phi_system": (PHI_SYSTEM, None, "<|endoftext|>", "<|end|>"),
     "tools": (TOOLS, None, "<|endoftext|>", None),
 }
-SPECIAL = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|end_of_text|>",
-    "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<bos>", "<eos>",
-    "<start_of_turn>", "<end_of_turn>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
-]  # fmt: skip
+SPECIAL = (
+    "<|endoftext|> <|im_start|> <|im_end|> <|begin_of_text|> <|end_of_text|> "
+    "<|start_header_id|> <|end_header_id|> <|eot_id|> <bos> <eos> <start_of_turn> "
+    "<end_of_turn> <|system|> <|user|> <|assistant|> <|end|>"
+).split()
 
 CONVERSATIONS = {
     "one_user": [{"role": "user", "content": "Write a Python function that reverses a string."}],
@@ -135,11 +136,15 @@ def tokenizer():
 def _model(tokenizer, name):
     template, bos, eos, _ = TEMPLATES[name]
     config = ModelConfig(
-        vocab_size=tokenizer.get_vocab_size(), hidden_size=16, intermediate_size=32,
-        num_layers=1, num_heads=2, num_kv_heads=1,
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=16,
+        intermediate_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
         bos_token_id=tokenizer.token_to_id(bos) if bos else None,
         eos_token_id=tokenizer.token_to_id(eos),
-    )  # fmt: skip
+    )
     return Model.random(config).replace(tokenizer=tokenizer, chat_template=template)
 
 
@@ -236,32 +241,65 @@ def test_end_of_turn_ids_without_a_template_or_markup(tokenizer, models):
 @pytest.mark.parametrize(
     "call, error, match",
     [
-        (lambda m, t: apply_chat_template(m.replace(chat_template=None), []), ValueError,
-         "the model has no chat template"),
-        (lambda m, t: apply_chat_template(t, [{"role": "user", "content": "hi"}]), ValueError,
-         "a bare tokenizer has no chat template"),
+        (
+            lambda m, t: apply_chat_template(m.replace(chat_template=None), []),
+            ValueError,
+            "the model has no chat template",
+        ),
+        (
+            lambda m, t: apply_chat_template(t, [{"role": "user", "content": "hi"}]),
+            ValueError,
+            "a bare tokenizer has no chat template",
+        ),
         (lambda m, t: apply_chat_template(m, "hi"), TypeError, "messages must be a list"),
         (lambda m, t: apply_chat_template(m, []), ValueError, "messages is empty"),
-        (lambda m, t: apply_chat_template(m, [{"content": "hi"}]), ValueError,
-         r"messages\[0\] needs a 'role'"),
-        (lambda m, t: apply_chat_template(m, [{"role": "user"}]), ValueError,
-         r"messages\[0\] \(user\) has no 'content'"),
-        (lambda m, t: apply_chat_template(m, [{"role": "user", "content": 3}]), TypeError,
-         r"messages\[0\]\['content'\] must be a string"),
+        (
+            lambda m, t: apply_chat_template(m, [{"content": "hi"}]),
+            ValueError,
+            r"messages\[0\] needs a 'role'",
+        ),
+        (
+            lambda m, t: apply_chat_template(m, [{"role": "user"}]),
+            ValueError,
+            r"messages\[0\] \(user\) has no 'content'",
+        ),
+        (
+            lambda m, t: apply_chat_template(m, [{"role": "user", "content": 3}]),
+            TypeError,
+            r"messages\[0\]\['content'\] must be a string",
+        ),
         (lambda m, t: apply_chat_template(m, ["hi"]), TypeError, r"messages\[0\] must be a dict"),
-        (lambda m, t: apply_chat_template(m, CONVERSATIONS["one_user"], chat_template="{% if %}"),
-         ValueError, "not a valid Jinja template"),
-        (lambda m, t: apply_chat_template(m.replace(chat_template=PHI_SYSTEM),
-                                          CONVERSATIONS["one_user"]),
-         ValueError, "refused the messages: This template needs a system message first"),
-        (lambda m, t: apply_chat_template(m.replace(chat_template=GEMMA), [
-            {"role": "user", "content": "a"}, {"role": "user", "content": "b"}]),
-         ValueError, "Conversation roles must alternate"),
-        (lambda m, t: apply_chat_template(m.replace(tokenizer=None), CONVERSATIONS["one_user"],
-                                          tokenize=True),
-         ValueError, "tokenize=True needs a tokenizer"),
+        (
+            lambda m, t: apply_chat_template(
+                m, CONVERSATIONS["one_user"], chat_template="{% if %}"
+            ),
+            ValueError,
+            "not a valid Jinja template",
+        ),
+        (
+            lambda m, t: apply_chat_template(
+                m.replace(chat_template=PHI_SYSTEM), CONVERSATIONS["one_user"]
+            ),
+            ValueError,
+            "refused the messages: This template needs a system message first",
+        ),
+        (
+            lambda m, t: apply_chat_template(
+                m.replace(chat_template=GEMMA),
+                [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+            ),
+            ValueError,
+            "Conversation roles must alternate",
+        ),
+        (
+            lambda m, t: apply_chat_template(
+                m.replace(tokenizer=None), CONVERSATIONS["one_user"], tokenize=True
+            ),
+            ValueError,
+            "tokenize=True needs a tokenizer",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_refused(tokenizer, models, call, error, match):
     with pytest.raises(error, match=match):
         call(models["chatml"], tokenizer)
@@ -306,10 +344,7 @@ def chat_folder(tmp_path_factory):
     so all candidates are decoded in one batch and the first whose answer emits that id
     as its first stop token, after at least 3 answer tokens, is kept.
     """
-    config = ModelConfig(
-        vocab_size=CHAT_V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-        num_kv_heads=2, max_position_embeddings=128, eos_token_id=0,
-    )  # fmt: skip
+    config = tiny_config(CHAT_V, max_position_embeddings=128, eos_token_id=0)
     messages = [{"role": "user", "content": "hi"}]
     candidates = [i for i in range(CHAT_V) if i >= 2 + len(WORDS)]
     prompts = [
@@ -322,9 +357,12 @@ def chat_folder(tmp_path_factory):
             params=jax.tree.map(lambda p: p * 8 if p.ndim == 2 else p, model.params)
         )
         out = specjax.generate(
-            jax.random.key(0), model, prompts, max_new_tokens=12,
+            jax.random.key(0),
+            model,
+            prompts,
+            max_new_tokens=12,
             sampling=specjax.SamplingConfig.greedy(),
-        )  # fmt: skip
+        )
         found = [
             (im_end, answer[: stops[0] + 1])
             for im_end, answer in zip(candidates, out.to_lists(), strict=True)
@@ -358,8 +396,11 @@ def test_generate_chat_prints_the_answer_and_stops_at_the_end_of_turn(chat_folde
     # As a user runs it (speculative, prompt lookup, streamed): only the answer is printed.
     proc = subprocess.run(
         [sys.executable, "-m", "specjax.cli", *args, "--repeats", "1"],
-        capture_output=True, text=True, timeout=600, env=dict(os.environ, NO_COLOR="1"),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, NO_COLOR="1"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == text + "\n"
     assert "<|im_end|>" not in proc.stdout and "user" not in proc.stdout

@@ -15,7 +15,8 @@ import sys
 import pytest
 
 from specjax.io import save_pretrained
-from specjax.models import Model, ModelConfig
+from specjax.models import Model
+from specjax.testing import tiny_config
 from specjax.training.tokenizer import eos_id, train_tokenizer
 
 
@@ -64,9 +65,13 @@ def assert_user_error(proc, *fragments):
 )
 def test_generate_bundled_pair_greedy_equals_plain(drafter, resolved, gamma):
     proc = run_cli(
-        "generate", "def fibonacci(n):", "--max-new-tokens", "24", "--compare", "--json",
-        "--no-eos", "--drafter", drafter, "--repeats", "1", "--gamma", str(gamma),
-    )  # fmt: skip
+        "generate",
+        "def fibonacci(n):",
+        *"--max-new-tokens 24 --compare --json --no-eos --drafter".split(),
+        drafter,
+        *"--repeats 1 --gamma".split(),
+        str(gamma),
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert (out["drafter"], out["gamma"]) == (resolved, gamma)
@@ -89,9 +94,12 @@ def test_generate_with_a_regex_and_a_json_schema(tmp_path):
 
     pattern = r"[0-9]{1,3}(, [0-9]{1,3}){2}"
     proc = run_cli(
-        "generate", "x = ", "--regex", pattern, "--max-new-tokens", "24", "--json",
-        "--temperature", "1", "--batch-size", "4", "--compare", "--repeats", "1",
-    )  # fmt: skip
+        "generate",
+        "x = ",
+        "--regex",
+        pattern,
+        *"--max-new-tokens 24 --json --temperature 1 --batch-size 4 --compare --repeats 1".split(),
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert all(re.fullmatch(pattern, c) for c in out["completions"]), out["completions"]
@@ -102,9 +110,12 @@ def test_generate_with_a_regex_and_a_json_schema(tmp_path):
     }
     (tmp_path / "schema.json").write_text(json.dumps(schema))
     proc = run_cli(
-        "generate", "config = ", "--json-schema", str(tmp_path / "schema.json"),
-        "--max-new-tokens", "40", "--json",
-    )  # fmt: skip
+        "generate",
+        "config = ",
+        "--json-schema",
+        str(tmp_path / "schema.json"),
+        *"--max-new-tokens 40 --json".split(),
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(json.loads(proc.stdout)["completions"][0])
     assert set(doc) == {"name", "ok"} and isinstance(doc["ok"], bool)
@@ -129,11 +140,14 @@ def model_folders(tmp_path_factory):
     v = tok.get_vocab_size()
 
     def make(name, vocab, seed, max_pos=256):
-        config = ModelConfig(
-            vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=1,
-            num_heads=2, num_kv_heads=1, max_position_embeddings=max_pos,
+        config = tiny_config(
+            vocab,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+            max_position_embeddings=max_pos,
             eos_token_id=eos_id(tok),
-        )  # fmt: skip
+        )
         model = Model.random(config, seed=seed).replace(tokenizer=tok if vocab == v else None)
         save_pretrained(model, root / name)
         return str(root / name)
@@ -145,13 +159,20 @@ def model_folders(tmp_path_factory):
     }
 
 
+def _on_target(folders) -> tuple:
+    """``generate "def f(x):" --model TARGET``: the start of a decode of the target folder."""
+    return ("generate", "def f(x):", "--model", folders["target"])
+
+
+def _on_pair(folders) -> tuple:
+    """`_on_target` with ``--draft DRAFT``."""
+    return (*_on_target(folders), "--draft", folders["draft"])
+
+
 # Slow tier: 10 s.
 @pytest.mark.slow
 def test_generate_with_model_folders(model_folders):
-    proc = run_cli(
-        "generate", "def f(x):", "--model", model_folders["target"],
-        "--draft", model_folders["draft"], "--max-new-tokens", "6", "--json", "--compare",
-    )  # fmt: skip
+    proc = run_cli(*_on_pair(model_folders), *"--max-new-tokens 6 --json --compare".split())
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["equals_plain_at_width"] is True
 
@@ -174,11 +195,13 @@ def _spy_on_models(monkeypatch) -> dict:
 
 @pytest.mark.parametrize(
     "flags, quantized",
-    [(("--draft-quantize", "int8"), (None, "int8")),
-     (("--quantize", "int8-weights", "--draft-quantize", "none"), ("int8-weights", None)),
-     (("--quantize", "int8-weights"), ("int8-weights", "int8-weights")),
-     (("--quantize", "int8"), ("int8", "int8"))],
-)  # fmt: skip
+    [
+        (("--draft-quantize", "int8"), (None, "int8")),
+        (("--quantize", "int8-weights", "--draft-quantize", "none"), ("int8-weights", None)),
+        (("--quantize", "int8-weights"), ("int8-weights", "int8-weights")),
+        (("--quantize", "int8"), ("int8", "int8")),
+    ],
+)
 # Slow tier: 17 s a case (--compare decodes twice); tests/test_quant.py's fast cases
 # keep the library's equality, the user-error tests below the flags' checks.
 @pytest.mark.slow
@@ -190,10 +213,8 @@ def test_generate_with_quantized_models_is_greedy_exact(
     target with int8 activations too)."""
     seen = _spy_on_models(monkeypatch)
     proc = cli_in_process(
-        "generate", "def f(x):", "--model", model_folders["target"],
-        "--draft", model_folders["draft"], "--max-new-tokens", "6", "--json", "--compare",
-        *flags,
-    )  # fmt: skip
+        *_on_pair(model_folders), *"--max-new-tokens 6 --json --compare".split(), *flags
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["equals_plain_at_width"] is True
     assert (seen["target"].quantization, seen["draft"].quantization) == quantized
@@ -205,19 +226,19 @@ def test_generate_with_quantized_models_is_greedy_exact(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "flags",
-    [("--draft-head", "40", "--draft-quantize", "int8"),
-     ("--gamma", "4", "--draft-confidence", "1.0")],
+    [
+        ("--draft-head", "40", "--draft-quantize", "int8"),
+        ("--gamma", "4", "--draft-confidence", "1.0"),
+    ],
     ids=["draft-head", "draft-confidence"],
-)  # fmt: skip
+)
 def test_draft_flags_reach_the_draft_and_stay_exact(
     cli_in_process, model_folders, monkeypatch, flags
 ):
     seen = _spy_on_models(monkeypatch)
     proc = cli_in_process(
-        "generate", "def f(x):", "--model", model_folders["target"],
-        "--draft", model_folders["draft"], "--max-new-tokens", "8", "--json", "--compare",
-        *flags,
-    )  # fmt: skip
+        *_on_pair(model_folders), *"--max-new-tokens 8 --json --compare".split(), *flags
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["equals_plain_at_width"] is True
@@ -231,28 +252,26 @@ def test_draft_flags_reach_the_draft_and_stay_exact(
 
 @pytest.mark.parametrize(
     "flags, message",
-    [(("--drafter", "lookup", "--draft-head", "8"), "--draft-head needs a draft model"),
-     (("--draft-head", "0"), "--draft-head must be in [1, "),
-     (("--draft-head", "100000000"), "--draft-head must be in [1, "),
-     (("--draft-confidence", "1.5"), "--draft-confidence must be in [0, 1], got 1.5"),
-     (("--draft-confidence", "-0.1"), "--draft-confidence must be in [0, 1]"),
-     (("--drafter", "lookup", "--draft-confidence", "0.5"), "it needs --drafter model"),
-     (("--tree", "2,1", "--draft-confidence", "0.5"), "and no --tree")],
-)  # fmt: skip
+    [
+        (("--drafter", "lookup", "--draft-head", "8"), "--draft-head needs a draft model"),
+        (("--draft-head", "0"), "--draft-head must be in [1, "),
+        (("--draft-head", "100000000"), "--draft-head must be in [1, "),
+        (("--draft-confidence", "1.5"), "--draft-confidence must be in [0, 1], got 1.5"),
+        (("--draft-confidence", "-0.1"), "--draft-confidence must be in [0, 1]"),
+        (("--drafter", "lookup", "--draft-confidence", "0.5"), "it needs --drafter model"),
+        (("--tree", "2,1", "--draft-confidence", "0.5"), "and no --tree"),
+    ],
+)
 def test_draft_flags_bad_input_is_named(cli_in_process, model_folders, flags, message):
     draft = () if "lookup" in flags else ("--draft", model_folders["draft"])
-    proc = cli_in_process(
-        "generate", "def f(x):", "--model", model_folders["target"], *draft,
-        "--max-new-tokens", "8", *flags,
-    )  # fmt: skip
+    proc = cli_in_process(*_on_target(model_folders), *draft, "--max-new-tokens", "8", *flags)
     assert_user_error(proc, message)
 
 
 def test_draft_quantize_needs_a_draft_model(cli_in_process, model_folders):
     proc = cli_in_process(
-        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "lookup",
-        "--draft-quantize", "int8",
-    )  # fmt: skip
+        *_on_target(model_folders), *"--drafter lookup --draft-quantize int8".split()
+    )
     assert_user_error(proc, "--draft-quantize needs a draft model")
 
 
@@ -260,10 +279,9 @@ def test_draft_quantize_needs_a_draft_model(cli_in_process, model_folders):
 @pytest.mark.slow
 def test_generate_compare_reports_medians_of_interleaved_runs(model_folders):
     proc = run_cli(
-        "generate", "def f(x):", "--model", model_folders["target"],
-        "--draft", model_folders["draft"], "--max-new-tokens", "4", "--json", "--compare",
-        "--repeats", "3", "--gamma", "4",
-    )  # fmt: skip
+        *_on_pair(model_folders),
+        *"--max-new-tokens 4 --json --compare --repeats 3 --gamma 4".split(),
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["repeats"] == 3
@@ -286,9 +304,9 @@ def test_generate_compare_reports_medians_of_interleaved_runs(model_folders):
 @pytest.mark.slow
 def test_generate_repeats_summary_line(model_folders):
     proc = run_cli(
-        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "lookup",
-        "--max-new-tokens", "4", "--no-stream", "--compare", "--repeats", "2",
-    )  # fmt: skip
+        *_on_target(model_folders),
+        *"--drafter lookup --max-new-tokens 4 --no-stream --compare --repeats 2".split(),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "median of 2 interleaved runs" in proc.stderr
 
@@ -335,9 +353,10 @@ def test_generate_runs_once_unless_asked_to_repeat(
 ):
     calls = _count_decodes(monkeypatch)
     proc = cli_in_process(
-        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "lookup",
-        "--gamma", "4", "--max-new-tokens", "3", "--json", *flags,
-    )  # fmt: skip
+        *_on_target(model_folders),
+        *"--drafter lookup --gamma 4 --max-new-tokens 3 --json".split(),
+        *flags,
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert len(calls) == runs and out["repeats"] == repeats
@@ -419,9 +438,16 @@ def test_train_and_distill_commands(tmp_path):
         tmp_path / "t" / "tokenizer.json"
     ).exists()
     proc = run_cli(
-        "distill", str(corpus), "--model", str(tmp_path / "t"), "--out", str(tmp_path / "d"),
-        "--size", "tiny", *common,
-    )  # fmt: skip
+        "distill",
+        str(corpus),
+        "--model",
+        str(tmp_path / "t"),
+        "--out",
+        str(tmp_path / "d"),
+        "--size",
+        "tiny",
+        *common,
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "d" / "model.safetensors").exists()
     assert_user_error(
@@ -436,10 +462,14 @@ def test_train_drafter_then_generate_with_it(model_folders, tmp_path):
     corpus.write_text("def f(x):\n    return x + 1\n" * 60)
     out = tmp_path / "block"
     train = (
-        "train-drafter", str(corpus), "--model", model_folders["target"], "--out", str(out),
-        "--steps", "3", "--batch-size", "2", "--seq-len", "32", "--anchors", "2",
-        "--layers", "1", "--block-size", "4",
-    )  # fmt: skip
+        "train-drafter",
+        str(corpus),
+        "--model",
+        model_folders["target"],
+        "--out",
+        str(out),
+        *"--steps 3 --batch-size 2 --seq-len 32 --anchors 2 --layers 1 --block-size 4".split(),
+    )
     proc = run_cli(*train)
     assert proc.returncode == 0, proc.stderr
     assert (out / "block_drafter.json").is_file() and (out / "model.safetensors").is_file()
@@ -448,33 +478,23 @@ def test_train_drafter_then_generate_with_it(model_folders, tmp_path):
     assert_user_error(run_cli(*train), "--out", "--overwrite")
     assert (out / "model.safetensors").read_bytes() == before
 
-    gen = run_cli(
-        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "block",
-        "--block-drafter", str(out), "--max-new-tokens", "6", "--json", "--compare",
-        "--repeats", "1",
-    )  # fmt: skip
+    on_target = _on_target(model_folders)
+    with_block = (*on_target, "--drafter", "block", "--block-drafter", str(out))
+    gen = run_cli(*with_block, *"--max-new-tokens 6 --json --compare --repeats 1".split())
     assert gen.returncode == 0, gen.stderr
     result = json.loads(gen.stdout)
     # gamma auto measured up to its saved γ (block 4: γ 3); --gamma 3 pins it.
     assert len(result["auto"]["draft_seconds_by_gamma"]) == 3
     assert result["drafter"] == ("block" if result["gamma"] else "none")
     assert result["equals_plain_at_width"] is True
-    pinned = run_cli(
-        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "block",
-        "--block-drafter", str(out), "--max-new-tokens", "6", "--json", "--repeats", "1",
-        "--gamma", "3",
-    )  # fmt: skip
+    pinned_flags = "--max-new-tokens 6 --json --repeats 1 --gamma 3".split()
+    pinned = run_cli(*with_block, *pinned_flags)
     assert pinned.returncode == 0, pinned.stderr
     pinned = json.loads(pinned.stdout)
-    missing = run_cli(
-        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", "block"
-    )
+    missing = run_cli(*on_target, "--drafter", "block")
     assert_user_error(missing, "--block-drafter")
     # --drafter PATH is --drafter block --block-drafter PATH: the same tokens.
-    by_path = run_cli(
-        "generate", "def f(x):", "--model", model_folders["target"], "--drafter", str(out),
-        "--max-new-tokens", "6", "--json", "--repeats", "1", "--gamma", "3",
-    )  # fmt: skip
+    by_path = run_cli(*on_target, "--drafter", str(out), *pinned_flags)
     assert by_path.returncode == 0, by_path.stderr
     by_path = json.loads(by_path.stdout)
     assert (by_path["drafter"], by_path["gamma"]) == ("block", 3)
@@ -484,9 +504,15 @@ def test_train_drafter_then_generate_with_it(model_folders, tmp_path):
         proc = run_cli("generate", "x", "--model", model_folders["target"], "--drafter", bad)
         assert_user_error(proc, "--drafter", bad, "block drafter folder")
     proc = run_cli(
-        "generate", "x", "--model", model_folders["target"], "--drafter", str(out),
-        "--block-drafter", str(tmp_path),
-    )  # fmt: skip
+        "generate",
+        "x",
+        "--model",
+        model_folders["target"],
+        "--drafter",
+        str(out),
+        "--block-drafter",
+        str(tmp_path),
+    )
     assert_user_error(proc, "--drafter", "--block-drafter", "two drafters")
 
 
@@ -495,9 +521,12 @@ def test_train_drafter_then_generate_with_it(model_folders, tmp_path):
 def test_generate_with_a_tree_greedy_equals_plain(drafter):
     """``--tree``: the bundled pair with a tree drafter; greedy output equals plain."""
     proc = run_cli(
-        "generate", "def fibonacci(n):", "--max-new-tokens", "24", "--compare", "--json",
-        "--no-eos", "--drafter", drafter, "--tree", "2,2,1", "--repeats", "1",
-    )  # fmt: skip
+        "generate",
+        "def fibonacci(n):",
+        *"--max-new-tokens 24 --compare --json --no-eos --drafter".split(),
+        drafter,
+        *"--tree 2,2,1 --repeats 1".split(),
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert (out["drafter"], out["gamma"]) == (drafter, 3)
@@ -514,7 +543,7 @@ def test_generate_with_a_tree_greedy_equals_plain(drafter):
         (["--tree", "2,2", "--gamma", "3"], ["--gamma 3", "--tree 2,2", "disagree"]),
         (["--tree", "2,2,2,2,2,2,2,2", "--drafter", "block"], ["--tree", "block_size"]),
     ],
-)  # fmt: skip
+)
 def test_generate_refuses_bad_trees(args, fragments, cli_in_process):
     proc = cli_in_process("generate", "x", "--max-new-tokens", "4", *args)
     assert_user_error(proc, *fragments)
@@ -523,9 +552,11 @@ def test_generate_refuses_bad_trees(args, fragments, cli_in_process):
 @pytest.mark.slow
 def test_generate_with_the_eagle_head_chain_greedy_equals_plain():
     proc = run_cli(
-        "generate", "def fibonacci(n):", "--max-new-tokens", "24", "--compare", "--json",
-        "--no-eos", "--drafter", "eagle", "--repeats", "1", "--gamma", "3",
-    )  # fmt: skip
+        "generate",
+        "def fibonacci(n):",
+        *"--max-new-tokens 24 --compare --json --no-eos".split(),
+        *"--drafter eagle --repeats 1 --gamma 3".split(),
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["drafter"] == "eagle" and out["equals_plain_at_width"] is True
@@ -605,12 +636,18 @@ def test_gamma_auto_measures_once_chooses_and_equals_plain(tmp_path):
     output equals plain decoding at the chosen width; a second run reads the costs from
     the cache instead of timing again, and --verbose gives the reason."""
     env_cache = {"SPECJAX_TUNING_CACHE": str(tmp_path)}
-    args = ("generate", "def fibonacci(n):", "--max-new-tokens", "12", "--compare", "--json",
-            "--no-eos", "--drafter", "block", "--repeats", "1")  # fmt: skip
+    args = (
+        "generate",
+        "def fibonacci(n):",
+        *"--max-new-tokens 12 --compare --json --no-eos --drafter block --repeats 1".split(),
+    )
     first = subprocess.run(
-        [sys.executable, "-m", "specjax.cli", *args], capture_output=True, text=True,
-        timeout=600, env=dict(os.environ, NO_COLOR="1", **env_cache),
-    )  # fmt: skip
+        [sys.executable, "-m", "specjax.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, NO_COLOR="1", **env_cache),
+    )
     assert first.returncode == 0, first.stderr
     assert "timing plain decoding at widths 1..3" in first.stderr
     out = json.loads(first.stdout)
@@ -637,9 +674,12 @@ def test_gamma_auto_measures_once_chooses_and_equals_plain(tmp_path):
     assert f"gamma auto: {auto['reason']}" in first.stderr
     assert auto["achieved_speedup"] == out["speedup"] and auto["measured_now"] is True
     second = subprocess.run(
-        [sys.executable, "-m", "specjax.cli", *args, "--verbose"], capture_output=True, text=True,
-        timeout=600, env=dict(os.environ, NO_COLOR="1", **env_cache),
-    )  # fmt: skip
+        [sys.executable, "-m", "specjax.cli", *args, "--verbose"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, NO_COLOR="1", **env_cache),
+    )
     assert second.returncode == 0, second.stderr
     assert "timing plain decoding" not in second.stderr
     again = json.loads(second.stdout)["auto"]

@@ -121,9 +121,15 @@ def _decode(models, path):
     drafter, verification = _decoder(models, path)
     prompts = np.broadcast_to(np.asarray(PROMPT, np.int32), (N, P))
     res = specjax.speculative_generate(
-        jax.random.key(KEY_SEED), target, drafter, prompts, max_new_tokens=K,
-        sampling=SAMPLING, seeds=np.arange(N), verification=verification,
-    )  # fmt: skip
+        jax.random.key(KEY_SEED),
+        target,
+        drafter,
+        prompts,
+        max_new_tokens=K,
+        sampling=SAMPLING,
+        seeds=np.arange(N),
+        verification=verification,
+    )
     np.testing.assert_array_equal(res.lengths, K)
     return np.asarray(res.tokens)[:, :K], np.asarray(res.stats.accepted_hist)
 
@@ -183,9 +189,12 @@ def laws(models):
     exact = exact_sequence_probs(target, PROMPT, K, SAMPLING)
     p0 = exact.sum(axis=1)  # the target after the prompt, and after prompt + y0
     return dict(
-        exact=exact, p0=p0, p1=exact / p0[:, None],
-        draft_q=_draft_model_q(draft), eagle_q=_eagle_q(target, eagle),
-    )  # fmt: skip
+        exact=exact,
+        p0=p0,
+        p1=exact / p0[:, None],
+        draft_q=_draft_model_q(draft),
+        eagle_q=_eagle_q(target, eagle),
+    )
 
 
 def _residual(p, q):
@@ -348,9 +357,15 @@ def test_control_coupled_checking_only_the_first_draft_is_rejected(models, laws,
 
     alternative = _coupled_first_draft_only_law(laws["p0"], laws["p1"], laws["draft_q"])
     _assert_rejected(
-        models, laws, monkeypatch, "draft_model-coupled", "coupled_verify", first_draft_only,
-        alternative, module=verifiers,
-    )  # fmt: skip
+        models,
+        laws,
+        monkeypatch,
+        "draft_model-coupled",
+        "coupled_verify",
+        first_draft_only,
+        alternative,
+        module=verifiers,
+    )
 
 
 def test_control_tree_walk_with_the_root_distribution_is_rejected(models, laws, monkeypatch):
@@ -362,6 +377,12 @@ def test_control_tree_walk_with_the_root_distribution_is_rejected(models, laws, 
 
     alternative = _tree_root_everywhere_law(laws["p0"], laws["p1"], laws["draft_q"])
     _assert_rejected(
-        models, laws, monkeypatch, "draft_model-tree", "tree_verify", root_everywhere,
-        alternative, module=tree_verification,
-    )  # fmt: skip
+        models,
+        laws,
+        monkeypatch,
+        "draft_model-tree",
+        "tree_verify",
+        root_everywhere,
+        alternative,
+        module=tree_verification,
+    )

@@ -55,11 +55,10 @@ def _byte_alphabet():
 
 BPE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Merges in an order that reaches every merged token, as a trained vocabulary does.
-BPE_MERGES = [
-    "Ġ t", "Ġ h", "h e", "i n", "Ġt he", "e r", "Ġ a", "o n", "Ġ Ġ", "Ġ w", "o r", "Ġw or",
-    "l d", "Ġwor ld", "l l", "e ll", "Ġh ell", "Ġhell o", "he ll", "hell o", "' s", "Ċ Ċ",
-    "u s", "us er", "d e", "Ġ (", "Ġ =", "Ã ©",
-]  # fmt: skip
+BPE_MERGES = (
+    "Ġ t, Ġ h, h e, i n, Ġt he, e r, Ġ a, o n, Ġ Ġ, Ġ w, o r, Ġw or, l d, Ġwor ld, l l, e ll, "
+    "Ġh ell, Ġhell o, he ll, hell o, ' s, Ċ Ċ, u s, us er, d e, Ġ (, Ġ =, Ã ©"
+).split(", ")
 # Digits are merged only where the pre-tokenizer keeps runs of them together
 # (llama-bpe: up to three); a vocabulary trained on single digits (smollm, qwen2) has none.
 DIGIT_MERGES = ["1 2", "12 3"]
@@ -79,10 +78,9 @@ def _bpe_vocab(pre):
     return tokens, types, merges
 
 
-SPM_PIECES = [
-    "▁t", "he", "▁the", "in", "er", "▁a", "on", "ll", "▁w", "or", "▁wor", "ld", "▁world",
-    "▁h", "▁he", "llo", "▁hello", "▁▁", "▁c", "at", "▁cat", "is", "▁is", "▁i", "s", "es",
-]  # fmt: skip
+SPM_PIECES = (
+    "▁t he ▁the in er ▁a on ll ▁w or ▁wor ld ▁world ▁h ▁he llo ▁hello ▁▁ ▁c at ▁cat is ▁is ▁i s es"
+).split()
 SPM_CHARS = list("▁etaoinshrdlucmwyfgpbvk.,!'")
 
 
@@ -410,9 +408,13 @@ def test_llama3_rope_freqs_become_llama3_scaling(tmp_path):
     plain = _hf_model(path)
     hf_config = copy.deepcopy(plain.config)
     hf_config.rope_parameters = {
-        "rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 100,
-    }  # fmt: skip
+        "rope_type": "llama3",
+        "rope_theta": 500.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 100,
+    }
     scaled = transformers.LlamaForCausalLM(hf_config).eval()
     scaled.load_state_dict(plain.state_dict())
     prompt = _prompt(model.vocab_size, length=160)
@@ -594,8 +596,7 @@ def test_special_ids_chat_template_and_end_of_turn(tmp_path):
 
 def test_tensor_name_table_agrees_with_gguf_package():
     """Each GGUF name maps to the Hugging Face module gguf's own name table gives it."""
-    blocks = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
-              "ffn_down", "ffn_norm"]  # fmt: skip
+    blocks = "attn_norm attn_q attn_k attn_v attn_output ffn_gate ffn_up ffn_down ffn_norm".split()
     qk_norms = ["attn_q_norm", "attn_k_norm"]
     cases = {
         gguf.MODEL_ARCH.LLAMA: (blocks, ["output.weight"]),
@@ -700,8 +701,10 @@ def test_smollm2_config(smollm2):
     c, h = model.config, hf_model.config
     assert (c.model_type, c.num_layers, c.hidden_size, c.vocab_size) == ("llama", 30, 576, 49152)
     assert (c.num_heads, c.num_kv_heads, c.head_dim) == (
-        h.num_attention_heads, h.num_key_value_heads, h.head_dim,
-    )  # fmt: skip
+        h.num_attention_heads,
+        h.num_key_value_heads,
+        h.head_dim,
+    )
     assert c.rope_theta == h.rope_parameters["rope_theta"]
     assert c.tie_word_embeddings == h.tie_word_embeddings
     assert c.eos_token_id == h.eos_token_id
@@ -734,15 +737,22 @@ def test_smollm2_greedy_generation_matches_transformers(smollm2):
     prompts = [hf_tokenizer.encode(p) for p in SMOLLM2_PROMPTS[:2]]
     eos = model.config.eos_token_id
     out = specjax.generate(
-        jax.random.key(0), model, prompts, max_new_tokens=24, eos_id=eos,
+        jax.random.key(0),
+        model,
+        prompts,
+        max_new_tokens=24,
+        eos_id=eos,
         sampling=specjax.SamplingConfig.greedy(),
-    )  # fmt: skip
+    )
     for ids, ours in zip(prompts, out.to_lists(), strict=True):
         with torch.no_grad():
             ref = hf_model.generate(
-                torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=eos,
+                torch.tensor([ids]),
+                max_new_tokens=24,
+                do_sample=False,
+                eos_token_id=eos,
                 pad_token_id=eos,
-            )  # fmt: skip
+            )
         assert ours == ref[0, len(ids) :].tolist()
 
 

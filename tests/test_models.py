@@ -238,9 +238,14 @@ def test_decoding_copies_no_weight():
     import specjax
 
     config = ModelConfig(
-        vocab_size=1000, hidden_size=40, intermediate_size=72, num_layers=2, num_heads=4,
-        num_kv_heads=2, tie_word_embeddings=True,
-    )  # fmt: skip
+        vocab_size=1000,
+        hidden_size=40,
+        intermediate_size=72,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        tie_word_embeddings=True,
+    )
     model = Model.random(config)
 
     @jax.jit

@@ -48,9 +48,13 @@ def _oracle(model, prompt, max_new_tokens: int, **kw) -> list[int]:
     if isinstance(prompt, str):
         ids = model.tokenizer.encode(prompt, add_special_tokens=False).ids
     out = specjax.generate(
-        jax.random.key(0), model, [ids], max_new_tokens=max_new_tokens,
-        sampling=specjax.SamplingConfig(temperature=0.0), **kw,
-    )  # fmt: skip
+        jax.random.key(0),
+        model,
+        [ids],
+        max_new_tokens=max_new_tokens,
+        sampling=specjax.SamplingConfig(temperature=0.0),
+        **kw,
+    )
     return out.to_lists()[0]
 
 
@@ -400,52 +404,108 @@ def _raw_model():
 @pytest.mark.parametrize(
     "make, call, error, match",
     [
-        (lambda m: Sampler(m), lambda s: s.sample([1, 2, 3]), TypeError,
-         r"prompt\[0\] must be a str.*specjax.generate"),
+        (
+            lambda m: Sampler(m),
+            lambda s: s.sample([1, 2, 3]),
+            TypeError,
+            r"prompt\[0\] must be a str.*specjax.generate",
+        ),
         (lambda m: Sampler(m), lambda s: s.sample(42), TypeError, "prompt must be a str"),
         (lambda m: Sampler(m), lambda s: s.sample([]), ValueError, "empty list"),
         (lambda m: Sampler(m), lambda s: s.sample(""), ValueError, "prompt is empty"),
-        (lambda m: Sampler(m), lambda s: s.sample(["a", "b"], stream=True), ValueError,
-         "stream=True takes one prompt"),
-        (lambda m: Sampler(m), lambda s: s.sample("w1", sampling={"temperature": 1}),
-         TypeError, r"specjax.SamplingConfig\(temperature=0.7\)"),
-        (lambda m: Sampler(m.replace(tokenizer=None)), None, ValueError,
-         "needs a tokenizer.*pass tokenizer="),
-        (lambda m: Sampler("some/folder"), None, TypeError,
-         r"Sampler.from_pretrained\('some/folder'\)"),
-        (lambda m: Sampler(m, drafter=_raw_model()), None, TypeError,
-         r"specjax.DraftModel\(draft\)"),
-        (lambda m: Sampler(m, drafter="block"), None, ValueError,
-         r"Sampler.from_pretrained\(\.\.\., drafter='block'\)"),
+        (
+            lambda m: Sampler(m),
+            lambda s: s.sample(["a", "b"], stream=True),
+            ValueError,
+            "stream=True takes one prompt",
+        ),
+        (
+            lambda m: Sampler(m),
+            lambda s: s.sample("w1", sampling={"temperature": 1}),
+            TypeError,
+            r"specjax.SamplingConfig\(temperature=0.7\)",
+        ),
+        (
+            lambda m: Sampler(m.replace(tokenizer=None)),
+            None,
+            ValueError,
+            "needs a tokenizer.*pass tokenizer=",
+        ),
+        (
+            lambda m: Sampler("some/folder"),
+            None,
+            TypeError,
+            r"Sampler.from_pretrained\('some/folder'\)",
+        ),
+        (
+            lambda m: Sampler(m, drafter=_raw_model()),
+            None,
+            TypeError,
+            r"specjax.DraftModel\(draft\)",
+        ),
+        (
+            lambda m: Sampler(m, drafter="block"),
+            None,
+            ValueError,
+            r"Sampler.from_pretrained\(\.\.\., drafter='block'\)",
+        ),
         (lambda m: Sampler(m, max_new_tokens=0), None, ValueError, "max_new_tokens"),
-        (lambda m: Sampler(m, verification="greedy"), None, ValueError,
-         r"verification must be one of \('rejection', 'coupled', 'block'\) or None"),
-        (lambda m: Sampler(m), lambda s: s.sample("w1", max_new_tokens=10**6), ValueError,
-         r"max_new_tokens=1000000: the longest prompt is \d+ tokens.*model's context of"),
+        (
+            lambda m: Sampler(m, verification="greedy"),
+            None,
+            ValueError,
+            r"verification must be one of \('rejection', 'coupled', 'block'\) or None",
+        ),
+        (
+            lambda m: Sampler(m),
+            lambda s: s.sample("w1", max_new_tokens=10**6),
+            ValueError,
+            r"max_new_tokens=1000000: the longest prompt is \d+ tokens.*model's context of",
+        ),
         (lambda m: Sampler(m, gamma=-1), None, ValueError, r"gamma must be >= 0 \(0 decodes"),
         (lambda m: Sampler(m, gamma=2.0), None, TypeError, "gamma must be an integer"),
-        (lambda m: Sampler(m, gamma="fast"), None, ValueError,
-         "gamma must be >= 0 .* or 'auto', got 'fast'"),
-        (lambda m: Sampler(m, forward_width=0), None, ValueError,
-         "forward_width must be >= 1"),
-        (lambda m: Sampler(m, gamma=3, forward_width=2), None, ValueError,
-         r"forward_width=2 is narrower than one verify forward \(4 tokens.*forward_width=4"),
-        (lambda m: Sampler(m, draft_confidence=5), None, ValueError,
-         r"draft_confidence must be in \[0, 1\], got 5.0"),
+        (
+            lambda m: Sampler(m, gamma="fast"),
+            None,
+            ValueError,
+            "gamma must be >= 0 .* or 'auto', got 'fast'",
+        ),
+        (lambda m: Sampler(m, forward_width=0), None, ValueError, "forward_width must be >= 1"),
+        (
+            lambda m: Sampler(m, gamma=3, forward_width=2),
+            None,
+            ValueError,
+            r"forward_width=2 is narrower than one verify forward \(4 tokens.*forward_width=4",
+        ),
+        (
+            lambda m: Sampler(m, draft_confidence=5),
+            None,
+            ValueError,
+            r"draft_confidence must be in \[0, 1\], got 5.0",
+        ),
         (lambda m: ChatSampler(m), None, ValueError, "needs a chat template.*chat_template="),
         (lambda m: Sampler.from_pretrained(draft="x"), None, ValueError, "draft needs path"),
-        (lambda m: Sampler.from_pretrained("/nonexistent/model"), None, ValueError,
-         "path /nonexistent/model: no such directory"),
-        (lambda m: Sampler.from_pretrained("Qwen/Qwen2.5-0.5B"), None, ValueError,
-         "path Qwen/Qwen2.5-0.5B is not in the Hub's cache and the Hub cannot be reached"),
+        (
+            lambda m: Sampler.from_pretrained("/nonexistent/model"),
+            None,
+            ValueError,
+            "path /nonexistent/model: no such directory",
+        ),
+        (
+            lambda m: Sampler.from_pretrained("Qwen/Qwen2.5-0.5B"),
+            None,
+            ValueError,
+            "path Qwen/Qwen2.5-0.5B is not in the Hub's cache and the Hub cannot be reached",
+        ),
     ],
-    ids=["token ids", "an int", "empty list", "empty prompt", "stream a batch",
-         "sampling dict", "no tokenizer", "a path", "a raw model drafter",
-         "named drafter", "zero budget", "bad verification", "past the context", "gamma -1",
-         "float gamma", "gamma a word",
-         "width 0", "width under the verify", "confidence 5", "no chat template",
-         "draft without path", "missing folder", "a Hub id"],
-)  # fmt: skip
+    ids=(
+        "token ids, an int, empty list, empty prompt, stream a batch, sampling dict, "
+        "no tokenizer, a path, a raw model drafter, named drafter, zero budget, "
+        "bad verification, past the context, gamma -1, float gamma, gamma a word, width 0, "
+        "width under the verify, confidence 5, no chat template, draft without path, "
+        "missing folder, a Hub id"
+    ).split(", "),
+)
 def test_bad_input_names_the_fix(model, make, call, error, match):
     with pytest.raises(error, match=match):
         sampler = make(model)
